@@ -1,0 +1,142 @@
+"""Build parameters of the NIC: one frozen, validated dataclass shared by every consumer.
+
+The gateware, the reference model, the benches and the CLI all take a :class:`NicConfig`, so a
+parameter has one name, one default and one allowed range. A bad value raises
+:class:`ConfigError` naming the field and its allowed range.
+"""
+
+import dataclasses
+import json
+from dataclasses import dataclass
+
+from . import protocol as P
+
+__all__ = ["NicConfig", "ConfigError"]
+
+
+class ConfigError(ValueError):
+    """A configuration value outside its allowed range; ``field`` names the parameter."""
+
+    def __init__(self, field, message):
+        super().__init__(f"NicConfig.{field} {message}")
+        self.field = field
+
+
+def _choice(*values):
+    return {"choices": values}
+
+
+def _range(lo, hi):
+    return {"range": (lo, hi)}
+
+
+# name: (default, rule, description). The order is the order of the docs table.
+_PARAMETERS = {
+    "data_width": (64, _choice(64, 128, 256), "datapath width in bits (one beat per cycle)"),
+    "ports": (8, _range(1, 16), "network ports, one per plane"),
+    "qps": (256, _choice(*(1 << n for n in range(1, 11))), "queue pairs (per-QP state in BRAM)"),
+    "mpr_units": (2, _range(1, 8), "max PSN range, out-of-order window, units of 128 PSNs"),
+    "sack_bits": (64, _choice(64, 128, 256, 512, 1024), "SACK bitmap width carried in ACKs"),
+    "ev_profiles": (4, _range(1, 16), "EV profiles held in the path-select unit"),
+    "evs_per_profile": (64, _range(1, 256), "EVs per profile"),
+    "mtu": (1024, _choice(256, 512, 1024, 2048, 4096), "path MTU: payload bytes per packet"),
+    "max_wimm": (16, _range(1, 255), "upper bound of a QP's max WRITE_IMMs in flight"),
+    "ip_version": (6, _choice(4, 6), "IP version of the underlay the NIC builds"),
+    "trim_dscp": (P.DEFAULT_TRIM_DSCP, _range(0, 63), "DSCP code point marking trimmed packets"),
+    "clock_hz": (125_000_000, _range(1_000_000, 500_000_000), "engine clock frequency in Hz"),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class NicConfig:
+    """Every build parameter of the NIC. Defaults: the flagship 8-plane, 64-bit configuration.
+
+    Parameters
+    ----------
+    data_width, ports, qps, mpr_units, sack_bits, ev_profiles, evs_per_profile, mtu,
+    max_wimm, ip_version, trim_dscp, clock_hz
+        See :meth:`describe` (or ``docs/configuration.md``) for meaning and allowed range.
+    """
+    data_width: int = _PARAMETERS["data_width"][0]
+    ports: int = _PARAMETERS["ports"][0]
+    qps: int = _PARAMETERS["qps"][0]
+    mpr_units: int = _PARAMETERS["mpr_units"][0]
+    sack_bits: int = _PARAMETERS["sack_bits"][0]
+    ev_profiles: int = _PARAMETERS["ev_profiles"][0]
+    evs_per_profile: int = _PARAMETERS["evs_per_profile"][0]
+    mtu: int = _PARAMETERS["mtu"][0]
+    max_wimm: int = _PARAMETERS["max_wimm"][0]
+    ip_version: int = _PARAMETERS["ip_version"][0]
+    trim_dscp: int = _PARAMETERS["trim_dscp"][0]
+    clock_hz: int = _PARAMETERS["clock_hz"][0]
+
+    def __post_init__(self):
+        for name, (_default, rule, _doc) in _PARAMETERS.items():
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ConfigError(name, f"must be an integer, not {value!r}")
+            if "choices" in rule and value not in rule["choices"]:
+                allowed = ", ".join(str(c) for c in rule["choices"])
+                raise ConfigError(name, f"must be one of {allowed}, not {value!r}")
+            if "range" in rule:
+                lo, hi = rule["range"]
+                if not lo <= value <= hi:
+                    raise ConfigError(name, f"must be an integer from {lo} to {hi}, not {value!r}")
+        if self.sack_bits > self.window_psns:
+            raise ConfigError("sack_bits", f"must not exceed the MPR window of "
+                                           f"{self.window_psns} PSNs, not {self.sack_bits}")
+
+    # -- derived values ------------------------------------------------------------------------
+
+    @property
+    def bytes_per_beat(self):
+        return self.data_width // 8
+
+    @property
+    def window_psns(self):
+        """Out-of-order window in PSNs: MPR x 128."""
+        return self.mpr_units * P.MPR_UNIT_PSNS
+
+    @property
+    def sack_bytes(self):
+        return self.sack_bits // 8
+
+    @property
+    def line_rate_bps(self):
+        """Engine line rate: one beat per cycle."""
+        return self.data_width * self.clock_hz
+
+    # -- conversions ---------------------------------------------------------------------------
+
+    def replace(self, **changes):
+        unknown = set(changes) - set(_PARAMETERS)
+        if unknown:
+            raise ConfigError(sorted(unknown)[0], f"is not a parameter; known: "
+                                                  f"{', '.join(_PARAMETERS)}")
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_dict(cls, values):
+        if not isinstance(values, dict):
+            raise ConfigError("<file>", f"must be a JSON object, not {type(values).__name__}")
+        return cls().replace(**values)
+
+    @classmethod
+    def from_json(cls, path):
+        with open(path) as f:
+            return cls.from_dict(json.load(f))
+
+    def to_dict(self):
+        return {name: getattr(self, name) for name in _PARAMETERS}
+
+    @staticmethod
+    def describe():
+        """(name, default, allowed, description) for every parameter, for docs and ``--help``."""
+        rows = []
+        for name, (default, rule, doc) in _PARAMETERS.items():
+            if "choices" in rule:
+                allowed = ", ".join(str(c) for c in rule["choices"])
+            else:
+                allowed = "{} to {}".format(*rule["range"])
+            rows.append((name, default, allowed, doc))
+        return rows

