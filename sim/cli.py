@@ -5,6 +5,7 @@ cause print one line, ``mrc-nic: error: ...``, and exit with status 2.
 """
 
 import argparse
+import os
 import sys
 
 from . import dissector, evtool, flow
@@ -57,6 +58,10 @@ def main(argv=None):
         return fail(str(e))
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`mrc-nic ... | head`): not an error; silence the final flush.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

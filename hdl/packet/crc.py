@@ -14,7 +14,6 @@ from amaranth import *
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-
 __all__ = ["CRC32", "icrc_bytes"]
 
 
@@ -24,9 +23,20 @@ _STATE_MASK = (1 << _STATE_BITS) - 1
 
 
 def icrc_bytes(crc_value):
-    """The four ICRC bytes, in wire order, that carry the finalized CRC ``crc_value``.
+    """The ICRC field of a RoCEv2 packet, in wire order, for a finalized CRC.
 
-    RoCEv2 sends the ICRC least significant byte first (as Ethernet sends its FCS).
+    RoCEv2 sends the ICRC least significant byte first, as Ethernet sends its FCS (this is
+    Scapy's ``BTH.pack_icrc``).
+
+    Parameters
+    ----------
+    crc_value : int
+        The finalized CRC, as :func:`zlib.crc32` or :attr:`CRC32.crc` give it.
+
+    Returns
+    -------
+    bytes
+        Four bytes, little-endian.
     """
     if not isinstance(crc_value, int) or isinstance(crc_value, bool) or \
             not 0 <= crc_value <= _STATE_MASK:
@@ -101,12 +111,18 @@ class CRC32(wiring.Component):
     from that edge on. While ``valid`` is low, ``crc`` holds. After reset, ``crc`` is the CRC
     of the empty message, ``zlib.crc32(init_bytes)``.
 
-    Implementation: the next state is selected by a mux on the end of the ``keep`` run from
-    ``W/8 + 1`` GF(2) update matrices (one per number of lanes fed from lane 0), each a single
-    level of XOR trees. A leading offset on a ``first`` beat needs no variant of its own: the
-    lanes before it are fed as zero bytes from state zero, which leaves the state zero, and the
-    initial state's contribution (the initial state advanced over the valid byte count) is a
-    precomputed constant XORed in afterwards.
+    Implementation: ``W/8 + 1`` GF(2) update matrices, one per number of lanes fed from lane 0,
+    are derived at elaboration time; every output bit of each is one XOR tree, and a mux on the
+    end of the ``keep`` run selects among them, so the depth is one XOR tree and one mux
+    whatever the width. Data and state terms are separate trees summed after the mux, so the
+    path from ``data`` is only as deep as a data-only tree. A leading offset on a ``first``
+    beat needs no matrix of its own: by linearity the zeroed lanes before the run add nothing
+    to the data term, and the state term is a constant, the initial state advanced over the
+    length of the run, selected by the run's start and end.
+
+    Cost grows with ``W**2``. Measured on an ECP5-85F, speed grade 8, with registered inputs:
+    about 3,000 LUT4 and 128 to 132 MHz at ``W = 64``; about 7,200 LUT4 and 83 to 87 MHz at
+    ``W = 128``.
 
     Parameters
     ----------
@@ -172,7 +188,7 @@ class CRC32(wiring.Component):
         # End (one past the last valid lane) and start of the `keep` run. The later assignment
         # wins, so `run_end` ends at the highest set lane and `run_start` at the lowest.
         run_end = Signal(range(lanes + 1))
-        run_start = Signal(range(lanes + 1))
+        run_start = Signal(range(lanes))
         for lane in range(lanes):
             with m.If(self.keep[lane]):
                 m.d.comb += run_end.eq(lane + 1)
@@ -180,32 +196,35 @@ class CRC32(wiring.Component):
             with m.If(self.keep[lane]):
                 m.d.comb += run_start.eq(lane)
 
-        # On a first beat the running state is replaced by zero: zero bytes fed from state zero
-        # leave it zero, so lanes before the run start are neutral and the same matrices serve
-        # every start lane. The initial state comes back in through `init_term`.
-        kept_data = Cat(self.data.word_select(lane, 8) & self.keep[lane].replicate(8)
-                        for lane in range(lanes))
-        operand = Signal(_STATE_BITS + self._data_width)
-        m.d.comb += operand.eq(Cat(self.state & ~self.first.replicate(_STATE_BITS), kept_data))
+        # Lanes outside the run are zeroed: those after its end are beyond the selected matrix
+        # anyway, and those before its start (first beat only) are zero bytes fed from state
+        # zero, which leave the state zero, so one matrix per run end serves every run start.
+        kept_data = Signal(self._data_width)
+        m.d.comb += kept_data.eq(Cat(self.data.word_select(lane, 8) &
+                                     self.keep[lane].replicate(8) for lane in range(lanes)))
 
-        # A switch rather than a mux so that the simulator only evaluates the selected matrix.
-        updated = Signal(_STATE_BITS)
+        # The initial state advanced over `count` zero bytes, for count = 0 .. lanes.
+        init_advanced = [_apply(rows, self._init_state) for rows in matrices]
+
+        # The data and state terms are summed after the mux, so the path from `data` is as
+        # shallow as a data-only XOR tree. A switch rather than a mux so that the simulator
+        # only evaluates the selected matrix.
+        data_part = Signal(_STATE_BITS)
+        state_part = Signal(_STATE_BITS)
         with m.Switch(run_end):
-            for count, rows in enumerate(matrices):
-                with m.Case(count):
-                    m.d.comb += updated.eq(Cat((operand & row).xor() for row in rows))
-
-        # Initial state advanced over the number of valid bytes of a first beat.
-        one_byte = matrices[1]
-        init_terms = [self._init_state]
-        for _ in range(lanes):
-            init_terms.append(_apply(one_byte, init_terms[-1]))
-        init_term = Signal(_STATE_BITS)
-        with m.If(self.first):
-            m.d.comb += init_term.eq(Array(C(term, _STATE_BITS) for term in init_terms)
-                                     [run_end - run_start])
+            for end, rows in enumerate(matrices):
+                with m.Case(end):
+                    m.d.comb += data_part.eq(
+                        Cat((kept_data & (row >> _STATE_BITS)).xor() for row in rows))
+                    with m.If(self.first):
+                        m.d.comb += state_part.eq(Array(
+                            C(init_advanced[max(end - start, 0)], _STATE_BITS)
+                            for start in range(lanes))[run_start])
+                    with m.Else():
+                        m.d.comb += state_part.eq(
+                            Cat((self.state & (row & _STATE_MASK)).xor() for row in rows))
 
         with m.If(self.valid):
-            m.d.sync += self.crc.eq(~(updated ^ init_term))
+            m.d.sync += self.crc.eq(~(data_part ^ state_part))
 
         return m

@@ -1,0 +1,142 @@
+"""Gateware views of packets: beat layouts, the parsed-header struct and drop reasons.
+
+The per-header structs are generated from :mod:`hdl.packet.layouts` (the one table), so the
+gateware, the Scapy layers and the dissector cannot drift apart. Inside the gateware, fields
+are accessed by name; big-endian wire bytes are converted only at the packet boundary (the
+parser and the builder, using :func:`field_slices`).
+"""
+
+from amaranth.hdl import unsigned
+from amaranth.lib import data, enum
+
+from . import layouts as L
+
+__all__ = [
+    "header_struct", "field_slices", "net_beat_layout", "packet_header_layout",
+    "packet_beat_layout", "DropReason", "PacketKind",
+    "BTH_STRUCT", "RETH_STRUCT", "IMMDT_STRUCT", "AETH_STRUCT", "MDETH_STRUCT",
+    "MACKETH_STRUCT", "MPRH_STRUCT",
+]
+
+
+def header_struct(header):
+    """A :class:`~amaranth.lib.data.StructLayout` with one member per field of ``header``.
+
+    Member order follows the wire (first field first), which in a StructLayout means the first
+    field holds the LEAST significant bits: the struct is a named view, not the wire image.
+    """
+    return data.StructLayout({f.name: unsigned(f.bits) for f in header.fields})
+
+
+def field_slices(header):
+    """``{name: (first_byte, bit_in_byte, bits)}`` of every field, for byte-level extraction."""
+    out = {}
+    for f in header.fields:
+        offset = header.bit_offset(f.name)
+        out[f.name] = (offset // 8, offset % 8, f.bits)
+    return out
+
+
+BTH_STRUCT = header_struct(L.BTH)
+RETH_STRUCT = header_struct(L.RETH)
+IMMDT_STRUCT = header_struct(L.IMMDT)
+AETH_STRUCT = header_struct(L.AETH)
+MDETH_STRUCT = header_struct(L.MDETH)
+MACKETH_STRUCT = header_struct(L.MACKETH)
+MPRH_STRUCT = header_struct(L.MPRH)
+
+
+class PacketKind(enum.Enum, shape=3):
+    """What the transport headers after the BTH are (decided by the opcode)."""
+    DATA = 0            #: RETH [ImmDt] MDETH payload
+    ACK = 1             #: AETH MACKETH SACK
+    PROBE = 2           #: MPRH
+
+
+class DropReason(enum.Enum, shape=5):
+    """Why the parser dropped a frame. Names are the ``reason`` strings of ``mrc-nic replay``
+    (lower case) and the per-reason counters; documented in ``docs/parser.md``."""
+    NONE = 0                #: accepted
+    RUNT = 1                #: frame ends before its headers do (truncated)
+    BAD_ETHERTYPE = 2       #: neither IPv4 nor IPv6 (after at most one 802.1Q tag)
+    BAD_IP_HEADER = 3       #: IP version mismatch, IPv4 options, fragment, bad IPv4 checksum
+    BAD_IP_LENGTH = 4       #: IP length does not match the frame
+    BAD_IP_PROTOCOL = 5     #: not UDP (or, in SRv6, not IPv6-in-IPv6 / a type-4 SRH)
+    BAD_UDP_PORT = 6        #: UDP destination port is not 4791
+    BAD_UDP_LENGTH = 7      #: UDP length does not match the IP length
+    BAD_BTH = 8             #: BTH version not 0 or pad count not 0
+    UNSUPPORTED_OPCODE = 9  #: not an MRC opcode (SEND, READ, ATOMIC, CNP, ...)
+    BAD_LENGTH = 10         #: RETH dma_len differs from the payload, or an ACK's SACK length
+    OVERSIZE = 11           #: payload over the MTU, or frame longer than the largest legal one
+    BAD_ICRC = 12           #: ICRC mismatch
+
+
+PORT_BITS = 4   #: up to 16 network ports (planes)
+
+
+def net_beat_layout(data_width, *, tagged=False):
+    """One beat of an Ethernet frame (no FCS): wire byte i is ``data[8*i:8*i+8]``.
+
+    ``keep`` marks valid byte lanes; every beat but the last is full, the last one's valid
+    lanes start at lane 0. With ``tagged`` the beat also carries the ``port`` (plane) it
+    arrived on or leaves by, as between the port arbiter/demux and the packet engines.
+    """
+    fields = {
+        "data": unsigned(data_width),
+        "keep": unsigned(data_width // 8),
+        "first": unsigned(1),
+        "last": unsigned(1),
+    }
+    if tagged:
+        fields["port"] = unsigned(PORT_BITS)
+    return data.StructLayout(fields)
+
+
+def packet_header_layout(config):
+    """Everything the parser extracts from a frame and the builder needs to make one."""
+    return data.StructLayout({
+        "kind": PacketKind,
+        "trimmed": unsigned(1),                 # DSCP == trim code point: payload gone
+        "port": unsigned(PORT_BITS),            # ingress / egress port (plane), 0-based
+        "payload_len": unsigned(16),            # bytes of payload after the headers
+        "eth_dst": unsigned(48),
+        "eth_src": unsigned(48),
+        "vlan_valid": unsigned(1),
+        "vlan_tci": unsigned(16),
+        "ipv6": unsigned(1),                    # 0: IPv4 (addresses in the low 32 bits)
+        "ip_src": unsigned(128),
+        "ip_dst": unsigned(128),
+        "tclass": unsigned(8),                  # DSCP << 2 | ECN
+        "flow_label": unsigned(20),
+        "hop_limit": unsigned(8),
+        "srv6_valid": unsigned(1),              # outer IPv6 around the packet
+        "srv6_src": unsigned(128),
+        "srv6_dst": unsigned(128),
+        "srh_valid": unsigned(1),
+        "srh_segment": unsigned(128),
+        "udp_sport": unsigned(16),
+        "bth": BTH_STRUCT,
+        "reth": RETH_STRUCT,
+        "immdt": IMMDT_STRUCT,
+        "mdeth": MDETH_STRUCT,
+        "aeth": AETH_STRUCT,
+        "macketh": MACKETH_STRUCT,
+        "sack": unsigned(config.sack_bits),     # bit i: PSN cum_psn + 1 + i
+        "mprh": MPRH_STRUCT,
+    })
+
+
+def packet_beat_layout(config):
+    """A payload beat with its packet's header: the parser's output, the builder's input.
+
+    ``header`` is stable for every beat of a packet. Payload bytes start at lane 0 of the
+    first beat. A packet without payload (ACK, probe, trimmed, zero-length write) is a single
+    beat with ``first``, ``last`` and ``keep == 0``.
+    """
+    return data.StructLayout({
+        "header": packet_header_layout(config),
+        "data": unsigned(config.data_width),
+        "keep": unsigned(config.data_width // 8),
+        "first": unsigned(1),
+        "last": unsigned(1),
+    })

@@ -1,0 +1,1 @@
+"""cocotb testbench building blocks: stream drivers and monitors, and the runner."""

@@ -1,0 +1,61 @@
+"""Build and run a cocotb test module against an Amaranth component's exported Verilog.
+
+Simulator: ``SIM`` (``icarus`` by default, or ``verilator``); waveforms with ``MRC_WAVES=1``
+(FST under Verilator, FST under Icarus too). Works under pytest and from the ``mrc-nic``
+command (where a failing cocotb test raises :class:`CocotbFailure` instead of exiting).
+"""
+
+import os
+from pathlib import Path
+
+from cocotb_tools.check_results import get_results
+from cocotb_tools.runner import get_runner
+
+from ..export import export_sv
+
+__all__ = ["run_cocotb", "CocotbFailure", "simulator"]
+
+
+class CocotbFailure(RuntimeError):
+    pass
+
+
+def simulator():
+    name = os.environ.get("SIM", "icarus")
+    if name not in ("icarus", "verilator"):
+        raise ValueError(f"SIM must be icarus or verilator, not {name!r}")
+    return name
+
+
+def waves_requested():
+    return os.environ.get("MRC_WAVES", "") not in ("", "0")
+
+
+def run_cocotb(component, *, toplevel, test_module, build_dir, extra_env=None, sim=None,
+               testcase=None, waves=None):
+    """Export ``component`` as ``toplevel`` into ``build_dir`` and run ``test_module`` on it.
+
+    Returns the path of the results XML. Raises :class:`CocotbFailure` when a test failed.
+    """
+    sim = sim or simulator()
+    waves = waves_requested() if waves is None else waves
+    build_dir = Path(build_dir).resolve()
+    source = build_dir / f"{toplevel}.sv"
+    export_sv(component, name=toplevel, path=source)
+    build_args = []
+    if sim == "verilator":
+        build_args = ["-Wno-fatal", "-Wno-lint", "-Wno-style"]
+        if waves:
+            build_args.append("--trace-fst")
+    runner = get_runner(sim)
+    runner.build(sources=[source], hdl_toplevel=toplevel, build_dir=build_dir,
+                 timescale=("1ns", "1ps"), waves=waves, build_args=build_args,
+                 always=True, log_file=build_dir / "build.log")
+    results = runner.test(hdl_toplevel=toplevel, test_module=test_module, build_dir=build_dir,
+                          extra_env={k: str(v) for k, v in (extra_env or {}).items()},
+                          waves=waves, testcase=testcase, test_dir=build_dir)
+    tests, failed = get_results(results)
+    if failed or not tests:
+        raise CocotbFailure(f"{failed} of {tests} cocotb tests failed in {test_module} "
+                            f"(log: {build_dir})")
+    return results

@@ -1,0 +1,58 @@
+"""The `mrc-nic` command: pcap-sample, sim, and one-line errors with exit status 2."""
+
+import json
+import subprocess
+import sys
+
+from scapy.compat import raw
+from scapy.utils import rdpcap
+
+from sim.samples import sample_packets
+
+
+def mrc_nic(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "sim.cli", *map(str, args)],
+                          capture_output=True, text=True, cwd=cwd, timeout=600)
+
+
+def test_pcap_sample_writes_every_sample(tmp_path):
+    out = tmp_path / "sample.pcap"
+    result = mrc_nic("pcap-sample", out, "--list")
+    assert result.returncode == 0, result.stderr
+    samples = sample_packets()
+    assert f"wrote {len(samples)} packets" in result.stdout
+    assert [raw(p) for p in rdpcap(str(out))] == [raw(s.packet) for s in samples]
+    assert all(s.name in result.stdout for s in samples)
+
+
+def test_pcap_sample_unwritable_is_one_line_error(tmp_path):
+    result = mrc_nic("pcap-sample", tmp_path / "missing-dir" / "x.pcap")
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0
+    assert result.stderr.startswith("mrc-nic: error: cannot write")
+
+
+def test_sim_foundation_flow(tmp_path):
+    result = mrc_nic("sim", "--bytes", 20000, "--msg-size", 5000, "--out", tmp_path,
+                     "--ack-every", 2, "--planes", 4, "--evs", 8)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    # 20000 B in 5000 B messages at MTU 1024: 4 messages of 5 packets.
+    assert report["messages"] == 4 and report["data_packets"] == 20
+    assert sum(report["packets_per_plane"]) == 20 and len(report["packets_per_plane"]) == 4
+    assert min(report["packets_per_plane"]) >= 4          # 8 EVs round-robin over 4 planes
+    assert report["bad_icrc"] == 0
+    assert report["tshark"]["status"] == "ok" and report["tshark"]["mismatches"] == 0
+    frames = rdpcap(str(tmp_path / "traffic.pcap"))
+    assert len(frames) == report["data_packets"] + report["acks"]
+
+
+def test_sim_rejects_bad_arguments(tmp_path):
+    bad_mtu = mrc_nic("sim", "--mtu", 1500, "--out", tmp_path)
+    assert bad_mtu.returncode == 2
+    assert bad_mtu.stderr.strip() == ("mrc-nic: error: NicConfig.mtu must be one of 256, 512, "
+                                      "1024, 2048, 4096, not 1500")
+    missing = mrc_nic("sim", "--profile", tmp_path / "nope.json", "--out", tmp_path)
+    assert missing.returncode == 2 and "cannot read EV profile" in missing.stderr
+    zero = mrc_nic("sim", "--bytes", 0, "--out", tmp_path)
+    assert zero.returncode == 2 and "--bytes must be at least 1, not 0" in zero.stderr

@@ -1,0 +1,79 @@
+"""NicConfig: defaults are the flagship configuration; every bad value names its field."""
+
+import json
+
+import pytest
+
+from hdl.config import ConfigError, NicConfig
+from hdl.protocol import local_ack_timeout_ns, psn_add, psn_diff, psn_lt
+
+
+def test_defaults_are_the_flagship_configuration():
+    config = NicConfig()
+    assert (config.data_width, config.ports, config.qps) == (64, 8, 256)
+    assert config.window_psns == 256 and config.sack_bytes == 8
+    assert config.line_rate_bps == 64 * 125_000_000
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("data_width", 32, "must be one of 64, 128, 256, not 32"),
+    ("ports", 0, "must be an integer from 1 to 16, not 0"),
+    ("ports", 17, "must be an integer from 1 to 16, not 17"),
+    ("qps", 300, "must be one of 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, not 300"),
+    ("mpr_units", 9, "must be an integer from 1 to 8, not 9"),
+    ("evs_per_profile", 257, "must be an integer from 1 to 256, not 257"),
+    ("mtu", 1500, "must be one of 256, 512, 1024, 2048, 4096, not 1500"),
+    ("trim_dscp", 64, "must be an integer from 0 to 63, not 64"),
+    ("ports", "8", "must be an integer, not '8'"),
+    ("ports", True, "must be an integer, not True"),
+])
+def test_bad_value_names_field_and_range(field, value, message):
+    with pytest.raises(ConfigError) as info:
+        NicConfig(**{field: value})
+    assert str(info.value) == f"NicConfig.{field} {message}"
+    assert info.value.field == field
+
+
+def test_sack_must_fit_the_window():
+    with pytest.raises(ConfigError, match="sack_bits must not exceed the MPR window of 128"):
+        NicConfig(mpr_units=1, sack_bits=256)
+    assert NicConfig(mpr_units=2, sack_bits=256).sack_bytes == 32
+
+
+def test_config_is_frozen_and_replace_validates():
+    config = NicConfig()
+    with pytest.raises(AttributeError):
+        config.ports = 4
+    assert config.replace(ports=4).ports == 4
+    with pytest.raises(ConfigError, match=r"NicConfig.portz is not a parameter"):
+        config.replace(portz=4)
+
+
+def test_from_json(tmp_path):
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps({"data_width": 128, "qps": 1024}))
+    config = NicConfig.from_json(path)
+    assert (config.data_width, config.qps, config.ports) == (128, 1024, 8)
+    assert NicConfig.from_dict(config.to_dict()) == config
+    with pytest.raises(ConfigError, match="must be a JSON object"):
+        NicConfig.from_dict([1, 2])
+
+
+def test_configuration_doc_lists_every_parameter():
+    from sim.env import REPO
+    doc = (REPO / "docs" / "configuration.md").read_text()
+    for name, default, allowed, _ in NicConfig.describe():
+        assert f"| `{name}` | {default} | {allowed} |" in doc, name
+
+
+def test_local_ack_timeout():
+    assert local_ack_timeout_ns(0) == 1024
+    assert local_ack_timeout_ns(24) == 1024 * 2**24
+    with pytest.raises(ValueError, match="from 0 to 24, not 25"):
+        local_ack_timeout_ns(25)
+
+
+def test_psn_serial_arithmetic_wraps():
+    assert psn_add(0xFFFFFF, 2) == 1
+    assert psn_diff(1, 0xFFFFFF) == 2 and psn_diff(0xFFFFFF, 1) == -2
+    assert psn_lt(0xFFFFF0, 0x10) and not psn_lt(0x10, 0xFFFFF0)
