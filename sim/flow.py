@@ -45,6 +45,8 @@ def register(subparsers):
     p.add_argument("--profile", type=Path, default=DEFAULT_PROFILE, help="EV profile JSON")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", type=Path, default=None, help="output folder")
+    p.add_argument("--sim", choices=("verilator", "icarus", "none"), default="verilator",
+                   help="simulator for the RTL receive path (none: skip the RTL step)")
     p.set_defaults(func=run)
 
 
@@ -98,7 +100,7 @@ def run(args):
 
     print(f"mrc-nic sim: {args.bytes} B in {args.msg_size} B messages, MTU {config.mtu}, "
           f"{len(evs)} EVs over {config.ports} planes -> {out}")
-    frames, per_plane = [], [0] * config.ports
+    frames, frame_ports, per_plane = [], [], [0] * config.ports
     psn, cum, ev_cursor, va, messages = D.INITIAL_PSN, None, rng.randrange(len(evs)), 0, 0
     remaining = args.bytes
     while remaining:
@@ -119,12 +121,14 @@ def run(args):
                 ev_index=entry["index"], tx_ts=len(frames) * 100,
                 ackreq=int(k == packets - 1), **_underlay_for(entry)))
             per_plane[entry["port"] - 1] += 1
+            frame_ports.append(entry["port"] - 1)
             if (psn - D.INITIAL_PSN + 1) % args.ack_every == 0 or k == packets - 1:
                 cum = psn
                 frames.append(pk.ack_packet(
                     dqpn=D.QPN_A, psn=psn, cum_psn=cum, msn=messages + (k == packets - 1),
                     ev_index=entry["index"], ts_echo=(len(frames) - 1) * 100,
                     src=D.NIC_B, dst=D.NIC_A, **_underlay_for(entry)))
+                frame_ports.append(entry["port"] - 1)
             psn = P.psn_add(psn, 1)
         va += size
         remaining -= size
@@ -137,13 +141,14 @@ def run(args):
     raw_frames = [bytes(f) for f in frames]
     bad_icrc = sum(not pk.icrc_ok(f) for f in raw_frames)
     decoded = _tshark_check(pcap, frames)
+    rtl = _rtl_receive(raw_frames, frame_ports, config, args.sim, out)
     report = {
         "scenario": args.scenario, "stage": "foundation (no RTL yet)",
         "config": config.to_dict(), "seed": args.seed,
         "messages": messages, "payload_bytes": args.bytes,
         "data_packets": sum(per_plane), "acks": len(frames) - sum(per_plane),
         "packets_per_plane": per_plane, "evs": len(evs), "bad_icrc": bad_icrc,
-        "tshark": decoded, "wire_bytes": sum(len(f) for f in raw_frames),
+        "tshark": decoded, "rtl_receive": rtl, "wire_bytes": sum(len(f) for f in raw_frames),
         "payload_efficiency": args.bytes / sum(len(f) for f in raw_frames),
         "elapsed_s": round(time.monotonic() - started, 3),
     }
@@ -152,8 +157,35 @@ def run(args):
           f"{per_plane}")
     print(f"  ICRC errors: {bad_icrc}; tshark: {decoded['status']}; payload/wire bytes "
           f"{report['payload_efficiency']:.3f}")
+    if rtl["status"] != "skipped":
+        print(f"  RTL receive path ({rtl['simulator']}): {rtl['accepted']} of {len(frames)} "
+              f"frames accepted, {rtl['simulated_cycles_per_second']:.0f} cycles/s")
     print(f"  wrote {pcap} and {out / 'report.json'} in {report['elapsed_s']} s")
-    return 0 if bad_icrc == 0 and decoded["status"] in ("ok", "skipped: no tshark") else 1
+    ok = (bad_icrc == 0 and decoded["status"] in ("ok", "skipped: no tshark")
+          and rtl["status"] in ("ok", "skipped"))
+    return 0 if ok else 1
+
+
+def _rtl_receive(frames, ports, config, sim, out):
+    """Every frame through the NIC's RTL receive path, each on its EV's plane."""
+    if sim == "none":
+        return {"status": "skipped"}
+    from .replay import replay_frames
+    from .tb.runner import CocotbFailure
+    print(f"  RTL receive path: {len(frames)} frames through the NIC top under {sim} ...",
+          flush=True)
+    try:
+        outcome = replay_frames(frames, config, ports=ports, sim=sim,
+                                build_dir=out / f"rtl-{sim}")
+    except CocotbFailure as e:
+        return {"status": "error", "simulator": sim, "error": str(e)}
+    counters = outcome["counters"]
+    accepted = counters.pop("none")
+    payload = sum(p["payload_len"] for p in outcome["packets"])
+    return {"status": "ok" if accepted == len(frames) else "dropped", "simulator": sim,
+            "accepted": accepted, "drop_counters": counters, "payload_bytes": payload,
+            "simulated_cycles": outcome["cycles"],
+            "simulated_cycles_per_second": outcome["cycles"] / max(outcome["wall_seconds"], 1e-9)}
 
 
 def _tshark_check(pcap, frames):

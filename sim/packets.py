@@ -203,11 +203,11 @@ def srv6_encapsulate(pkt, *, dst, segment=None, src=None):
     inner = ether.payload.copy()
     if isinstance(inner, Dot1Q):
         raise ValueError("SRv6 encapsulation of a VLAN-tagged frame is not supported")
-    inner_nh = 41 if isinstance(inner, IPv6) else 4
+    inner_nh = P.IP_PROTO_IPV6 if isinstance(inner, IPv6) else P.IP_PROTO_IPV4
     outer_src = src or (inner.src if isinstance(inner, IPv6) else defaults.NIC_A.ipv6)
     outer = Ether(src=ether.src, dst=ether.dst)
     if segment is None:
-        outer = outer / IPv6(src=outer_src, dst=addr(dst), nh=P.IP_PROTO_IPV6)
+        outer = outer / IPv6(src=outer_src, dst=addr(dst), nh=inner_nh)
     else:
         outer = (outer / IPv6(src=outer_src, dst=addr(dst), nh=P.IP_PROTO_ROUTING)
                  / IPv6ExtHdrSegmentRouting(nh=inner_nh, addresses=[addr(segment)], segleft=1,
@@ -268,4 +268,4 @@ def icrc_ok(frame):
 def write_pcap(path, packets):
     """Write frames (packets or bytes) as an Ethernet pcap."""
     wrpcap(str(path), [Ether(bytes(p)) if isinstance(p, (bytes, bytearray)) else p
-                       for p in packets])
+                       for p in packets], linktype=1)   # DLT_EN10MB, also when empty

