@@ -567,7 +567,21 @@ class Parser(wiring.Component):
         def window(offset, size):
             return Cat(*cap_bytes[offset:offset + size])
 
-        l4_now = Signal.like(d1_l4)
+        # The opcode is decoded at each stack's BTH position from the frozen capture, and the
+        # small result selected by the stack: a decoder behind the window mux would be slower.
+        opcode_at = _offset(L.BTH, "opcode")
+        opcode_class = {}
+        for s in STACKS:
+            code = Signal(5, name=f"opcode_class_{s.code}")    # Cat(ok, imm, kind)
+            opcode_class[s.code] = code
+            with d1m.Switch(cap_bytes[s.t + opcode_at]):
+                for op in sorted(P.SUPPORTED_OPCODES):
+                    kind = (PacketKind.DATA if op in P.DATA_OPCODES else
+                            PacketKind.ACK if op == P.Opcode.ACKNOWLEDGE else PacketKind.PROBE)
+                    with d1m.Case(op):
+                        d1m.d.comb += code.eq(Cat(Const(1, 1),
+                                                  Const(op in P.IMMEDIATE_OPCODES, 1),
+                                                  Const(kind.value, 3)))
         with d1m.Switch(d0_stack):
             for s in STACKS:
                 with d1m.Case(s.code):
@@ -575,19 +589,9 @@ class Parser(wiring.Component):
                         d1_outer.eq(window(s.l3, IPV6.size)),
                         d1_srh.eq(window(s.l3 + IPV6.size, SRH.size)),
                         d1_inner.eq(window(s.x, IPV6.size)),
+                        d1_l4.eq(window(s.u, _L4_WINDOW)),
+                        Cat(d1_opcode_ok, d1_imm, d1_kind.as_value()).eq(opcode_class[s.code]),
                     ]
-                    d1m.d.comb += l4_now.eq(window(s.u, _L4_WINDOW))
-        d1m.d.sync += d1_l4.eq(l4_now)
-        opcode = _field(_bytes(l4_now, _L4_WINDOW), L.BTH, "opcode", UDP.size)
-        with d1m.Switch(opcode):
-            for op in sorted(P.SUPPORTED_OPCODES):
-                with d1m.Case(op):
-                    kind = (PacketKind.DATA if op in P.DATA_OPCODES else
-                            PacketKind.ACK if op == P.Opcode.ACKNOWLEDGE else PacketKind.PROBE)
-                    d1m.d.sync += [d1_kind.eq(kind), d1_imm.eq(op in P.IMMEDIATE_OPCODES),
-                                 d1_opcode_ok.eq(1)]
-            with d1m.Default():
-                d1m.d.sync += [d1_kind.eq(PacketKind.DATA), d1_imm.eq(0), d1_opcode_ok.eq(0)]
 
         # The low `sack_bytes` bytes of the bitmap are the ones right before the ICRC.
         tail_bytes = _bytes(d0_tail, tail_beats * lanes)
