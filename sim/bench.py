@@ -7,12 +7,12 @@ simulated cycles per second of the NIC top under Icarus and Verilator.
 
 import json
 import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from .env import BUILD
+from .errors import fail
 
 
 def register(subparsers):
@@ -33,9 +33,7 @@ def run(args):
     sims = args.sims.split(",")
     for sim in sims:
         if sim not in ("icarus", "verilator"):
-            print(f"mrc-nic: error: --sims: {sim!r} is not icarus or verilator",
-                  file=sys.stderr)
-            return 2
+            return fail(f"--sims: {sim!r} is not icarus or verilator")
     results = []
     for sim in sims:
         for width in widths:
@@ -52,8 +50,7 @@ def run(args):
                                    extra_env={"DATA_WIDTH": width, "PAYLOAD": payload,
                                               "COUNT": args.count, "BENCH_OUT": out})
                     except CocotbFailure as e:
-                        print(f"mrc-nic: error: {e}", file=sys.stderr)
-                        return 1
+                        return fail(str(e), status=1)
                     result = json.loads(out.read_text())
                 result.update(simulator=sim, wall_seconds=round(time.monotonic() - started, 1))
                 results.append(result)

@@ -9,15 +9,13 @@ import os
 import sys
 
 from . import bench, dissector, evtool, flow, replay
+from .errors import fail
 
 
 class CliError(Exception):
     """A user error: printed as one line, exit status 2."""
 
 
-def fail(message):
-    print(f"mrc-nic: error: {message}", file=sys.stderr)
-    return 2
 
 
 def _pcap_sample(args):

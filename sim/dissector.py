@@ -26,6 +26,8 @@ from string import Template
 from hdl import protocol as P
 from hdl.packet import layouts as L
 
+from .errors import fail
+
 __all__ = [
     "DEFAULT_LUA_PATH", "DECODED_HEADERS", "SACK_FIELD", "SUMMARY_FIELDS",
     "header_abbrev", "field_abbrev", "flag_abbrev", "flag_enum",
@@ -650,8 +652,7 @@ def handler(args):
     try:
         path = write_lua(args.out)
     except OSError as error:
-        print(f"mrc-nic: error: cannot write {args.out}: {error.strerror}", file=sys.stderr)
-        return 2
+        return fail(f"cannot write {args.out}: {error.strerror}")
     print(f"wrote {path}")
     return 0
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 from hdl.path.ev import EvProfileError, expand, load_profile_json
 
+from .errors import fail
+
 __all__ = ["register", "expand_command", "main"]
 
 PROG = "mrc-nic"
-#: Exit status for a document the command cannot use, the same as argparse's usage errors.
-EXIT_BAD_INPUT = 2
 
 
 def register(subparsers):
@@ -51,11 +51,6 @@ def register(subparsers):
     return ev_parser
 
 
-def _fail(message):
-    # One line, so scripts can show it as is; newlines inside a message would split it.
-    print(f"{PROG}: error: {' '.join(message.split())}", file=sys.stderr)
-    return EXIT_BAD_INPUT
-
 
 def expand_command(args):
     """Handler of ``mrc-nic ev expand``: returns the exit status (0, or 2 for bad input)."""
@@ -64,11 +59,11 @@ def expand_command(args):
         raw = path.read_bytes()
     except OSError as error:
         code = errno.errorcode.get(error.errno, "EIO")
-        return _fail(f"{path}: cannot read: {error.strerror} ({code})")
+        return fail(f"{path}: cannot read: {error.strerror} ({code})")
     try:
         document = json.loads(raw)
     except ValueError as error:      # JSONDecodeError, or bytes that are not UTF-8/16/32
-        return _fail(f"{path}: not valid JSON: {error} (EINVAL)")
+        return fail(f"{path}: not valid JSON: {error} (EINVAL)")
     try:
         spec = load_profile_json(document)
         # Expand everything before printing, so a bad EV leaves no partial output.
@@ -77,7 +72,7 @@ def expand_command(args):
     except EvProfileError as error:
         if error.field.startswith("evs["):
             error = error.within("profile")
-        return _fail(str(error))
+        return fail(str(error))
     if args.json:
         print(json.dumps(images))
     else:

@@ -12,7 +12,6 @@ import json
 import random
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,13 +23,10 @@ from . import defaults as D
 from . import packets as pk
 from .dissector import tshark_errors
 from .env import BUILD, REPO
+from .errors import fail
 
 DEFAULT_PROFILE = REPO / "sim" / "data" / "default-ev-profile.json"
 
-
-def _fail(message):
-    print(f"mrc-nic: error: {message}", file=sys.stderr)
-    return 2
 
 
 def register(subparsers):
@@ -83,17 +79,17 @@ def run(args):
     try:
         config = NicConfig(mtu=args.mtu, ports=args.planes)
     except ConfigError as e:
-        return _fail(str(e))
+        return fail(str(e))
     for name in ("bytes", "msg_size", "evs", "ack_every"):
         if getattr(args, name) < 1:
-            return _fail(f"--{name.replace('_', '-')} must be at least 1, not "
+            return fail(f"--{name.replace('_', '-')} must be at least 1, not "
                          f"{getattr(args, name)}")
     try:
         fmt, evs = _load_evs(args.profile, args.evs, config.ports)
     except ValueError as e:
-        return _fail(str(e))
+        return fail(str(e))
     if fmt.mode == P.EvFormatMode.SRV6:
-        return _fail("the foundation flow sends UDP/STEV EVs only; SRv6 arrives with the RTL")
+        return fail("the foundation flow sends UDP/STEV EVs only; SRv6 arrives with the RTL")
     out = args.out or BUILD / "sim" / args.scenario
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(args.seed)

@@ -8,13 +8,13 @@ blocks that answer with ACK/NACK are wired into the NIC (issue 5); the file is s
 """
 
 import json
-import sys
 import tempfile
 from pathlib import Path
 
 from hdl.config import ConfigError, NicConfig
 
 from .env import BUILD
+from .errors import fail
 
 
 def register(subparsers):
@@ -26,10 +26,6 @@ def register(subparsers):
     p.add_argument("--port", type=int, default=0, help="RX port the frames arrive on")
     p.set_defaults(func=run)
 
-
-def _fail(message):
-    print(f"mrc-nic: error: {message}", file=sys.stderr)
-    return 2
 
 
 def read_capture(path):
@@ -76,17 +72,17 @@ def run(args):
     try:
         config = NicConfig.from_json(args.config) if args.config else NicConfig()
     except ConfigError as e:
-        return _fail(str(e))
+        return fail(str(e))
     except (OSError, json.JSONDecodeError) as e:
-        return _fail(f"{args.config}: cannot read configuration: {e}")
+        return fail(f"{args.config}: cannot read configuration: {e}")
     if not 0 <= args.port < config.ports:
-        return _fail(f"--port must be from 0 to {config.ports - 1}, not {args.port}")
+        return fail(f"--port must be from 0 to {config.ports - 1}, not {args.port}")
     try:
         frames = read_capture(args.pcap)
     except ValueError as e:
-        return _fail(str(e))
+        return fail(str(e))
     if not frames:
-        return _fail(f"{args.pcap}: the capture holds no frames")
+        return fail(f"{args.pcap}: the capture holds no frames")
 
     from sim.tb.runner import CocotbFailure
     print(f"mrc-nic replay: {len(frames)} frames from {args.pcap} through the RTL "
@@ -94,7 +90,7 @@ def run(args):
     try:
         outcome = replay_frames(frames, config, ports=[args.port] * len(frames))
     except CocotbFailure as e:
-        return _fail(f"the simulation failed: {e}")
+        return fail(f"the simulation failed: {e}")
 
     verdicts = []
     for number, reason in enumerate(outcome["verdicts"], 1):
