@@ -41,6 +41,7 @@ _PARAMETERS = {
     "evs_per_profile": (64, _range(1, 256), "EVs per profile"),
     "mtu": (1024, _choice(256, 512, 1024, 2048, 4096), "path MTU: payload bytes per packet"),
     "max_wimm": (16, _range(1, 255), "upper bound of a QP's max WRITE_IMMs in flight"),
+    "wr_slots": (16, _range(1, 64), "outstanding work requests per QP (completion ring)"),
     "ip_version": (6, _choice(4, 6), "IP version of the underlay the NIC builds"),
     "trim_dscp": (P.DEFAULT_TRIM_DSCP, _range(0, 63), "DSCP code point marking trimmed packets"),
     "clock_hz": (125_000_000, _range(1_000_000, 500_000_000), "engine clock frequency in Hz"),
@@ -54,7 +55,7 @@ class NicConfig:
     Parameters
     ----------
     data_width, ports, qps, mpr_units, sack_bits, ev_profiles, evs_per_profile, mtu,
-    max_wimm, ip_version, trim_dscp, clock_hz
+    max_wimm, wr_slots, ip_version, trim_dscp, clock_hz
         See :meth:`describe` (or ``docs/configuration.md``) for meaning and allowed range.
     """
     data_width: int = _PARAMETERS["data_width"][0]
@@ -66,6 +67,7 @@ class NicConfig:
     evs_per_profile: int = _PARAMETERS["evs_per_profile"][0]
     mtu: int = _PARAMETERS["mtu"][0]
     max_wimm: int = _PARAMETERS["max_wimm"][0]
+    wr_slots: int = _PARAMETERS["wr_slots"][0]
     ip_version: int = _PARAMETERS["ip_version"][0]
     trim_dscp: int = _PARAMETERS["trim_dscp"][0]
     clock_hz: int = _PARAMETERS["clock_hz"][0]
@@ -100,6 +102,24 @@ class NicConfig:
     @property
     def sack_bytes(self):
         return self.sack_bits // 8
+
+    @property
+    def qpn_bits(self):
+        """Bits of a local QP index (QPNs 0 .. qps-1)."""
+        return max(1, (self.qps - 1).bit_length())
+
+    @property
+    def ev_index_bits(self):
+        return max(1, (self.evs_per_profile - 1).bit_length())
+
+    @property
+    def profile_bits(self):
+        return max(1, (self.ev_profiles - 1).bit_length())
+
+    @property
+    def window_bits(self):
+        """Bits of a PSN offset inside the window (0 .. window_psns-1)."""
+        return (self.window_psns - 1).bit_length()
 
     @property
     def line_rate_bps(self):

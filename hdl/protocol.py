@@ -212,6 +212,47 @@ class CompletionStatus(enum.IntEnum, shape=5):
     RETRY_EXC_ERR = 12
 
 
+class WrOpcode(enum.IntEnum, shape=3):
+    """Work-request opcodes, numbered as ibverbs' ``ibv_wr_opcode``. MRC performs only the two
+    RDMA WRITE forms; the others are refused at the work-request interface with a
+    ``LOC_QP_OP_ERR`` completion and never reach the wire."""
+    RDMA_WRITE = 0
+    RDMA_WRITE_WITH_IMM = 1
+    SEND = 2
+    SEND_WITH_IMM = 3
+    RDMA_READ = 4
+    ATOMIC_CMP_AND_SWP = 5
+    ATOMIC_FETCH_AND_ADD = 6
+
+
+SUPPORTED_WR_OPCODES = frozenset({WrOpcode.RDMA_WRITE, WrOpcode.RDMA_WRITE_WITH_IMM})
+
+
+class WcOpcode(enum.IntEnum, shape=8):
+    """Work-completion opcodes, numbered as ibverbs' ``ibv_wc_opcode``."""
+    RDMA_WRITE = 1                  #: requester: an RDMA WRITE (with or without immediate) done
+    RECV_RDMA_WITH_IMM = 129        #: responder: a WRITE WITH IMMEDIATE has fully arrived
+
+
+class FeedbackKind(enum.IntEnum, shape=3):
+    """Path feedback from ACK/NACK processing and the retransmit timer to path selection."""
+    ACKED = 0                   #: a packet on this EV was acknowledged: the path works.
+    ECN = 1                     #: acknowledged with ECN echo: a small penalty.
+    TRIMMED = 2                 #: trimmed by a switch: congestion, a larger penalty.
+    LOST = 3                    #: inferred loss or timeout: ASSUMED_BAD, floor permitting.
+    PROBE_OK = 4                #: a probe on this EV was answered.
+
+
+class Errno(enum.IntEnum, shape=8):
+    """Error codes of refused control operations, Linux values as ``mrc_ctl.h`` returns them
+    (negated there). 0 means the operation was done."""
+    OK = 0
+    ENOENT = 2                  #: no such QP, profile or entry.
+    E2BIG = 7                   #: more entries/fields than the build holds.
+    EBUSY = 16                  #: the object is in a state that forbids this (e.g. ONLINE).
+    EINVAL = 22                 #: a bad argument or an illegal state transition.
+
+
 # Timers and retries (mrc.h)
 LOCAL_ACK_TIMEOUT_MAX = 24      #: t in 1.024 us * 2**t
 RETRY_LINEAR_MAX = 7
