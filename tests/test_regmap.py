@@ -7,8 +7,14 @@ from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
 
 from hdl import protocol as P
-from hdl.control.regmap import (CommandBlock, QueueBlock, RegisterBus, RegisterMap,
-                                StatusBlock, flatten)
+from hdl.control.regmap import (
+    CommandBlock,
+    QueueBlock,
+    RegisterBus,
+    RegisterMap,
+    StatusBlock,
+    flatten,
+)
 from sim.driver import AmaranthBus, DriverError, RegisterDriver
 from sim.tb.amsim import StreamDriver
 

@@ -22,7 +22,7 @@ Word addresses: block ``k`` starts at ``k * block_words``. The bus is word-addre
 from dataclasses import dataclass
 
 from amaranth import *
-from amaranth.lib import data, enum, stream, wiring
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..util import validating
