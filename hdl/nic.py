@@ -1,113 +1,13 @@
 """The MRC NIC top. It grows issue by issue; every block is wired in here as it lands.
 
-Today::
-
-    rx[0..P-1] ─► PortArbiter ─► Parser ─► rx_packets        (to the transport blocks, next)
-    tx[0..P-1] ◄─ PortDemux  ◄─ HeaderBuilder ◄─ tx_packets  (from the transport blocks, next)
-
-The receive path checks every frame (docs/parser.md) and drops bad ones whole with a counted
-reason; the transmit path builds complete frames with lengths, checksums and ICRC
-(docs/builder.md) and sends each on the port its header names.
+Being rewired: the transport blocks (requester, responder, path select) go between the packet
+engine's ``rx_packets`` and ``tx_packets``. Until then the top is the packet engine.
 """
 
-from amaranth import *
-from amaranth.lib import data, stream, wiring
-from amaranth.lib.wiring import In, Out
-
-from .config import NicConfig
-from .packet.builder import HeaderBuilder
-from .packet.headers import DropReason, net_beat_layout, packet_beat_layout
-from .packet.parser import Parser
-from .packet.ports import PortArbiter, PortDemux
-from .util import validating
+from .packet.engine import PacketEngine
 
 __all__ = ["MrcNic"]
 
 
-class MrcNic(wiring.Component):
-    """Multipath Reliable Connection NIC.
-
-    Parameters
-    ----------
-    config : NicConfig
-        Build parameters (``docs/configuration.md``); defaults to ``NicConfig()``.
-
-    Members
-    -------
-    rx : ``In(stream.Signature(net_beat_layout(W))).array(ports)``
-        Frames received on each network port (plane), without FCS.
-    tx : ``Out(stream.Signature(net_beat_layout(W))).array(ports)``
-        Frames to transmit on each port.
-    rx_packets : ``Out(stream.Signature(packet_beat_layout(config)))``
-        Accepted packets: parsed header and payload.
-    tx_packets : ``In(stream.Signature(packet_beat_layout(config)))``
-        Packets to send: header (its ``port`` picks the plane) and payload.
-    rx_counters : ``Out(data.ArrayLayout(32, len(DropReason)))``
-        Element 0: frames accepted; element r: frames dropped for :class:`DropReason` r.
-    rx_verdict_valid, rx_verdict_reason : ``Out(1)``, ``Out(DropReason)``
-        One strobe per received frame, in arrival order through the arbiter.
-    tx_length_errors : ``Out(32)``
-        Packets whose payload disagreed with their header's ``payload_len``.
-    tx_bad_port : ``Out(32)``
-        Frames discarded because their header named a port the NIC does not have.
-    """
-
-    def __init__(self, config=None):
-        with validating(self):
-            config = NicConfig() if config is None else config
-            if not isinstance(config, NicConfig):
-                raise TypeError(f"config must be a NicConfig, not {config!r}")
-        self._config = config
-        beat = stream.Signature(net_beat_layout(config.data_width))
-        packet = stream.Signature(packet_beat_layout(config))
-        super().__init__({
-            "rx": In(beat).array(config.ports),
-            "tx": Out(beat).array(config.ports),
-            "rx_packets": Out(packet),
-            "tx_packets": In(packet),
-            "rx_counters": Out(data.ArrayLayout(32, len(DropReason))),
-            "rx_verdict_valid": Out(1),
-            "rx_verdict_reason": Out(DropReason),
-            "tx_length_errors": Out(32),
-            "tx_bad_port": Out(32),
-        })
-
-    @property
-    def config(self):
-        return self._config
-
-    def elaborate(self, platform):
-        m = Module()
-        config = self._config
-        ports = dict(data_width=config.data_width, ports=config.ports)
-
-        # Receive path
-        m.submodules.rx_arbiter = arbiter = PortArbiter(**ports)
-        m.submodules.parser = parser = Parser(config=config)
-        for port in range(config.ports):
-            wiring.connect(m, wiring.flipped(self.rx[port]), arbiter.i[port])
-        wiring.connect(m, arbiter.o, parser.i)
-        wiring.connect(m, parser.o, wiring.flipped(self.rx_packets))
-        # The trim code point is a control register; until the register map exists (issue 7)
-        # it holds its reset value, config.trim_dscp. (A top-level input would come up X in
-        # an HDL simulator whose testbench forgot it.)
-        trim_dscp = Signal(6, init=config.trim_dscp)
-        m.d.comb += [
-            parser.trim_dscp.eq(trim_dscp),
-            self.rx_counters.eq(parser.counters),
-            self.rx_verdict_valid.eq(parser.verdict_valid),
-            self.rx_verdict_reason.eq(parser.verdict_reason),
-        ]
-
-        # Transmit path
-        m.submodules.builder = builder = HeaderBuilder(config=config)
-        m.submodules.tx_demux = demux = PortDemux(**ports)
-        wiring.connect(m, wiring.flipped(self.tx_packets), builder.i)
-        wiring.connect(m, builder.o, demux.i)
-        for port in range(config.ports):
-            wiring.connect(m, demux.o[port], wiring.flipped(self.tx[port]))
-        m.d.comb += [
-            self.tx_length_errors.eq(builder.length_errors),
-            self.tx_bad_port.eq(demux.bad_port),
-        ]
-        return m
+class MrcNic(PacketEngine):
+    """Multipath Reliable Connection NIC (today: the packet engine, ``hdl/packet/engine.py``)."""

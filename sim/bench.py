@@ -26,7 +26,7 @@ def register(subparsers):
 
 def run(args):
     from hdl.config import NicConfig
-    from hdl.nic import MrcNic
+    from hdl.packet.engine import PacketEngine
     from sim.tb.runner import CocotbFailure, run_cocotb
 
     widths = [int(w) for w in args.widths.split(",")]
@@ -44,7 +44,7 @@ def run(args):
                     out = Path(tmp) / "bench.json"
                     started = time.monotonic()
                     try:
-                        run_cocotb(MrcNic(config), toplevel="mrc_nic",
+                        run_cocotb(PacketEngine(config), toplevel="packet_engine",
                                    test_module="sim.tb.cocotb_bench",
                                    build_dir=BUILD / "bench" / f"{sim}-w{width}", sim=sim,
                                    extra_env={"DATA_WIDTH": width, "PAYLOAD": payload,

@@ -52,7 +52,7 @@ def replay_frames(frames, config, *, ports, sim=None, build_dir=None):
     """Run ``frames`` (bytes), frame i on RX port ``ports[i]``, through the NIC top's receive
     path; return ``{"verdicts": [reason name per frame], "packets": [...], "counters": {...}}``.
     Raises :class:`sim.tb.runner.CocotbFailure` when the simulation fails."""
-    from hdl.nic import MrcNic
+    from hdl.packet.engine import PacketEngine
     from sim.tb.runner import run_cocotb, simulator
 
     sim = sim or simulator()
@@ -62,8 +62,8 @@ def replay_frames(frames, config, *, ports, sim=None, build_dir=None):
         job, result = Path(tmp) / "job.json", Path(tmp) / "result.json"
         job.write_text(json.dumps({"config": config.to_dict(), "frames": [
             {"port": port, "hex": f.hex()} for f, port in zip(frames, ports, strict=True)]}))
-        run_cocotb(MrcNic(config), toplevel="mrc_nic", test_module="sim.tb.cocotb_replay",
-                   build_dir=build_dir, sim=sim,
+        run_cocotb(PacketEngine(config), toplevel="packet_engine",
+                   test_module="sim.tb.cocotb_replay", build_dir=build_dir, sim=sim,
                    extra_env={"REPLAY_IN": job, "REPLAY_OUT": result})
         return json.loads(result.read_text())
 

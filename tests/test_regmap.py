@@ -9,6 +9,7 @@ from amaranth.sim import Simulator
 from hdl import protocol as P
 from hdl.control.regmap import (
     CommandBlock,
+    ControlBlock,
     QueueBlock,
     RegisterBus,
     RegisterMap,
@@ -21,6 +22,7 @@ from sim.tb.amsim import StreamDriver
 REQUEST = data.StructLayout({"op": unsigned(2), "key": unsigned(40), "value": unsigned(70)})
 RESPONSE = data.StructLayout({"errno": P.Errno, "data": unsigned(64)})
 COUNTERS = data.ArrayLayout(32, 3)
+SETTINGS = data.StructLayout({"mode": unsigned(3), "limit": unsigned(40)})
 EVENT = data.StructLayout({"id": unsigned(8), "state": P.EvState, "wide": unsigned(40)})
 
 
@@ -64,6 +66,7 @@ class Store(wiring.Component):
 REGMAP = RegisterMap([
     CommandBlock("store", REQUEST, RESPONSE, "A key/value store."),
     StatusBlock("counters", COUNTERS, "Counters."),
+    ControlBlock("settings", SETTINGS, "Settings.", init={"mode": 2, "limit": 100}),
     QueueBlock("events", EVENT, "Events."),
 ], block_words=16)
 
@@ -113,6 +116,10 @@ def test_commands_status_and_queue_over_the_bus():
         assert [(e["id"], e["state"], e["wide"]) for e in seen] == \
             [(i, P.EvState.GOOD, i << 33) for i in range(5)]
         assert await driver.pop("events") is None
+        assert await driver.status("settings") == {"mode": 2, "limit": 100}
+        await driver.configure("settings", limit=(1 << 39) + 5)
+        assert ctx.get(bus.settings.limit) == (1 << 39) + 5 and ctx.get(bus.settings.mode) == 2
+        assert await driver.status("settings") == {"mode": 2, "limit": (1 << 39) + 5}
 
     sim.add_testbench(bench)
     sim.run()

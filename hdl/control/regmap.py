@@ -12,6 +12,8 @@ block exist:
     words. A ``GO`` while busy is ignored and counted in ``STATUS.overruns``.
 ``StatusBlock``
     Read-only words showing a signal (counters, states).
+``ControlBlock``
+    Read/write words driving a signal (configuration registers), with reset values.
 ``QueueBlock``
     The head entry of an event stream in read-only words, ``STATUS.valid`` when there is
     one; writing ``POP`` removes it.
@@ -27,8 +29,8 @@ from amaranth.lib.wiring import In, Out
 
 from ..util import validating
 
-__all__ = ["CommandBlock", "StatusBlock", "QueueBlock", "RegisterMap", "RegisterBus",
-           "bus_signature", "flatten"]
+__all__ = ["CommandBlock", "StatusBlock", "ControlBlock", "QueueBlock", "RegisterMap",
+           "RegisterBus", "bus_signature", "flatten"]
 
 WORD_BITS = 32
 
@@ -98,6 +100,18 @@ class StatusBlock:
     name: str
     layout: data.Layout
     doc: str
+
+    @property
+    def words(self):
+        return _words(self.layout.size)
+
+
+@dataclass(frozen=True)
+class ControlBlock:
+    name: str
+    layout: data.Layout
+    doc: str
+    init: dict | None = None            #: reset values by field name (a layout's const init)
 
     @property
     def words(self):
@@ -194,8 +208,13 @@ class RegisterMap:
                           f"| 0x{base + block.POP:04x} | POP | W | remove the head entry |",
                           f"| 0x{base + block.DATA:04x} | DATA | R | head entry, below |", ""]
                 lines += self._field_table("entry", block.layout, base + block.DATA)
+            elif isinstance(block, ControlBlock):
+                lines += self._field_table("read/write words", block.layout, base)
+                if block.init:
+                    lines += ["Reset values: " + ", ".join(
+                        f"`{k}` = {v}" for k, v in block.init.items()), ""]
             else:
-                lines += self._field_table("words", block.layout, base)
+                lines += self._field_table("read-only words", block.layout, base)
         return "\n".join(lines).rstrip() + "\n"
 
     @staticmethod
@@ -243,6 +262,8 @@ class RegisterBus(wiring.Component):
                 members[f"{block.name}_resp"] = In(stream.Signature(block.response))
             elif isinstance(block, StatusBlock):
                 members[block.name] = In(block.layout)
+            elif isinstance(block, ControlBlock):
+                members[block.name] = Out(block.layout, init=block.init or {})
             else:
                 members[block.name] = In(stream.Signature(block.layout))
         super().__init__(members)
@@ -295,6 +316,14 @@ class RegisterBus(wiring.Component):
                 for index, word in enumerate(words_of(getattr(self, block.name),
                                                       block.words)):
                     read_words[base + index] = word
+            elif isinstance(block, ControlBlock):
+                value = Value.cast(getattr(self, block.name))
+                for index, word in enumerate(words_of(value, block.words)):
+                    read_words[base + index] = word
+                    top = min(len(value), (index + 1) * WORD_BITS)
+                    with m.If(bus.w_en & (bus.addr == base + index)):
+                        m.d.sync += value[index * WORD_BITS:top].eq(
+                            bus.w_data[:top - index * WORD_BITS])
             else:
                 queue = getattr(self, block.name)
                 m.d.comb += queue.ready.eq(bus.w_en & (bus.addr == base + block.POP))

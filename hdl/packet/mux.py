@@ -11,7 +11,7 @@ from amaranth.lib.wiring import In, Out
 
 from ..util import validating
 
-__all__ = ["PacketArbiter", "PacketDemux"]
+__all__ = ["PacketArbiter", "PacketDemux", "StreamMerge"]
 
 
 def _check(layout, count, what):
@@ -129,4 +129,54 @@ class PacketDemux(wiring.Component):
             m.d.comb += self.i.ready.eq(1)
             with m.If(self.i.valid & self.i.payload.last):
                 m.d.sync += self.dropped.eq(self.dropped + 1)
+        return m
+
+
+class StreamMerge(wiring.Component):
+    """Merge ``count`` streams of single transfers (no packets) into one, round-robin.
+
+    Combinational: the output offers the first valid input after the last one served. Used for
+    completions, feedback and requests where each transfer stands alone.
+
+    Members
+    -------
+    i : ``In(stream.Signature(layout)).array(count)``
+    o : ``Out(stream.Signature(layout))``
+    """
+
+    def __init__(self, *, layout, count):
+        with validating(self):
+            if not isinstance(count, int) or not 1 <= count <= 16:
+                raise ValueError(f"Input count must be an integer from 1 to 16, not {count!r}")
+        self._count = count
+        super().__init__({
+            "i": In(stream.Signature(layout)).array(count),
+            "o": Out(stream.Signature(layout)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        n = self._count
+        last = Signal(range(n))
+        pick = Signal(range(n))
+        for offset in reversed(range(1, n + 1)):
+            for g in range(n):
+                port = (g + offset) % n
+                with m.If((last == g) & self.i[port].valid):
+                    m.d.comb += pick.eq(port)
+        # Once offered, a transfer stays offered until taken: hold the choice while waiting.
+        held = Signal()
+        held_port = Signal(range(n))
+        current = Mux(held, held_port, pick)
+        for port in range(n):
+            with m.If(current == port):
+                m.d.comb += [
+                    self.o.valid.eq(self.i[port].valid),
+                    self.o.payload.eq(self.i[port].payload),
+                    self.i[port].ready.eq(self.o.ready),
+                ]
+        with m.If(self.o.valid & self.o.ready):
+            m.d.sync += [last.eq(current), held.eq(0)]
+        with m.Elif(self.o.valid):
+            m.d.sync += [held.eq(1), held_port.eq(current)]
         return m

@@ -118,6 +118,21 @@ class RegisterDriver:
         base = self.regmap.base(block)
         return _unpack(self.layout[block]["fields"], await self._read_words(base, spec.words))
 
+    async def configure(self, block, **values):
+        """Read-modify-write fields of a control block."""
+        spec = self.regmap.block(block)
+        base = self.regmap.base(block)
+        fields = self.layout[block]["fields"]
+        word = await self._read_words(base, spec.words)
+        known = {path: (offset, width) for path, offset, width in fields}
+        for path in values:
+            if path not in known:
+                raise KeyError(f"{block} has no field {path!r}; fields: {sorted(known)}")
+            offset, width = known[path]
+            word &= ~(((1 << width) - 1) << offset)
+        word |= _pack(fields, values, block)
+        await self._write_words(base, word, spec.words)
+
     async def pop(self, block):
         """The head entry of a queue block, removed; ``None`` when the queue is empty."""
         spec = self.regmap.block(block)

@@ -18,6 +18,7 @@ from scapy.compat import raw
 from hdl import protocol as P
 from hdl.config import NicConfig
 from hdl.packet.headers import net_beat_layout, packet_beat_layout
+from hdl.protocol import DEFAULT_TRIM_DSCP
 from sim import packets as pk
 from sim.rtlpackets import header_from_scapy
 from sim.tb.cocotb_nic import packet_beats
@@ -67,6 +68,7 @@ async def measure(dut, source, frames, meter, sink, expected_packets):
 async def bench(dut):
     Clock(dut.clk, 8, unit="ns").start()
     dut.rst.value = 1
+    dut.trim_dscp.value = DEFAULT_TRIM_DSCP   # a register in the NIC top
     width = CONFIG.data_width
     rx = StreamSource(dut, "rx__0", net_beat_layout(width), dut.clk)
     rx_packets = StreamSink(dut, "rx_packets", packet_beat_layout(CONFIG), dut.clk)

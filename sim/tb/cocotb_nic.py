@@ -20,6 +20,7 @@ from scapy.compat import raw
 
 from hdl.config import NicConfig
 from hdl.packet.headers import DropReason, net_beat_layout, packet_beat_layout, packet_header_layout
+from hdl.protocol import DEFAULT_TRIM_DSCP
 from sim.rtlpackets import header_from_scapy, payload_from_scapy
 from sim.samples import sample_packets
 from sim.tb.streams import StreamSink, StreamSource, beats_to_bytes, frame_to_beats, pack, unpack
@@ -50,6 +51,7 @@ class NicBench:
     async def start(self):
         Clock(self.dut.clk, 8, unit="ns").start()
         self.dut.rst.value = 1
+        self.dut.trim_dscp.value = DEFAULT_TRIM_DSCP   # a register in the NIC top
         await ClockCycles(self.dut.clk, 3)
         self.dut.rst.value = 0
         for driver in [*self.rx, *self.tx, self.tx_packets, self.rx_packets]:

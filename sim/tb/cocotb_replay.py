@@ -25,6 +25,7 @@ async def replay(dut):
     width = config.data_width
     Clock(dut.clk, 8, unit="ns").start()
     dut.rst.value = 1
+    dut.trim_dscp.value = config.trim_dscp   # a register in the NIC top
     sources = [StreamSource(dut, f"rx__{p}", net_beat_layout(width), dut.clk)
                for p in range(config.ports)]
     sink = StreamSink(dut, "rx_packets", packet_beat_layout(config), dut.clk)
