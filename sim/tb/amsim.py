@@ -32,7 +32,7 @@ def const_to_dict(value):
         if isinstance(layout, data.ArrayLayout):
             return [const_to_dict(value[i]) for i in range(layout.length)]
         return {name: const_to_dict(value[name]) for name, _ in layout}
-    return int(value)
+    return int(getattr(value, "value", value))     # enum members of any enum class
 
 
 class StreamDriver:

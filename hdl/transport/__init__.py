@@ -1,0 +1,1 @@
+"""Transport layer: the requester and responder engines, completion ordering and timers."""

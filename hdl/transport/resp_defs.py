@@ -1,0 +1,105 @@
+"""Responder constants, enumerations and the control-command layout.
+
+Shared by the gateware (:mod:`hdl.transport.responder`) and the reference model
+(:mod:`sim.model.responder`), so a verdict, a command or a default has one definition.
+"""
+
+from amaranth.hdl import unsigned
+from amaranth.lib import data, enum
+
+from .. import protocol as P
+
+__all__ = [
+    "ResponderVerdict", "ResponderCommand", "PD_BITS", "ACK_TCLASS", "ACK_HOP_LIMIT",
+    "DEFAULT_ACK_EVERY", "DEFAULT_ACK_DELAY", "DEFAULT_NAK_INTERVAL", "VERDICT_NAK",
+    "responder_command_layout", "responder_response_layout", "RESPONDER_COUNTERS",
+]
+
+#: Width of a protection-domain number in the QP and MR tables (*project choice*).
+PD_BITS = 16
+#: Traffic class of ACKs and NACKs: DSCP 0, ECN ECT(0). Never the trim code point, so an ACK
+#: cannot be mistaken for a trimmed packet (*project choice*).
+ACK_TCLASS = 0b10
+#: IP hop limit / TTL of ACKs and NACKs, as ``sim.packets`` builds them.
+ACK_HOP_LIMIT = 64
+
+# Reset values of the CONFIG registers (*project choice*).
+DEFAULT_ACK_EVERY = 4           #: ACK every 4 in-order packets ...
+DEFAULT_ACK_DELAY = 128         #: ... or 128 cycles (1 us at 125 MHz) after the first unACKed one
+DEFAULT_NAK_INTERVAL = 1024     #: at most one out-of-window NAK per QP per 1024 cycles
+
+
+class ResponderVerdict(enum.Enum, shape=4):
+    """What the responder did with a received data packet, in the order the checks run."""
+    PLACED = 0          #: new, in window, valid: written to memory and marked received
+    BAD_QP = 1          #: QPN >= qps: NAK REMOTE_OPERATIONAL
+    BAD_STATE = 2       #: QP not in RTR or RTS: NAK REMOTE_OPERATIONAL
+    BAD_SEQUENCE = 3    #: not a data opcode, or a FIRST/MIDDLE not exactly one MTU: NAK INVALID
+    DUPLICATE = 4       #: PSN below the cumulative PSN or already received: re-ACKed
+    OUT_OF_WINDOW = 5   #: PSN at or beyond expected + MPR: NAK PSN_OUT_OF_WINDOW, rate limited
+    TRIMMED = 6         #: payload trimmed by a switch: TRIM NAK if the QP has TRIM_NACK
+    BAD_RKEY = 7        #: no valid MR with this rkey in the QP's PD: NAK REMOTE_ACCESS
+    OUT_OF_BOUNDS = 8   #: the write leaves the MR: NAK REMOTE_ACCESS
+    WIMM_OVERFLOW = 9   #: a WRITE_IMM beyond the QP's max_wimm pending: NAK INVALID_REQUEST
+
+
+#: The NAK code each refusing verdict answers with (TRIMMED: only with the TRIM_NACK capability).
+VERDICT_NAK = {
+    ResponderVerdict.BAD_QP: P.NakCode.REMOTE_OPERATIONAL,
+    ResponderVerdict.BAD_STATE: P.NakCode.REMOTE_OPERATIONAL,
+    ResponderVerdict.BAD_SEQUENCE: P.NakCode.INVALID_REQUEST,
+    ResponderVerdict.OUT_OF_WINDOW: P.NakCode.PSN_OUT_OF_WINDOW,
+    ResponderVerdict.TRIMMED: P.NakCode.TRIMMED,
+    ResponderVerdict.BAD_RKEY: P.NakCode.REMOTE_ACCESS,
+    ResponderVerdict.OUT_OF_BOUNDS: P.NakCode.REMOTE_ACCESS,
+    ResponderVerdict.WIMM_OVERFLOW: P.NakCode.INVALID_REQUEST,
+}
+
+
+class ResponderCommand(enum.Enum, shape=2):
+    """Control commands of the responder (``ctl`` stream); errnos in ``docs/responder.md``."""
+    QP_WRITE = 0
+    QP_READ = 1
+    MR_WRITE = 2
+    CONFIG = 3
+
+
+def responder_command_layout(config):
+    """One control command. Fields a command does not use are ignored."""
+    return data.StructLayout({
+        "cmd": ResponderCommand,
+        # QP_WRITE / QP_READ
+        "qpn": unsigned(P.QPN_BITS),
+        "state": unsigned(3),
+        "remote_qpn": unsigned(P.QPN_BITS),
+        "pd": unsigned(PD_BITS),
+        "psn": unsigned(P.PSN_BITS),
+        "set_psn": unsigned(1),
+        "mpr": unsigned(4),
+        "caps": unsigned(3),
+        "max_wimm": unsigned(8),
+        # MR_WRITE (pd above)
+        "slot": unsigned(16),
+        "valid": unsigned(1),
+        "rkey": unsigned(32),
+        "base": unsigned(64),
+        "length": unsigned(64),
+        # CONFIG
+        "ack_every": unsigned(8),
+        "ack_delay": unsigned(32),
+        "nak_interval": unsigned(32),
+    })
+
+
+def responder_response_layout(config):
+    """One response per command, in command order. QP_READ data: bits 0-2 state, 8-31 expected
+    PSN, 32-55 MSN, 56-63 WRITE_IMMs pending; other commands: 0."""
+    return data.StructLayout({"errno": P.Errno, "data": unsigned(64)})
+
+
+#: Names of the 32-bit counters, in the order of the ``counters`` struct.
+RESPONDER_COUNTERS = (
+    "placed", "duplicate", "out_of_window", "bad_qp", "bad_state", "bad_rkey", "out_of_bounds",
+    "bad_sequence", "wimm_overflow", "trimmed", "acks", "naks", "naks_suppressed",
+    "completions",
+)

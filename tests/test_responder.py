@@ -1,0 +1,387 @@
+# amaranth: UnusedElaboratable=no
+"""Responder gateware (Amaranth simulator) against the reference model, arrival by arrival."""
+
+import random
+
+import pytest
+from amaranth.lib import data
+from amaranth.sim import Simulator
+
+from hdl import protocol as P
+from hdl.config import NicConfig
+from hdl.transport.resp_defs import ResponderCommand as Cmd
+from hdl.transport.resp_defs import ResponderVerdict as V
+from hdl.transport.responder import Responder
+from sim.model.responder import ResponderModel, full_header
+from sim.rtlpackets import payload_beats
+from sim.tb.amsim import StreamCollector, StreamDriver
+
+CONFIG = NicConfig(qps=4, mpr_units=1, mtu=256, max_wimm=4, data_width=256)
+LANES = CONFIG.bytes_per_beat
+BASE = 0x2_0000_0000
+Op = P.Opcode
+
+
+def rkey_of(qpn):
+    return 0xAB00_0000 | qpn << 4 | qpn      # slot qpn of 16
+
+
+def setup_commands(qps, *, psn, ack_every=3, ack_delay=1 << 30, nak_interval=0,
+                   caps=P.QpCapability.TRIM_NACK | P.QpCapability.SVC_TIME, state=P.QpState.RTS):
+    cmds = [{"cmd": Cmd.CONFIG, "ack_every": ack_every, "ack_delay": ack_delay,
+             "nak_interval": nak_interval}]
+    for qpn in qps:
+        cmds.append({"cmd": Cmd.QP_WRITE, "qpn": qpn, "state": state, "remote_qpn": 0x100 + qpn,
+                     "pd": qpn, "psn": psn(qpn), "set_psn": 1, "mpr": 1, "caps": caps,
+                     "max_wimm": 4})
+        cmds.append({"cmd": Cmd.MR_WRITE, "slot": qpn, "valid": 1, "rkey": rkey_of(qpn),
+                     "pd": qpn, "base": BASE + (qpn << 20), "length": 1 << 20})
+    return cmds
+
+
+def header(opcode, *, qpn, psn, va, length, imm=None, rkey=None, ackreq=0, ecn=0b10,
+           trimmed=False, ev=0, tx_ts=0, flags=0, port=1):
+    h = {"kind": 0, "port": port, "eth_src": 0x0200_0000_0000 | qpn, "eth_dst": 0x0200_0000_00FF,
+         "ipv6": 1, "ip_src": 0xFD00 << 112 | qpn, "ip_dst": 0xFD00 << 112 | 0xFF,
+         "tclass": (P.DEFAULT_TRIM_DSCP << 2 if trimmed else 0) | ecn, "trimmed": int(trimmed),
+         "flow_label": 0x1000 + psn % 256, "udp_sport": 0xC000 | ev, "hop_limit": 64,
+         "payload_len": 0 if trimmed else length,
+         "bth": {"opcode": opcode, "dqpn": qpn, "psn": psn, "ackreq": ackreq},
+         "reth": {"va": va, "rkey": rkey_of(qpn % CONFIG.qps) if rkey is None else rkey,
+                  "dma_len": length},
+         "mdeth": {"ev_index": ev, "flags": flags, "tx_ts": tx_ts}}
+    if imm is not None:
+        h["immdt"] = {"imm": imm}
+    return full_header(h, CONFIG)
+
+
+def beats(h, payload):
+    return [{"header": h, "data": data, "keep": keep, "first": first, "last": last}
+            for data, keep, first, last in payload_beats(payload, CONFIG.data_width)]
+
+
+def run(packets, commands, *, bubbles=0.3, backpressure=0.3, seed=0, now_ns=None,
+        after=None, timeout=200_000, counts=None, **dut_kw):
+    """Send ``commands`` (waiting for their responses), then ``packets`` ([(header, payload)]).
+    Returns the collected outputs and verdicts; ``after`` is an extra testbench step."""
+    dut = Responder(config=CONFIG, **dut_kw)
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    source = StreamDriver(dut.i, bubbles=bubbles, seed=seed)
+    ctl = StreamDriver(dut.ctl, bubbles=bubbles, seed=seed + 1)
+    outs = {name: StreamCollector(getattr(dut, name), backpressure=backpressure, seed=seed + k)
+            for k, name in enumerate(["place", "ack", "completion", "ctl_resp"], start=2)}
+    for collector in outs.values():
+        sim.add_process(collector.process)
+    sim.add_process(source.process)
+    sim.add_process(ctl.process)
+    verdicts, accepted, acked = [], [], []
+    expected = dict(counts or {})
+
+    async def watch(ctx):
+        cycle = 0
+        async for _clk, _, valid, verdict, i_valid, i_ready, first, a_valid, a_ready in \
+                ctx.tick().sample(dut.verdict_valid, dut.verdict, dut.i.valid, dut.i.ready,
+                                  dut.i.payload.first, dut.ack.valid, dut.ack.ready):
+            cycle += 1
+            if valid:
+                verdicts.append(V(verdict))
+            if i_valid and i_ready and first:
+                accepted.append(cycle)
+            if a_valid and a_ready:
+                acked.append(cycle)
+            if now_ns is not None:
+                ctx.set(dut.now_ns, now_ns(cycle))
+    sim.add_process(watch)
+
+    async def bench(ctx):
+        ctl.send(commands)
+        await outs["ctl_resp"].wait(ctx, len(commands), timeout=timeout)
+        for h, payload in packets:
+            source.send(beats(h, payload))
+        for _ in range(timeout):
+            if len(verdicts) >= len(packets) and source.idle and all(
+                    len(outs[name].items) >= expected.get(name, 0) for name in outs):
+                break
+            await ctx.tick()
+        for _ in range(20):                 # anything extra would show up now
+            await ctx.tick()
+        if after is not None:
+            await after(ctx, dut, outs)
+        expected["counters"] = to_dict(ctx.get(dut.counters))
+
+    sim.add_testbench(bench)
+    sim.run()
+    return {"verdicts": verdicts, "accepted": accepted, "acked": acked,
+            "counters": expected["counters"],
+            **{name: [to_dict(item) for item in c.items] for name, c in outs.items()}}
+
+
+def to_dict(value):
+    """Like ``sim.tb.amsim.const_to_dict``, but also for non-integer enums (PacketKind)."""
+    if isinstance(value, data.Const):
+        layout = value.shape()
+        if isinstance(layout, data.ArrayLayout):
+            return [to_dict(value[i]) for i in range(layout.length)]
+        return {name: to_dict(value[name]) for name, _ in layout}
+    return int(getattr(value, "value", value))
+
+
+def place_writes(beats_out):
+    """[(addr, bytes)] per packet from place beats."""
+    writes, current, addr = [], b"", None
+    for beat in beats_out:
+        if addr is None:
+            addr = beat["addr"]
+        count = bin(beat["keep"]).count("1")
+        assert beat["keep"] == (1 << count) - 1
+        assert beat["addr"] == addr + len(current)
+        current += beat["data"].to_bytes(LANES, "little")[:count]
+        if beat["last"]:
+            writes.append((addr, current))
+            current, addr = b"", None
+    assert current == b""
+    return writes
+
+
+def expect(model, packets):
+    want = {"verdicts": [], "writes": [], "acks": [], "completions": []}
+    for h, payload in packets:
+        result = model.receive(h, payload)
+        want["verdicts"].append(result.verdict)
+        want["writes"] += result.writes
+        want["acks"] += result.replies
+        want["completions"] += result.completions
+    return want
+
+
+def counts_of(want):
+    return {"ack": len(want["acks"]), "completion": len(want["completions"])}
+
+
+def check(got, want, model):
+    assert got["verdicts"] == want["verdicts"]
+    assert place_writes(got["place"]) == want["writes"]
+    acks = [beat["header"] for beat in got["ack"]]
+    for beat in got["ack"]:
+        assert beat["first"] == 1 and beat["last"] == 1 and beat["keep"] == 0
+    assert len(acks) == len(want["acks"])
+    for n, (ack, ref) in enumerate(zip(acks, want["acks"], strict=True)):
+        assert ack == ref, f"reply {n}"
+    assert got["completion"] == want["completions"]
+    assert got["counters"] == model.counters
+
+
+# ---------------------------------------------------------------------------------------------
+# Random traffic: several QPs, reordering, loss + retransmission, duplicates, PSN wrap
+# ---------------------------------------------------------------------------------------------
+
+def traffic(rng, qps, start, messages):
+    """Per QP, messages of 1-3 packets (some WRITE_IMM); arrival order shuffled locally, some
+    packets lost and resent later, some duplicated; QPs interleaved."""
+    streams = {}
+    for qpn in qps:
+        psn, va, out = start(qpn), BASE + (qpn << 20), []
+        for msg in range(messages):
+            npkts = rng.choice([1, 1, 1, 2, 3])
+            imm = rng.random() < 0.4
+            for k in range(npkts):
+                last = k == npkts - 1
+                op = P.write_opcode(first=k == 0, last=last, immediate=imm and last)
+                length = CONFIG.mtu if not last else rng.randrange(0, 70)
+                out.append(header(op, qpn=qpn, psn=psn, va=va, length=length,
+                                  imm=(qpn << 16 | msg) if imm and last else None,
+                                  ackreq=int(last and rng.random() < 0.3),
+                                  ecn=3 if rng.random() < 0.1 else 2, ev=rng.randrange(64),
+                                  tx_ts=rng.getrandbits(32),
+                                  flags=int(rng.random() < 0.1)))
+                psn, va = P.psn_add(psn, 1), va + length
+        # local shuffle, loss (resent at the end), duplicates
+        for i in range(len(out) - 1):
+            if rng.random() < 0.3:
+                j = min(len(out) - 1, i + rng.randrange(1, 5))
+                out[i], out[j] = out[j], out[i]
+        arrivals, lost = [], []
+        for h in out:
+            (lost if rng.random() < 0.1 else arrivals).append(h)
+            if rng.random() < 0.1:
+                arrivals.append(h)
+        arrivals += lost
+        streams[qpn] = arrivals
+    order = []
+    while any(streams.values()):
+        qpn = rng.choice([q for q in streams if streams[q]])
+        order.append(streams[qpn].pop(0))
+    return [(h, bytes(rng.getrandbits(8) for _ in range(h["reth"]["dma_len"]))) for h in order]
+
+
+@pytest.mark.parametrize("bubbles, backpressure, seed", [(0.3, 0.3, 1), (0.0, 0.0, 2),
+                                                          (0.1, 0.6, 3)])
+def test_random_traffic_matches_model(bubbles, backpressure, seed):
+    rng = random.Random(seed)
+    qps = [0, 1, 3]
+    starts = {q: (0xFFFF00 + rng.randrange(0, 250)) % P.PSN_MODULUS for q in qps}
+    packets = traffic(rng, qps, starts.__getitem__, messages=14)
+    commands = setup_commands(qps, psn=starts.__getitem__)
+    model = ResponderModel(CONFIG)
+    for cmd in commands:
+        assert model.command(cmd)[0] == P.Errno.OK
+    want = expect(model, packets)
+    assert V.PLACED in want["verdicts"] and V.DUPLICATE in want["verdicts"]
+    assert want["completions"]
+    got = run(packets, commands, bubbles=bubbles, backpressure=backpressure, seed=seed,
+              counts=counts_of(want))
+    assert all(r["errno"] == 0 for r in got["ctl_resp"])
+    check(got, want, model)
+
+
+# ---------------------------------------------------------------------------------------------
+# Throughput: back-to-back single-beat packets of the same QP
+# ---------------------------------------------------------------------------------------------
+
+def test_one_packet_per_cycle_same_qp():
+    rng = random.Random(7)
+    start = 0xFFFFF0
+    psns = [P.psn_add(start, n) for n in range(60)]
+    for i in range(0, 58, 3):               # reordered pairs: SACK, gap ACKs, advances by 2
+        psns[i], psns[i + 1] = psns[i + 1], psns[i]
+    packets = []
+    for n, psn in enumerate(psns):
+        imm = n % 5 == 0
+        op = Op.RDMA_WRITE_ONLY_WITH_IMMEDIATE if imm else Op.RDMA_WRITE_ONLY
+        length = rng.randrange(0, LANES + 1)
+        packets.append((header(op, qpn=2, psn=psn, va=BASE + (2 << 20) + 64 * n, length=length,
+                               imm=n if imm else None),
+                        bytes(rng.getrandbits(8) for _ in range(length))))
+    commands = setup_commands([2], psn=lambda q: start, ack_every=1)
+    model = ResponderModel(CONFIG)
+    for cmd in commands:
+        model.command(cmd)
+    want = expect(model, packets)
+    got = run(packets, commands, bubbles=0, backpressure=0, counts=counts_of(want))
+    check(got, want, model)
+    cycles = got["accepted"][-1] - got["accepted"][0] + 1
+    assert len(got["accepted"]) == len(packets)
+    assert len(packets) / cycles == 1.0, f"{len(packets)} packets in {cycles} cycles"
+
+
+# ---------------------------------------------------------------------------------------------
+# Adversarial packets: nothing written, the right NAK, counters
+# ---------------------------------------------------------------------------------------------
+
+def test_adversarial_packets_are_refused():
+    commands = setup_commands([0, 1], psn=lambda q: 100, nak_interval=1 << 30)
+    commands.append({"cmd": Cmd.QP_WRITE, "qpn": 2, "state": P.QpState.INIT, "pd": 2, "mpr": 1,
+                     "max_wimm": 1, "set_psn": 1})
+    commands.append({"cmd": Cmd.MR_WRITE, "slot": 5, "valid": 1, "rkey": 0x55, "pd": 1,
+                     "base": BASE, "length": 4096})       # QP 0's PD is 0: wrong domain
+    va0 = BASE
+    bad = [
+        header(Op.RDMA_WRITE_ONLY, qpn=0, psn=100, va=va0, length=8, rkey=rkey_of(0) ^ 0x100),
+        header(Op.RDMA_WRITE_ONLY, qpn=0, psn=100, va=va0, length=8, rkey=0x55),
+        header(Op.RDMA_WRITE_ONLY, qpn=0, psn=100, va=va0 - 1, length=8),
+        header(Op.RDMA_WRITE_ONLY, qpn=0, psn=100, va=va0 + (1 << 20) - 7, length=8),
+        header(Op.RDMA_WRITE_ONLY, qpn=4, psn=100, va=va0, length=8),
+        header(Op.RDMA_WRITE_ONLY, qpn=0x800001, psn=100, va=va0, length=8),
+        header(Op.RDMA_WRITE_ONLY, qpn=2, psn=0, va=va0, length=8),
+        header(Op.RDMA_WRITE_ONLY, qpn=3, psn=0, va=va0, length=8),     # RESET
+        header(Op.RDMA_WRITE_ONLY, qpn=0, psn=100 + 128, va=va0, length=8),
+        header(Op.RDMA_WRITE_ONLY, qpn=0, psn=100 + 5000, va=va0, length=8),  # rate limited
+        header(Op.RDMA_WRITE_ONLY, qpn=1, psn=100 + 200, va=va0, length=8),   # other QP: NAK
+        header(Op.RDMA_WRITE_FIRST, qpn=0, psn=100, va=va0, length=8),
+        header(Op.ACKNOWLEDGE, qpn=0, psn=100, va=va0, length=8),
+        header(Op.RDMA_WRITE_ONLY, qpn=0, psn=100, va=va0, length=CONFIG.mtu + 1),
+        header(Op.RDMA_WRITE_ONLY, qpn=0, psn=101, va=va0, length=8, trimmed=True),
+        header(Op.RDMA_WRITE_ONLY, qpn=0, psn=100, va=va0 + (1 << 20) - 8, length=8),  # ok
+        header(Op.RDMA_WRITE_ONLY, qpn=0, psn=100, va=va0, length=8),      # duplicate
+    ]
+    packets = [(h, b"" if h["trimmed"] else bytes(h["reth"]["dma_len"])) for h in bad]
+    model = ResponderModel(CONFIG)
+    for cmd in commands:
+        model.command(cmd)
+    want = expect(model, packets)
+    assert want["verdicts"] == [V.BAD_RKEY, V.BAD_RKEY, V.OUT_OF_BOUNDS, V.OUT_OF_BOUNDS,
+                                V.BAD_QP, V.BAD_QP, V.BAD_STATE, V.BAD_STATE, V.OUT_OF_WINDOW,
+                                V.OUT_OF_WINDOW, V.OUT_OF_WINDOW, V.BAD_SEQUENCE,
+                                V.BAD_SEQUENCE, V.BAD_SEQUENCE, V.TRIMMED, V.PLACED,
+                                V.DUPLICATE]
+    got = run(packets, commands, counts=counts_of(want), seed=4)
+    check(got, want, model)
+    assert place_writes(got["place"]) == [(va0 + (1 << 20) - 8, bytes(8))]
+    counters = got["counters"]
+    assert counters["naks_suppressed"] == 1 and counters["naks"] == 14
+    assert counters["bad_qp"] == 2 and counters["out_of_window"] == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# ACK delay, service time, commands
+# ---------------------------------------------------------------------------------------------
+
+def test_ack_after_delay_when_fewer_than_n_packets():
+    delay = 60
+    commands = setup_commands([1], psn=lambda q: 7, ack_every=8, ack_delay=delay)
+    packets = [(header(Op.RDMA_WRITE_ONLY, qpn=1, psn=7 + n, va=BASE + (1 << 20), length=4),
+                b"abcd") for n in range(3)]
+    model = ResponderModel(CONFIG)
+    for cmd in commands:
+        model.command(cmd)
+    want = expect(model, packets)
+    assert want["acks"] == []
+    delayed = model.expire(1 << 20)
+
+    async def after(ctx, dut, outs):
+        for _ in range(400):
+            if outs["ack"].items:
+                return
+            await ctx.tick()
+
+    got = run(packets, commands, bubbles=0, backpressure=0, after=after, counts={"ack": 0})
+    assert [beat["header"] for beat in got["ack"]] == delayed
+    # The timer starts when the first packet is classified (the cycle after it is taken) and
+    # fires when its entry reaches the FIFO head: a few cycles of slack, never early.
+    (acked,) = got["acked"]
+    assert delay <= acked - got["accepted"][0] <= delay + 6
+
+
+def test_service_time_counts_from_arrival():
+    commands = setup_commands([0], psn=lambda q: 0, ack_every=1)
+    packets = [(header(Op.RDMA_WRITE_ONLY, qpn=0, psn=n, va=BASE, length=4), b"abcd")
+               for n in range(5)]
+    got = run(packets, commands, now_ns=lambda cycle: 8 * cycle, backpressure=0.5,
+              counts={"ack": 5})
+    for beat in got["ack"]:
+        macketh = beat["header"]["macketh"]
+        assert macketh["flags"] & P.AckFlags.SERVICE_TIME
+        assert 8 <= macketh["svc_time"] <= 8 * 10
+
+
+def test_commands_answer_like_the_model():
+    commands = [
+        {"cmd": Cmd.QP_WRITE, "qpn": 4, "state": 3, "mpr": 1, "max_wimm": 1},
+        {"cmd": Cmd.QP_WRITE, "qpn": 1, "state": 5, "mpr": 1, "max_wimm": 1},
+        {"cmd": Cmd.QP_WRITE, "qpn": 1, "state": 3, "mpr": 2, "max_wimm": 1},
+        {"cmd": Cmd.QP_WRITE, "qpn": 1, "state": 3, "mpr": 1, "max_wimm": 0},
+        {"cmd": Cmd.QP_WRITE, "qpn": 1, "state": 3, "mpr": 1, "max_wimm": 5},
+        {"cmd": Cmd.QP_WRITE, "qpn": 1, "state": 3, "mpr": 1, "max_wimm": 4, "psn": 0xABCDEF,
+         "set_psn": 1},
+        {"cmd": Cmd.QP_WRITE, "qpn": 1, "state": 2, "mpr": 1, "max_wimm": 4, "psn": 5},
+        {"cmd": Cmd.QP_READ, "qpn": 1},
+        {"cmd": Cmd.QP_READ, "qpn": 9},
+        {"cmd": Cmd.MR_WRITE, "slot": 16, "valid": 1},
+        {"cmd": Cmd.MR_WRITE, "slot": 3, "valid": 1, "rkey": 0x14},
+        {"cmd": Cmd.MR_WRITE, "slot": 3, "valid": 0, "rkey": 0x14},
+        {"cmd": Cmd.CONFIG, "ack_every": 0},
+        {"cmd": Cmd.CONFIG, "ack_every": 255, "ack_delay": 9, "nak_interval": 3},
+    ]
+    model = ResponderModel(CONFIG)
+    want = [model.command(cmd) for cmd in commands]
+    got = run([], commands)
+    assert [(r["errno"], r["data"]) for r in got["ctl_resp"]] == want
+    assert [errno for errno, _ in want] == [2, 22, 22, 22, 22, 0, 0, 0, 2, 2, 22, 0, 22, 0]
+
+
+def test_bad_parameters():
+    with pytest.raises(ValueError, match="MR slot count must be a power of two"):
+        Responder(config=CONFIG, mr_slots=12)
+    with pytest.raises(TypeError, match="Configuration must be a NicConfig"):
+        Responder(config=None)
