@@ -22,7 +22,8 @@ from ..interfaces import fetch_beat_layout, fetch_request_layout, path_decision_
 from ..packet.headers import PacketKind, packet_beat_layout, packet_header_layout
 from ..util import validating
 
-__all__ = ["TxFormer", "TxCommand", "tx_context_layout", "DATA_TCLASS", "DATA_HOP_LIMIT"]
+__all__ = ["TxFormer", "TxCommand", "tx_context_layout", "tx_command_layout", "DATA_TCLASS",
+           "DATA_HOP_LIMIT"]
 
 #: Traffic class of every packet the NIC originates: DSCP 0, ECN ECT(0), so switches can mark
 #: congestion (CE) instead of dropping.
@@ -46,7 +47,7 @@ def tx_context_layout(send_context, probe_context):
     })
 
 
-def _command_layout(config):
+def tx_command_layout(config):
     return data.StructLayout({
         "op": unsigned(2),
         "qpn": unsigned(config.qpn_bits),
@@ -99,7 +100,7 @@ class TxFormer(wiring.Component):
             "sent": Out(stream.Signature(data.StructLayout({
                 "qpn": unsigned(config.qpn_bits), "psn": unsigned(P.PSN_BITS),
                 "ev": unsigned(config.ev_index_bits)}))),
-            "ctl": In(stream.Signature(_command_layout(config))),
+            "ctl": In(stream.Signature(tx_command_layout(config))),
             "ctl_resp": Out(stream.Signature(data.StructLayout({"errno": P.Errno}))),
             "now_ns": In(32),
             "no_path": Out(32),
