@@ -1,0 +1,167 @@
+"""Requester constants, enumerations and stream layouts.
+
+Shared by the gateware (:mod:`hdl.transport.requester`) and the reference model
+(:mod:`sim.model.requester`), so a command, a counter name or a limit has one definition.
+``docs/requester.md`` explains each.
+"""
+
+from amaranth.hdl import unsigned
+from amaranth.lib import data, enum
+
+from .. import protocol as P
+
+__all__ = [
+    "RequesterCommand", "requester_command_layout", "requester_response_layout",
+    "send_context_layout", "sent_layout", "retx_layout", "qp_error_layout",
+    "REQUESTER_COUNTERS", "MAX_WR_PACKETS", "TIME_SHIFT", "TIME_BITS", "ACKREQ_EVERY_BITS",
+    "bitmap_psns", "slot_depth", "wr_refusal", "wr_packets", "FATAL_NAK_STATUS",
+    "QP_WRITE_STATES",
+]
+
+#: A work request may span at most this many packets; a longer one is refused with
+#: LOC_LEN_ERR. It keeps every WR's PSN range far inside the 2**23 of serial arithmetic
+#: (*project choice*; with an MTU of 1024 or more no 32-bit length reaches it).
+MAX_WR_PACKETS = 1 << 22
+#: Per-PSN send time: ``now_ns >> TIME_SHIFT`` (1.024 us units) in TIME_BITS bits, as the
+#: retransmit timer of issue #6 counts in the same unit as the local ACK timeout.
+TIME_SHIFT = 10
+TIME_BITS = 16
+ACKREQ_EVERY_BITS = 16
+
+#: Completion status of the WR holding the PSN a fatal NAK names.
+FATAL_NAK_STATUS = {
+    P.NakCode.INVALID_REQUEST: P.CompletionStatus.REM_INV_REQ_ERR,
+    P.NakCode.REMOTE_ACCESS: P.CompletionStatus.REM_ACCESS_ERR,
+    P.NakCode.REMOTE_OPERATIONAL: P.CompletionStatus.REM_OP_ERR,
+}
+
+#: States QP_WRITE accepts.
+QP_WRITE_STATES = tuple(int(s) for s in P.QpState)
+
+
+class RequesterCommand(enum.Enum, shape=2):
+    """Control commands of the requester (``ctl`` stream); errnos in ``docs/requester.md``."""
+    QP_WRITE = 0
+    QP_READ = 1
+    CONFIG = 2
+
+
+def requester_command_layout(config):
+    """One control command. Fields a command does not use are ignored.
+
+    QP_WRITE: ``qpn``, ``state``, ``psn`` (first PSN to send), ``mpr`` (units of 128 PSNs),
+    ``max_wimm``. QP_READ: ``qpn``, ``page``. CONFIG: ``ackreq_every``.
+    """
+    return data.StructLayout({
+        "cmd": RequesterCommand,
+        "qpn": unsigned(P.QPN_BITS),
+        "state": unsigned(3),
+        "psn": unsigned(P.PSN_BITS),
+        "mpr": unsigned(4),
+        "max_wimm": unsigned(8),
+        "page": unsigned(1),
+        "ackreq_every": unsigned(ACKREQ_EVERY_BITS),
+    })
+
+
+def requester_response_layout(config):
+    """One response per command, in command order.
+
+    QP_READ page 0: bits 0-7 state (ERROR once a fatal NAK arrived), 8-31 next PSN,
+    32-55 oldest unacknowledged PSN. Page 1: bits 0-7 outstanding WRs, 8-15 WRITE_IMMs in
+    flight, 16-23 mpr, 24-31 max_wimm, 32-39 error status, 40-63 error PSN. Other commands: 0.
+    """
+    return data.StructLayout({"errno": P.Errno, "data": unsigned(64)})
+
+
+def send_context_layout(config):
+    """Everything the transmit former needs to build one data packet and fetch its payload.
+
+    ``va`` is the remote address of this packet's first byte (every MRC data packet carries a
+    RETH), ``local_addr`` where its ``dma_len`` payload bytes are fetched from. ``imm`` is 0
+    unless the opcode carries immediate data.
+    """
+    return data.StructLayout({
+        "psn": unsigned(P.PSN_BITS),
+        "opcode": P.Opcode,
+        "ackreq": unsigned(1),
+        "va": unsigned(64),
+        "rkey": unsigned(32),
+        "dma_len": unsigned(16),
+        "imm": unsigned(32),
+        "local_addr": unsigned(64),
+        "retransmission": unsigned(1),
+    })
+
+
+def sent_layout(config):
+    """Transmit side -> requester: PSN ``psn`` of QP ``qpn`` went out on EV ``ev``."""
+    return data.StructLayout({
+        "qpn": unsigned(config.qpn_bits),
+        "psn": unsigned(P.PSN_BITS),
+        "ev": unsigned(config.ev_index_bits),
+    })
+
+
+def retx_layout(config):
+    """A request to retransmit one PSN (retransmit timer of issue #6)."""
+    return data.StructLayout({
+        "qpn": unsigned(config.qpn_bits),
+        "psn": unsigned(P.PSN_BITS),
+    })
+
+
+def qp_error_layout(config):
+    """The requester moved QP ``qpn`` to ERROR because of a NAK answered with ``status``."""
+    return data.StructLayout({
+        "qpn": unsigned(config.qpn_bits),
+        "status": P.CompletionStatus,
+    })
+
+
+#: Names of the 32-bit counters, in the order of the ``counters`` struct (docs/requester.md).
+REQUESTER_COUNTERS = (
+    "wrs", "wr_refused", "packets", "retransmissions", "retx_ignored", "acks",
+    "duplicate_acks", "bad_acks", "nak_psn_out_of_window", "nak_invalid_request",
+    "nak_remote_access", "nak_remote_operational", "nak_trimmed", "completions",
+    "error_completions", "feedback_dropped",
+)
+
+NAK_COUNTERS = {
+    P.NakCode.PSN_OUT_OF_WINDOW: "nak_psn_out_of_window",
+    P.NakCode.INVALID_REQUEST: "nak_invalid_request",
+    P.NakCode.REMOTE_ACCESS: "nak_remote_access",
+    P.NakCode.REMOTE_OPERATIONAL: "nak_remote_operational",
+    P.NakCode.TRIMMED: "nak_trimmed",
+}
+
+
+def bitmap_psns(config):
+    """Entries of the per-QP acked bitmap and per-PSN metadata: the window rounded up to a
+    power of two, so ``psn % bitmap_psns`` stays consistent across the 24-bit wrap."""
+    return 1 << (config.window_psns - 1).bit_length()
+
+
+def slot_depth(config):
+    """WR slots per QP in block RAM: ``wr_slots`` rounded up to a power of two (at least 2);
+    only ``wr_slots`` of them are ever in use."""
+    return max(2, 1 << (config.wr_slots - 1).bit_length())
+
+
+def wr_packets(config, length):
+    """Packets of a WR of ``length`` bytes: one per MTU, and one for a zero-length WRITE."""
+    return max(1, -(-length // config.mtu))
+
+
+def wr_refusal(config, opcode, length, state):
+    """The error status a WR is refused with, or ``None`` if it is sent. ``state`` is the QP's
+    effective state (ERROR once a fatal NAK arrived). Checked in this order."""
+    if state == P.QpState.ERROR:
+        return P.CompletionStatus.WR_FLUSH_ERR
+    if opcode not in P.SUPPORTED_WR_OPCODES:
+        return P.CompletionStatus.LOC_QP_OP_ERR
+    if state != P.QpState.RTS:
+        return P.CompletionStatus.LOC_QP_OP_ERR
+    if wr_packets(config, length) > MAX_WR_PACKETS:
+        return P.CompletionStatus.LOC_LEN_ERR
+    return None

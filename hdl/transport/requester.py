@@ -1,0 +1,853 @@
+"""The requester: work requests in, data-packet send requests out, ACK/SACK/NAK in, completions
+out. Per-QP send state, per-PSN metadata and WR slots live in block RAM.
+
+Five engines share the tables, each the only writer of its own ones, so every table has one
+write port and the engines run at the same time without arbitration:
+
+* **WR intake** (S1) reads the QP's state, refuses bad WRs (an error completion through the
+  WR ring, so completions stay in order) and claims a WR slot;
+* **segmenter** (S2) cuts the WR into MTU packets, one per cycle, each checked against the
+  window (``next_psn - una < mpr * 128``) and its metadata written per PSN;
+* **retransmitter** (R0-R2) rebuilds a PSN's packet from its metadata and WR slot; it has
+  priority over new packets on ``send``;
+* **ACK processing** (A1) applies one ACK/NAK per cycle: cumulative advance, SACK merge into
+  the acked bitmap, TRIM -> retransmit queue, fatal NAK -> QP ERROR;
+* **completion engine** walks a QP's WR ring from the oldest slot and completes WRs in order.
+
+Every read port is transparent for its table's write port, so a read sees every write of the
+same cycle and earlier: back-to-back operations on one QP need no other forwarding, except
+the segmenter's next PSN (a register: the WR being segmented has not written it yet).
+"""
+
+from amaranth import *
+from amaranth.hdl import unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from .. import protocol as P
+from ..config import NicConfig
+from ..interfaces import (
+    CompletionSide,
+    completion_layout,
+    feedback_layout,
+    path_request_layout,
+    work_request_layout,
+)
+from ..packet.headers import PacketKind, packet_beat_layout
+from ..util import validating
+from .req_defs import (
+    ACKREQ_EVERY_BITS,
+    MAX_WR_PACKETS,
+    REQUESTER_COUNTERS,
+    TIME_BITS,
+    TIME_SHIFT,
+    RequesterCommand,
+    bitmap_psns,
+    qp_error_layout,
+    requester_command_layout,
+    requester_response_layout,
+    retx_layout,
+    send_context_layout,
+    sent_layout,
+    slot_depth,
+)
+
+__all__ = ["Requester", "send_context_layout", "requester_tables", "block_ram_bits"]
+
+_PSN = P.PSN_BITS
+_WIMM_BITS = 9          # WRITE_IMM counters: in flight = started - done (mod 512) <= 255
+
+
+def _log2(n):
+    return (n - 1).bit_length()
+
+
+def requester_tables(config):
+    """The block RAM tables: ``{name: (shape, depth, read_ports)}``. Each table has one write
+    port; a FPGA implementation holds one copy per read port."""
+    window = bitmap_psns(config)
+    slots = slot_depth(config)
+    count_bits = _log2(slots) + 1
+    qps = config.qps
+    return {
+        "cfg": (data.StructLayout({"state": 3, "mpr": 4, "max_wimm": 8}), qps, 4),
+        "sq": (data.StructLayout({"tail": count_bits, "wimm": _WIMM_BITS}), qps, 3),
+        "next_psn": (unsigned(_PSN), qps, 4),
+        "ack": (data.StructLayout({"una": _PSN, "error": 1, "err_status": P.CompletionStatus,
+                                   "err_psn": _PSN}), qps, 6),
+        "cq": (data.StructLayout({"head": count_bits, "wimm": _WIMM_BITS, "err_done": 1}),
+               qps, 3),
+        "acked": (unsigned(window), qps, 2),
+        # A QP has a completion trigger queued while its two bits differ (ACK side sets,
+        # completion engine clears: one writer each).
+        "trig_set": (unsigned(1), qps, 1),
+        "trig_seen": (unsigned(1), qps, 1),
+        "meta": (data.StructLayout({"slot": _log2(slots), "time": TIME_BITS, "retx": 1}),
+                 qps * window, 1),
+        "ev": (unsigned(config.ev_index_bits), qps * window, 1),
+        "wr_done": (data.StructLayout({"wr_id": 64, "end": _PSN, "length": 32, "is_imm": 1,
+                                       "refused": P.CompletionStatus}), qps * slots, 1),
+        "wr_send": (data.StructLayout({"va": 64, "local": 64, "rkey": 32, "imm": 32,
+                                       "first": _PSN, "length": 32, "is_imm": 1}),
+                    qps * slots, 1),
+    }
+
+
+def block_ram_bits(config, *, copies=True):
+    """Block RAM bits of the tables: ``{name: bits}``; ``copies`` counts one copy per read
+    port (as a simple-dual-port FPGA RAM needs)."""
+    out = {}
+    for name, (shape, depth, ports) in requester_tables(config).items():
+        width = Shape.cast(shape).width
+        out[name] = width * depth * (ports if copies else 1)
+    return out
+
+
+def _psn_sub(a, b):
+    """``a - b`` modulo 2**24 (serial-number distance, non-negative view)."""
+    return (a - b)[:_PSN]
+
+
+def _psn_ge(a, b):
+    """``psn_diff(a, b) >= 0``."""
+    return ~_psn_sub(a, b)[_PSN - 1]
+
+
+def _psn_gt(a, b):
+    """``psn_diff(a, b) > 0``."""
+    return _psn_ge(a, b) & (a != b)
+
+
+def _clamp(distance, limit):
+    """A 24-bit serial distance clamped to ``[0, limit]`` (negative -> 0)."""
+    bits = limit.bit_length()
+    return Mux(distance[_PSN - 1], 0, Mux(distance >= limit, limit, distance[:bits]))
+
+
+def _ones(count, width):
+    """``count`` low bits set, ``count`` from 0 to ``width``."""
+    return ((Const(1, 1) << count) - 1)[:width]
+
+
+def _rotate_left(value, amount, width):
+    return (Cat(value, value) << amount)[width:2 * width]
+
+
+class Requester(wiring.Component):
+    """The MRC requester. One send request and one ACK per cycle (II = 1), also back to back
+    on one QP.
+
+    Latencies: a WR's first send request leaves 3 cycles after the WR is taken (intake, then
+    the segmenter, then the output register); an ACK updates the QP 1 cycle after it is
+    taken; a retransmit request leaves 3 cycles after it is taken; a completion leaves a few
+    cycles after the ACK that allows it (3 cycles per QP the completion engine visits), then
+    one per cycle for the same QP.
+
+    Bad input never hangs the block: a WR it will not send completes with an error status;
+    an ACK/NAK it cannot apply is dropped and counted in ``bad_acks``; a retransmit request
+    for a PSN no longer outstanding is dropped and counted in ``retx_ignored``; feedback that
+    finds its output full is dropped and counted in ``feedback_dropped``. ``docs/requester.md``
+    has every rule.
+
+    Parameters
+    ----------
+    config : NicConfig
+
+    Members
+    -------
+    wr : ``In(stream.Signature(work_request_layout(config)))``
+        Work requests. Taken in order over all QPs (a WR that must wait blocks the ones
+        behind it).
+    send : ``Out(stream.Signature(path_request_layout(config, send_context_layout(config))))``
+        One request per data packet, to path selection. Retransmissions go first.
+    sent : ``In(stream.Signature(sent_layout(config)))``
+        The EV each PSN went out on. Always ready.
+    rx : ``In(stream.Signature(packet_beat_layout(config)))``
+        Received ACK/NAK packets (single beats).
+    feedback : ``Out(stream.Signature(feedback_layout(config)))``
+        Path feedback per applied ACK (ACKED or ECN) and TRIM NAK (TRIMMED); dropped, not
+        stalled, when full.
+    retx : ``In(stream.Signature(retx_layout(config)))``
+        Requests to retransmit a PSN (the retransmit timer of issue #6).
+    completion : ``Out(stream.Signature(completion_layout(config)))``
+        Requester completions, in WR order per QP. Never dropped.
+    qp_error : ``Out(stream.Signature(qp_error_layout(config)))``
+        A QP moved to ERROR by a fatal NAK.
+    ctl : ``In(stream.Signature(requester_command_layout(config)))``
+    ctl_resp : ``Out(stream.Signature(requester_response_layout(config)))``
+    now_ns : ``In(32)``
+        The time (:class:`~hdl.timebase.Timebase`), stored per PSN sent.
+    counters : ``Out(data.StructLayout({name: 32 for name in REQUESTER_COUNTERS}))``
+    """
+
+    TRIM_QUEUE_DEPTH = 16
+    FEEDBACK_DEPTH = 4
+    QP_ERROR_DEPTH = 4
+
+    def __init__(self, *, config):
+        with validating(self):
+            if not isinstance(config, NicConfig):
+                raise TypeError(f"Configuration must be a NicConfig, not {config!r}")
+        self._config = config
+        super().__init__({
+            "wr": In(stream.Signature(work_request_layout(config))),
+            "send": Out(stream.Signature(path_request_layout(
+                config, context=send_context_layout(config)))),
+            "sent": In(stream.Signature(sent_layout(config))),
+            "rx": In(stream.Signature(packet_beat_layout(config))),
+            "feedback": Out(stream.Signature(feedback_layout(config))),
+            "retx": In(stream.Signature(retx_layout(config))),
+            "completion": Out(stream.Signature(completion_layout(config))),
+            "qp_error": Out(stream.Signature(qp_error_layout(config))),
+            "ctl": In(stream.Signature(requester_command_layout(config))),
+            "ctl_resp": Out(stream.Signature(requester_response_layout(config))),
+            "now_ns": In(32),
+            "counters": Out(data.StructLayout({name: 32 for name in REQUESTER_COUNTERS})),
+        })
+
+    @property
+    def config(self):
+        return self._config
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self._config
+        qb = cfg.qpn_bits
+        window = bitmap_psns(cfg)
+        wb = _log2(window)
+        slots = slot_depth(cfg)
+        sb = _log2(slots)
+        mtu_bits = _log2(cfg.mtu)
+        sack_bits = cfg.sack_bits
+        tables = requester_tables(cfg)
+
+        # -- tables -------------------------------------------------------------------------
+        mems, wps = {}, {}
+        for name, (shape, depth, _ports) in tables.items():
+            mems[name] = m.submodules[f"{name}_table"] = Memory(shape=shape, depth=depth,
+                                                                 init=[])
+            wps[name] = mems[name].write_port()
+
+        def rport(name):
+            return mems[name].read_port(transparent_for=(wps[name],))
+
+        def psn_addr(qpn, psn):
+            return Cat(psn[:wb], qpn)
+
+        def slot_addr(qpn, slot):
+            return Cat(slot[:sb], qpn)
+
+        counters = {name: Signal(32, name=f"count_{name}") for name in REQUESTER_COUNTERS}
+        for name, counter in counters.items():
+            m.d.comb += self.counters[name].eq(counter)
+
+        def count(name, enable=1):
+            m.d.sync += counters[name].eq(counters[name] + enable)
+
+        # -- control ------------------------------------------------------------------------
+        CTL_IDLE, CTL_HOLD, CTL_DECIDE, CTL_RESP = range(4)
+        ctl_state = Signal(2)
+        ctl_req = Signal(requester_command_layout(cfg))
+        ctl_errno = Signal(P.Errno)
+        ctl_data = Signal(64)
+        ackreq_every = Signal(ACKREQ_EVERY_BITS)
+        hold = Signal()                 # pipelines may not write the QP tables
+        ctl_write = Signal()            # this cycle: QP_WRITE writes every QP table
+        m.d.comb += hold.eq((ctl_state == CTL_HOLD) | (ctl_state == CTL_DECIDE))
+        ctl_qpn = ctl_req.qpn[:qb]
+        ctl_ports = {name: rport(name) for name in ("cfg", "sq", "next_psn", "ack", "cq")}
+        for port in ctl_ports.values():
+            m.d.comb += port.addr.eq(ctl_qpn)
+
+        # -- FIFOs between the engines ------------------------------------------------------
+        m.submodules.trim_queue = trim_queue = SyncFIFOBuffered(
+            width=qb + _PSN, depth=self.TRIM_QUEUE_DEPTH)
+        # At most one trigger per QP is queued, so this queue never fills: ACK processing
+        # never waits for the completion engine.
+        m.submodules.ack_triggers = ack_triggers = SyncFIFOBuffered(
+            width=qb + 1, depth=max(2, cfg.qps))
+        m.submodules.wr_triggers = wr_triggers = SyncFIFOBuffered(width=qb, depth=4)
+        fb_layout = feedback_layout(cfg)
+        m.submodules.feedback_fifo = feedback_fifo = SyncFIFOBuffered(
+            width=fb_layout.size, depth=self.FEEDBACK_DEPTH)
+        qe_layout = qp_error_layout(cfg)
+        m.submodules.qp_error_fifo = qp_error_fifo = SyncFIFOBuffered(
+            width=qe_layout.size, depth=self.QP_ERROR_DEPTH)
+        m.d.comb += [
+            self.feedback.valid.eq(feedback_fifo.r_rdy),
+            self.feedback.payload.eq(feedback_fifo.r_data),
+            feedback_fifo.r_en.eq(self.feedback.ready),
+            self.qp_error.valid.eq(qp_error_fifo.r_rdy),
+            self.qp_error.payload.eq(qp_error_fifo.r_data),
+            qp_error_fifo.r_en.eq(self.qp_error.ready),
+        ]
+
+        # -- output register of `send` ------------------------------------------------------
+        out = Signal(self.send.payload.shape())
+        out_valid = Signal()
+        out_load = Signal()
+        m.d.comb += [
+            self.send.valid.eq(out_valid),
+            self.send.payload.eq(out),
+            out_load.eq(~out_valid | self.send.ready),
+        ]
+        time_now = self.now_ns[TIME_SHIFT:TIME_SHIFT + TIME_BITS]
+
+        # == WR intake (S1) =================================================================
+        s1_valid = Signal()
+        s1 = Signal(work_request_layout(cfg))
+        s1_take = Signal()
+        s1_accept = Signal()
+        s1_ports = {name: rport(name) for name in ("cfg", "sq", "next_psn", "ack", "cq")}
+        for port in s1_ports.values():
+            m.d.comb += port.addr.eq(Mux(s1_take, self.wr.payload.qpn, s1.qpn))
+        s1_cfg, s1_sq, s1_ack, s1_cq = (s1_ports[n].data for n in ("cfg", "sq", "ack", "cq"))
+
+        # The QP the segmenter works on (or last worked on) has not written its final next
+        # PSN yet: take it from here.
+        fwd_valid = Signal()
+        fwd_qpn = Signal(qb)
+        fwd_end = Signal(_PSN)
+        s1_next_psn = Mux(fwd_valid & (fwd_qpn == s1.qpn), fwd_end, s1_ports["next_psn"].data)
+
+        s1_state = Mux(s1_ack.error, P.QpState.ERROR, s1_cfg.state)
+        s1_op_ok = ((s1.opcode == P.WrOpcode.RDMA_WRITE)
+                    | (s1.opcode == P.WrOpcode.RDMA_WRITE_WITH_IMM))
+        s1_is_imm = s1.opcode == P.WrOpcode.RDMA_WRITE_WITH_IMM
+        max_length = MAX_WR_PACKETS << mtu_bits
+        s1_too_long = (s1.length > max_length) if max_length < (1 << 32) else C(0)
+        s1_refused_status = Signal(P.CompletionStatus)
+        s1_refused = Value.cast(s1_refused_status)
+        with m.If(s1_state == P.QpState.ERROR):
+            m.d.comb += s1_refused_status.eq(P.CompletionStatus.WR_FLUSH_ERR)
+        with m.Elif(~s1_op_ok | (s1_state != P.QpState.RTS)):
+            m.d.comb += s1_refused_status.eq(P.CompletionStatus.LOC_QP_OP_ERR)
+        with m.Elif(s1_too_long):
+            m.d.comb += s1_refused_status.eq(P.CompletionStatus.LOC_LEN_ERR)
+        s1_packets = Mux(s1.length == 0, 1, ((s1.length - 1) >> mtu_bits) + 1)
+        s1_slots_used = (s1_sq.tail - s1_cq.head)[:sb + 1]
+        s1_wimm_used = (s1_sq.wimm - s1_cq.wimm)[:_WIMM_BITS]
+        s1_slot_free = s1_slots_used < cfg.wr_slots
+        s1_wimm_ok = ~s1_is_imm | (s1_wimm_used < s1_cfg.max_wimm)
+        s2_free = Signal()
+        s1_accept_refused = s1_valid & (s1_refused != 0) & s1_slot_free & wr_triggers.w_rdy
+        s1_accept_send = s1_valid & (s1_refused == 0) & s1_slot_free & s1_wimm_ok & s2_free
+        m.d.comb += [
+            s1_accept.eq((s1_accept_refused | s1_accept_send) & ~hold),
+            self.wr.ready.eq((~s1_valid | s1_accept) & ~hold),
+            s1_take.eq(self.wr.valid & self.wr.ready),
+        ]
+        with m.If(s1_take):
+            m.d.sync += [s1_valid.eq(1), s1.eq(self.wr.payload)]
+            count("wrs")
+        with m.Elif(s1_accept):
+            m.d.sync += s1_valid.eq(0)
+        count("wr_refused", s1_accept & (s1_refused != 0))
+
+        s1_end = (s1_next_psn + Mux(s1_refused != 0, 0, s1_packets))[:_PSN]
+        m.d.comb += [
+            wps["wr_done"].addr.eq(slot_addr(s1.qpn, s1_sq.tail)),
+            wps["wr_done"].en.eq(s1_accept),
+            wps["wr_done"].data.wr_id.eq(s1.wr_id),
+            wps["wr_done"].data.end.eq(s1_end),
+            wps["wr_done"].data.length.eq(s1.length),
+            wps["wr_done"].data.is_imm.eq(s1_is_imm & (s1_refused == 0)),
+            wps["wr_done"].data.refused.eq(s1_refused_status),
+            wps["wr_send"].addr.eq(slot_addr(s1.qpn, s1_sq.tail)),
+            wps["wr_send"].en.eq(s1_accept & (s1_refused == 0)),
+            wps["wr_send"].data.va.eq(s1.remote_addr),
+            wps["wr_send"].data.local.eq(s1.local_addr),
+            wps["wr_send"].data.rkey.eq(s1.rkey),
+            wps["wr_send"].data.imm.eq(s1.imm),
+            wps["wr_send"].data.first.eq(s1_next_psn),
+            wps["wr_send"].data.length.eq(s1.length),
+            wps["wr_send"].data.is_imm.eq(s1_is_imm),
+            wr_triggers.w_data.eq(s1.qpn),
+            wr_triggers.w_en.eq(s1_accept & (s1_refused != 0)),
+        ]
+        # `sq` table: the intake's own (and the control's).
+        with m.If(ctl_write):
+            m.d.comb += [wps["sq"].addr.eq(ctl_qpn), wps["sq"].en.eq(1),
+                         wps["sq"].data.eq(0)]
+        with m.Else():
+            m.d.comb += [
+                wps["sq"].addr.eq(s1.qpn),
+                wps["sq"].en.eq(s1_accept),
+                wps["sq"].data.tail.eq(s1_sq.tail + 1),
+                wps["sq"].data.wimm.eq(s1_sq.wimm + (s1_is_imm & (s1_refused == 0))),
+            ]
+
+        # == segmenter (S2) =================================================================
+        s2_active = Signal()
+        s2_qpn = Signal(qb)
+        s2_psn = Signal(_PSN)
+        s2_slot = Signal(sb)
+        s2_remaining = Signal(32)
+        s2_va = Signal(64)
+        s2_local = Signal(64)
+        s2_rkey = Signal(32)
+        s2_imm = Signal(32)
+        s2_is_imm = Signal()
+        s2_first = Signal()
+        s2_mpr = Signal(4)
+        s2_una = Signal(_PSN)           # una at hand-off, until the table read below is valid
+        s2_fresh = Signal()             # the ack-table read below is for s2_qpn
+        s2_ackcnt = Signal(ACKREQ_EVERY_BITS)
+        s2_ack_port = rport("ack")
+        m.d.comb += s2_ack_port.addr.eq(s2_qpn)
+        s2_una_now = Mux(s2_fresh, s2_ack_port.data.una, s2_una)
+        s2_abort = s2_active & s2_fresh & s2_ack_port.data.error
+        s2_window_ok = _psn_sub(s2_psn, s2_una_now) < Cat(C(0, 7), s2_mpr)
+        s2_last = s2_remaining <= cfg.mtu
+        s2_dma_len = Mux(s2_last, s2_remaining, cfg.mtu)
+        s2_can = s2_active & ~s2_abort & s2_window_ok & ~hold
+        s2_emit = Signal()
+        s2_ackreq = s2_last | ((ackreq_every != 0) & (s2_ackcnt == ackreq_every - 1))
+        m.d.comb += s2_free.eq(~s2_active | s2_abort | (s2_emit & s2_last))
+
+        with m.If(s2_emit):
+            m.d.sync += [
+                s2_psn.eq(s2_psn + 1),
+                s2_va.eq(s2_va + s2_dma_len),
+                s2_local.eq(s2_local + s2_dma_len),
+                s2_remaining.eq(s2_remaining - s2_dma_len),
+                s2_first.eq(0),
+                s2_ackcnt.eq(Mux(s2_ackcnt == ackreq_every - 1, 0, s2_ackcnt + 1)),
+            ]
+            with m.If(s2_last):
+                m.d.sync += s2_active.eq(0)
+        with m.If(s2_abort):
+            m.d.sync += s2_active.eq(0)
+        m.d.sync += s2_fresh.eq(1)
+        with m.If(s1_accept_send & ~hold):
+            m.d.sync += [
+                s2_active.eq(1), s2_qpn.eq(s1.qpn), s2_psn.eq(s1_next_psn),
+                s2_slot.eq(s1_sq.tail[:sb]), s2_remaining.eq(s1.length),
+                s2_va.eq(s1.remote_addr), s2_local.eq(s1.local_addr), s2_rkey.eq(s1.rkey),
+                s2_imm.eq(s1.imm), s2_is_imm.eq(s1_is_imm), s2_first.eq(1),
+                s2_mpr.eq(s1_cfg.mpr), s2_una.eq(s1_ack.una), s2_fresh.eq(0),
+                s2_ackcnt.eq(0),
+                fwd_valid.eq(1), fwd_qpn.eq(s1.qpn), fwd_end.eq(s1_end),
+            ]
+
+        # `next_psn` table: the segmenter's own (and the control's).
+        with m.If(ctl_write):
+            m.d.comb += [wps["next_psn"].addr.eq(ctl_qpn), wps["next_psn"].en.eq(1),
+                         wps["next_psn"].data.eq(ctl_req.psn)]
+        with m.Else():
+            m.d.comb += [wps["next_psn"].addr.eq(s2_qpn), wps["next_psn"].en.eq(s2_emit),
+                         wps["next_psn"].data.eq(s2_psn + 1)]
+        with m.If(ctl_write & (fwd_qpn == ctl_qpn)):
+            m.d.sync += fwd_valid.eq(0)
+
+        # == retransmitter (R0 take, R1 check, R2 rebuild) ==================================
+        r1_valid = Signal()
+        r1_qpn = Signal(qb)
+        r1_psn = Signal(_PSN)
+        r2_valid = Signal()
+        r2_qpn = Signal(qb)
+        r2_psn = Signal(_PSN)
+        r2_slot = Signal(sb)
+        r2_ev = Signal(cfg.ev_index_bits)
+        r2_emit = Signal()
+        r1_advance = Signal()
+        r0_take = Signal()
+        r2_load = Signal()
+        m.d.comb += r0_take.eq(~r1_valid | r1_advance)
+        from_trim = trim_queue.r_rdy
+        r0_qpn = Mux(from_trim, trim_queue.r_data[:qb], self.retx.payload.qpn)
+        r0_psn = Mux(from_trim, trim_queue.r_data[qb:], self.retx.payload.psn)
+        r0_accept = r0_take & (from_trim | self.retx.valid)
+        m.d.comb += [
+            trim_queue.r_en.eq(r0_take),
+            self.retx.ready.eq(r0_take & ~from_trim),
+        ]
+        r_ports = {name: rport(name) for name in ("cfg", "next_psn", "ack", "acked", "meta",
+                                                    "ev")}
+        for name, port in r_ports.items():
+            addr = psn_addr(r0_qpn, r0_psn) if name in ("meta", "ev") else r0_qpn
+            m.d.comb += [port.addr.eq(addr), port.en.eq(r0_accept)]
+        r1_ack = r_ports["ack"].data
+        r1_ok = ((r_ports["cfg"].data.state == P.QpState.RTS) & ~r1_ack.error
+                 & _psn_ge(r1_psn, r1_ack.una) & _psn_gt(r_ports["next_psn"].data, r1_psn)
+                 & ~r_ports["acked"].data.bit_select(r1_psn[:wb], 1))
+        r2_can_load = ~r2_valid | r2_emit
+        m.d.comb += [
+            r1_advance.eq(r1_valid & (~r1_ok | r2_can_load)),
+            r2_load.eq(r1_valid & r1_ok & r2_can_load),
+        ]
+        with m.If(r0_accept):
+            m.d.sync += [r1_valid.eq(1), r1_qpn.eq(r0_qpn), r1_psn.eq(r0_psn)]
+        with m.Elif(r1_advance):
+            m.d.sync += r1_valid.eq(0)
+        count("retx_ignored", r1_valid & ~r1_ok)
+        wr_send_port = mems["wr_send"].read_port(transparent_for=(wps["wr_send"],))
+        m.d.comb += [
+            wr_send_port.addr.eq(slot_addr(r1_qpn, r_ports["meta"].data.slot)),
+            wr_send_port.en.eq(r2_load),
+        ]
+        with m.If(r2_load):
+            m.d.sync += [r2_valid.eq(1), r2_qpn.eq(r1_qpn), r2_psn.eq(r1_psn),
+                         r2_slot.eq(r_ports["meta"].data.slot), r2_ev.eq(r_ports["ev"].data)]
+        with m.Elif(r2_emit):
+            m.d.sync += r2_valid.eq(0)
+        slot = wr_send_port.data
+        r2_index = _psn_sub(r2_psn, slot.first)
+        r2_offset = Signal(_PSN + mtu_bits)
+        m.d.comb += r2_offset.eq(r2_index << mtu_bits)
+        r2_remaining = (slot.length - r2_offset)[:32]
+        r2_last = r2_remaining <= cfg.mtu
+        r2_dma_len = Mux(r2_last, r2_remaining, cfg.mtu)
+
+        # == send selection: retransmissions first ==========================================
+        def opcode(first, last, imm):
+            return Mux(first & last, Mux(imm, P.Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE,
+                                         P.Opcode.RDMA_WRITE_ONLY),
+                   Mux(first, P.Opcode.RDMA_WRITE_FIRST,
+                   Mux(last, Mux(imm, P.Opcode.RDMA_WRITE_LAST_WITH_IMMEDIATE,
+                                 P.Opcode.RDMA_WRITE_LAST),
+                       P.Opcode.RDMA_WRITE_MIDDLE)))
+
+        m.d.comb += [
+            r2_emit.eq(out_load & r2_valid),
+            s2_emit.eq(out_load & ~r2_valid & s2_can),
+        ]
+        ctx = out.context
+        meta_wp = wps["meta"]
+        with m.If(r2_emit):
+            r2_imm = slot.is_imm & r2_last
+            m.d.sync += [
+                out_valid.eq(1),
+                out.qpn.eq(r2_qpn), out.avoid_ev_valid.eq(1), out.avoid_ev.eq(r2_ev),
+                out.probe.eq(0), out.ev.eq(0),
+                ctx.psn.eq(r2_psn), ctx.opcode.eq(opcode(r2_index == 0, r2_last, r2_imm)),
+                ctx.ackreq.eq(1), ctx.va.eq(slot.va + r2_offset), ctx.rkey.eq(slot.rkey),
+                ctx.dma_len.eq(r2_dma_len), ctx.imm.eq(Mux(r2_imm, slot.imm, 0)),
+                ctx.local_addr.eq(slot.local + r2_offset), ctx.retransmission.eq(1),
+            ]
+            m.d.comb += [meta_wp.addr.eq(psn_addr(r2_qpn, r2_psn)), meta_wp.en.eq(1),
+                         meta_wp.data.slot.eq(r2_slot), meta_wp.data.time.eq(time_now),
+                         meta_wp.data.retx.eq(1)]
+        with m.Elif(s2_emit):
+            s2_imm_now = s2_is_imm & s2_last
+            m.d.sync += [
+                out_valid.eq(1),
+                out.qpn.eq(s2_qpn), out.avoid_ev_valid.eq(0), out.avoid_ev.eq(0),
+                out.probe.eq(0), out.ev.eq(0),
+                ctx.psn.eq(s2_psn), ctx.opcode.eq(opcode(s2_first, s2_last, s2_imm_now)),
+                ctx.ackreq.eq(s2_ackreq), ctx.va.eq(s2_va), ctx.rkey.eq(s2_rkey),
+                ctx.dma_len.eq(s2_dma_len), ctx.imm.eq(Mux(s2_imm_now, s2_imm, 0)),
+                ctx.local_addr.eq(s2_local), ctx.retransmission.eq(0),
+            ]
+            m.d.comb += [meta_wp.addr.eq(psn_addr(s2_qpn, s2_psn)), meta_wp.en.eq(1),
+                         meta_wp.data.slot.eq(s2_slot), meta_wp.data.time.eq(time_now),
+                         meta_wp.data.retx.eq(0)]
+        with m.Elif(out_load):
+            m.d.sync += out_valid.eq(0)
+        count("packets", s2_emit)
+        count("retransmissions", r2_emit)
+
+        # == EV reports =====================================================================
+        m.d.comb += [
+            self.sent.ready.eq(1),
+            wps["ev"].addr.eq(psn_addr(self.sent.payload.qpn, self.sent.payload.psn)),
+            wps["ev"].data.eq(self.sent.payload.ev),
+            wps["ev"].en.eq(self.sent.valid),
+        ]
+
+        # == ACK processing (A0 take, A1 apply) =============================================
+        def room(fifo, depth):
+            return fifo.level <= depth - 2      # one more may be in A1 already
+
+        rx_header = self.rx.payload.header
+        rx_take = Signal()
+        m.d.comb += [
+            self.rx.ready.eq(~hold & room(trim_queue, self.TRIM_QUEUE_DEPTH)
+                             & room(qp_error_fifo, self.QP_ERROR_DEPTH)),
+            rx_take.eq(self.rx.valid & self.rx.ready),
+        ]
+        a_ports = {name: rport(name) for name in ("cfg", "next_psn", "ack", "acked",
+                                                    "trig_set", "trig_seen")}
+        for port in a_ports.values():
+            m.d.comb += [port.addr.eq(rx_header.bth.dqpn[:qb]), port.en.eq(rx_take)]
+        a1_valid = Signal()
+        a1_known = Signal()             # an ACK packet for a QP that exists
+        a1_qpn = Signal(qb)
+        a1_syndrome = Signal(8)
+        a1_psn = Signal(_PSN)
+        a1_ev = Signal(cfg.ev_index_bits)
+        a1_flags = Signal(8)
+        a1_cum = Signal(_PSN)
+        a1_sack = Signal(sack_bits)
+        m.d.sync += a1_valid.eq(rx_take)
+        with m.If(rx_take):
+            m.d.sync += [
+                a1_known.eq((rx_header.kind == PacketKind.ACK) & (rx_header.bth.dqpn < cfg.qps)),
+                a1_qpn.eq(rx_header.bth.dqpn[:qb]),
+                a1_syndrome.eq(rx_header.aeth.syndrome),
+                a1_psn.eq(rx_header.bth.psn),
+                a1_ev.eq(rx_header.macketh.ev_index[:cfg.ev_index_bits]),
+                a1_flags.eq(rx_header.macketh.flags),
+                a1_cum.eq(rx_header.macketh.cum_psn),
+                a1_sack.eq(rx_header.sack),
+            ]
+        a_ack = a_ports["ack"].data
+        a_next = a_ports["next_psn"].data
+        a_old_bitmap = a_ports["acked"].data
+        a_una = a_ack.una
+        is_ack = a1_syndrome[5:7] == 0
+        is_nak = a1_syndrome[5:7] == 3
+        code = a1_syndrome[:5]
+        code_known = Signal()
+        with m.Switch(code):
+            with m.Case(*(int(c) for c in P.NakCode)):
+                m.d.comb += code_known.eq(1)
+        fatal = is_nak & ((code == P.NakCode.INVALID_REQUEST) | (code == P.NakCode.REMOTE_ACCESS)
+                          | (code == P.NakCode.REMOTE_OPERATIONAL))
+        trim = is_nak & (code == P.NakCode.TRIMMED)
+        cand = (a1_cum + 1)[:_PSN]
+        advance = _psn_gt(cand, a_una)
+        beyond = advance & ~_psn_ge(a_next, cand)
+        new_una = Mux(advance, cand, a_una)
+        outstanding = _psn_ge(a1_psn, new_una) & _psn_gt(a_next, a1_psn)
+        a_drop = (~a1_known | (a_ports["cfg"].data.state != P.QpState.RTS) | a_ack.error
+                  | ~(is_ack | (is_nak & code_known)) | beyond | (fatal & ~outstanding))
+        a_apply = a1_valid & ~a_drop
+
+        # SACK bit i is PSN cand + i; keep the bits for PSNs in [max(una, cand), next_psn).
+        lo = _clamp(_psn_sub(new_una, cand), sack_bits)
+        hi = _clamp(_psn_sub(a_next, cand), sack_bits)
+        sack_mask = _ones(hi, sack_bits) & ~_ones(lo, sack_bits)
+        sack_rot = _rotate_left(Cat(a1_sack & sack_mask, C(0, window - sack_bits)),
+                                cand[:wb], window)
+        clear_len = Mux(advance, _psn_sub(cand, a_una)[:wb + 1], 0)
+        clear = _rotate_left(_ones(clear_len, window), a_una[:wb], window)
+        new_bitmap = Signal(window)
+        m.d.comb += new_bitmap.eq((a_old_bitmap & ~clear) | sack_rot)
+        new_bits = (sack_rot & ~a_old_bitmap).any()
+        trim_queued = (a_apply & trim & outstanding
+                       & ~new_bitmap.bit_select(a1_psn[:wb], 1))
+        err_status = Signal(P.CompletionStatus)
+        with m.Switch(code):
+            for nak_code, status in (
+                    (P.NakCode.INVALID_REQUEST, P.CompletionStatus.REM_INV_REQ_ERR),
+                    (P.NakCode.REMOTE_ACCESS, P.CompletionStatus.REM_ACCESS_ERR),
+                    (P.NakCode.REMOTE_OPERATIONAL, P.CompletionStatus.REM_OP_ERR)):
+                with m.Case(nak_code):
+                    m.d.comb += err_status.eq(status)
+
+        with m.If(ctl_write):
+            m.d.comb += [
+                wps["ack"].addr.eq(ctl_qpn), wps["ack"].en.eq(1),
+                wps["ack"].data.eq(0), wps["ack"].data.una.eq(ctl_req.psn),
+                wps["acked"].addr.eq(ctl_qpn), wps["acked"].en.eq(1), wps["acked"].data.eq(0),
+            ]
+        with m.Else():
+            m.d.comb += [
+                wps["ack"].addr.eq(a1_qpn), wps["ack"].en.eq(a_apply),
+                wps["ack"].data.una.eq(new_una),
+                wps["ack"].data.error.eq(fatal),
+                wps["ack"].data.err_status.eq(Mux(fatal, err_status, 0)),
+                wps["ack"].data.err_psn.eq(Mux(fatal, a1_psn, 0)),
+                wps["acked"].addr.eq(a1_qpn), wps["acked"].en.eq(a_apply),
+                wps["acked"].data.eq(new_bitmap),
+            ]
+
+        # Completion triggers: none while one is queued for the QP (the engine reads the QP
+        # when it takes the trigger, so it sees this ACK's change too).
+        trigger_bit = ~a_ports["trig_seen"].data
+        trigger_push = (a_apply & (advance | fatal)
+                        & (a_ports["trig_set"].data == a_ports["trig_seen"].data))
+        m.d.comb += [
+            ack_triggers.w_data.eq(Cat(a1_qpn, trigger_bit)),
+            ack_triggers.w_en.eq(trigger_push),
+            wps["trig_set"].addr.eq(a1_qpn), wps["trig_set"].data.eq(trigger_bit),
+            wps["trig_set"].en.eq(trigger_push),
+            trim_queue.w_data.eq(Cat(a1_qpn, a1_psn)),
+            trim_queue.w_en.eq(trim_queued),
+        ]
+        qp_error_value = Signal(qe_layout)
+        m.d.comb += [
+            qp_error_value.qpn.eq(a1_qpn), qp_error_value.status.eq(err_status),
+            qp_error_fifo.w_data.eq(qp_error_value),
+            qp_error_fifo.w_en.eq(a_apply & fatal),
+        ]
+        feedback_value = Signal(fb_layout)
+        feedback_push = a_apply & (is_ack | trim)
+        m.d.comb += [
+            feedback_value.qpn.eq(a1_qpn), feedback_value.ev.eq(a1_ev),
+            feedback_value.kind.eq(Mux(trim, P.FeedbackKind.TRIMMED,
+                                       Mux(a1_flags & int(P.AckFlags.ECN_ECHO), P.FeedbackKind.ECN,
+                                           P.FeedbackKind.ACKED))),
+            feedback_fifo.w_data.eq(feedback_value),
+            feedback_fifo.w_en.eq(feedback_push),
+        ]
+        count("feedback_dropped", feedback_push & ~feedback_fifo.w_rdy)
+        count("bad_acks", a1_valid & a_drop)
+        count("acks", a_apply & is_ack)
+        count("duplicate_acks", a_apply & is_ack & ~advance & ~new_bits)
+        for nak_code, name in (
+                (P.NakCode.PSN_OUT_OF_WINDOW, "nak_psn_out_of_window"),
+                (P.NakCode.INVALID_REQUEST, "nak_invalid_request"),
+                (P.NakCode.REMOTE_ACCESS, "nak_remote_access"),
+                (P.NakCode.REMOTE_OPERATIONAL, "nak_remote_operational"),
+                (P.NakCode.TRIMMED, "nak_trimmed")):
+            count(name, a_apply & is_nak & (code == nak_code))
+
+        # == completion engine ==============================================================
+        E_IDLE, E_LOAD, E_CHECK = range(3)
+        e_state = Signal(2)
+        e_qpn = Signal(qb)
+        e_head = Signal(sb + 1)
+        e_tail = Signal(sb + 1)
+        e_wimm = Signal(_WIMM_BITS)
+        e_err_done = Signal()
+        e_una = Signal(_PSN)
+        e_error = Signal()
+        e_err_psn = Signal(_PSN)
+        e_err_status = Signal(P.CompletionStatus)
+        e_pick = Signal()
+        e_pick_qpn = Mux(ack_triggers.r_rdy, ack_triggers.r_data[:qb], wr_triggers.r_data)
+        m.d.comb += [
+            wps["trig_seen"].addr.eq(ack_triggers.r_data[:qb]),
+            wps["trig_seen"].data.eq(ack_triggers.r_data[qb]),
+            wps["trig_seen"].en.eq(e_pick & ack_triggers.r_rdy),
+            e_pick.eq((e_state == E_IDLE) & ~hold & (ack_triggers.r_rdy | wr_triggers.r_rdy)),
+            ack_triggers.r_en.eq(e_pick),
+            wr_triggers.r_en.eq(e_pick & ~ack_triggers.r_rdy),
+        ]
+        e_ports = {name: rport(name) for name in ("cq", "ack", "sq")}
+        for port in e_ports.values():
+            m.d.comb += port.addr.eq(Mux(e_pick, e_pick_qpn, e_qpn))
+        e_cq, e_ack = e_ports["cq"].data, e_ports["ack"].data
+        wr_done_port = mems["wr_done"].read_port(transparent_for=(wps["wr_done"],))
+        done = wr_done_port.data
+        e_transfer = self.completion.valid & self.completion.ready
+        e_next_head = (e_head + 1)[:sb + 1]
+        with m.Switch(e_state):
+            with m.Case(E_LOAD):
+                m.d.comb += wr_done_port.addr.eq(slot_addr(e_qpn, e_cq.head))
+            with m.Default():
+                m.d.comb += wr_done_port.addr.eq(
+                    slot_addr(e_qpn, Mux(e_transfer, e_next_head, e_head)))
+        acked_wr = _psn_ge(e_una, done.end)
+        e_status = Signal(P.CompletionStatus)
+        e_complete = Signal()
+        e_takes_error = Signal()
+        with m.If((Value.cast(done.refused) != 0) & (acked_wr | e_error)):
+            m.d.comb += [e_complete.eq(1), e_status.eq(done.refused)]
+        with m.Elif(acked_wr):
+            m.d.comb += [e_complete.eq(1), e_status.eq(P.CompletionStatus.SUCCESS)]
+        with m.Elif(e_error):
+            m.d.comb += e_complete.eq(1)
+            with m.If(~e_err_done & _psn_gt(done.end, e_err_psn)):
+                m.d.comb += [e_status.eq(e_err_status), e_takes_error.eq(1)]
+            with m.Else():
+                m.d.comb += e_status.eq(P.CompletionStatus.WR_FLUSH_ERR)
+        comp = self.completion.payload
+        m.d.comb += [
+            self.completion.valid.eq((e_state == E_CHECK) & e_complete),
+            comp.qpn.eq(e_qpn), comp.side.eq(CompletionSide.REQUESTER),
+            comp.wr_id.eq(done.wr_id), comp.status.eq(e_status),
+            comp.opcode.eq(P.WcOpcode.RDMA_WRITE), comp.byte_len.eq(done.length),
+            comp.imm_valid.eq(0), comp.imm.eq(0),
+        ]
+        with m.Switch(e_state):
+            with m.Case(E_IDLE):
+                with m.If(e_pick):
+                    m.d.sync += [e_qpn.eq(e_pick_qpn), e_state.eq(E_LOAD)]
+            with m.Case(E_LOAD):
+                m.d.sync += [
+                    e_head.eq(e_cq.head), e_wimm.eq(e_cq.wimm), e_err_done.eq(e_cq.err_done),
+                    e_tail.eq(e_ports["sq"].data.tail), e_una.eq(e_ack.una),
+                    e_error.eq(e_ack.error), e_err_psn.eq(e_ack.err_psn),
+                    e_err_status.eq(e_ack.err_status),
+                    e_state.eq(Mux(e_cq.head == e_ports["sq"].data.tail, E_IDLE, E_CHECK)),
+                ]
+            with m.Case(E_CHECK):
+                with m.If(~e_complete):
+                    m.d.sync += e_state.eq(E_IDLE)
+                with m.Elif(e_transfer):
+                    m.d.sync += [
+                        e_head.eq(e_next_head), e_wimm.eq(e_wimm + done.is_imm),
+                        e_err_done.eq(e_err_done | e_takes_error),
+                    ]
+                    with m.If(e_next_head == e_tail):
+                        m.d.sync += e_state.eq(E_IDLE)
+        with m.If(ctl_write):
+            m.d.comb += [wps["cq"].addr.eq(ctl_qpn), wps["cq"].en.eq(1), wps["cq"].data.eq(0)]
+        with m.Else():
+            m.d.comb += [
+                wps["cq"].addr.eq(e_qpn), wps["cq"].en.eq(e_transfer),
+                wps["cq"].data.head.eq(e_next_head),
+                wps["cq"].data.wimm.eq(e_wimm + done.is_imm),
+                wps["cq"].data.err_done.eq(e_err_done | e_takes_error),
+            ]
+        ok = e_status == P.CompletionStatus.SUCCESS
+        count("completions", e_transfer & ok)
+        count("error_completions", e_transfer & ~ok)
+
+        # == control FSM ====================================================================
+        c_cfg, c_sq, c_ack, c_cq = (ctl_ports[n].data for n in ("cfg", "sq", "ack", "cq"))
+        c_next = ctl_ports["next_psn"].data
+        state_ok = Signal()
+        with m.Switch(ctl_req.state):
+            with m.Case(*(int(s) for s in P.QpState)):
+                m.d.comb += state_ok.eq(1)
+        bad_qp_write = (~state_ok | (ctl_req.mpr == 0) | (ctl_req.mpr > cfg.mpr_units)
+                        | (ctl_req.max_wimm == 0) | (ctl_req.max_wimm > cfg.max_wimm))
+        c_outstanding = (c_sq.tail - c_cq.head)[:sb + 1]
+        m.d.comb += [
+            self.ctl.ready.eq(ctl_state == CTL_IDLE),
+            self.ctl_resp.valid.eq(ctl_state == CTL_RESP),
+            self.ctl_resp.payload.errno.eq(ctl_errno),
+            self.ctl_resp.payload.data.eq(ctl_data),
+        ]
+        with m.If(ctl_write):
+            m.d.comb += [
+                wps["cfg"].addr.eq(ctl_qpn), wps["cfg"].en.eq(1),
+                wps["cfg"].data.state.eq(ctl_req.state), wps["cfg"].data.mpr.eq(ctl_req.mpr),
+                wps["cfg"].data.max_wimm.eq(ctl_req.max_wimm),
+            ]
+        with m.Switch(ctl_state):
+            with m.Case(CTL_IDLE):
+                with m.If(self.ctl.valid):
+                    m.d.sync += [ctl_req.eq(self.ctl.payload), ctl_state.eq(CTL_HOLD)]
+            with m.Case(CTL_HOLD):
+                with m.If(~a1_valid & (e_state == E_IDLE)):
+                    m.d.sync += ctl_state.eq(CTL_DECIDE)
+            with m.Case(CTL_DECIDE):
+                m.d.sync += [ctl_state.eq(CTL_RESP), ctl_errno.eq(P.Errno.OK), ctl_data.eq(0)]
+                with m.Switch(ctl_req.cmd):
+                    with m.Case(RequesterCommand.CONFIG):
+                        m.d.sync += ackreq_every.eq(ctl_req.ackreq_every)
+                    with m.Case(RequesterCommand.QP_READ):
+                        with m.If(ctl_req.qpn >= cfg.qps):
+                            m.d.sync += ctl_errno.eq(P.Errno.ENOENT)
+                        with m.Elif(ctl_req.page == 0):
+                            m.d.sync += ctl_data.eq(Cat(
+                                Mux(c_ack.error, int(P.QpState.ERROR), c_cfg.state)[:3],
+                                C(0, 5), c_next, c_ack.una))
+                        with m.Else():
+                            m.d.sync += ctl_data.eq(Cat(
+                                c_outstanding, C(0, 7 - sb),
+                                (c_sq.wimm - c_cq.wimm)[:8], c_cfg.mpr, C(0, 4),
+                                c_cfg.max_wimm, Value.cast(c_ack.err_status),
+                                C(0, 3), c_ack.err_psn))
+                    with m.Case(RequesterCommand.QP_WRITE):
+                        with m.If(ctl_req.qpn >= cfg.qps):
+                            m.d.sync += ctl_errno.eq(P.Errno.ENOENT)
+                        with m.Elif(bad_qp_write):
+                            m.d.sync += ctl_errno.eq(P.Errno.EINVAL)
+                        with m.Elif(c_outstanding != 0):
+                            m.d.sync += ctl_errno.eq(P.Errno.EBUSY)
+                        with m.Else():
+                            m.d.comb += ctl_write.eq(1)
+                    with m.Default():
+                        m.d.sync += ctl_errno.eq(P.Errno.EINVAL)
+            with m.Case(CTL_RESP):
+                with m.If(self.ctl_resp.ready):
+                    m.d.sync += ctl_state.eq(CTL_IDLE)
+        return m

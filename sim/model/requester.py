@@ -1,0 +1,403 @@
+"""Reference model of the MRC requester: segmentation, send state, ACK/SACK/NAK, completions.
+
+Packet level and pure Python. Post work requests, pull the packets to send (path-select
+request dicts, exactly as the gateware's ``send`` stream carries them), report the EV each
+packet went out on, feed received ACK/NAK headers (:func:`hdl.packet.headers.packet_header_layout`
+dicts, as :class:`sim.model.responder.ResponderModel` produces them), and read back
+completions, path feedback, QP error events and counters. The gateware
+(:class:`hdl.transport.requester.Requester`) is checked against it; the model NIC of the
+network simulations uses it as its requester.
+
+Timing is not modelled: the gateware does the same things in the same order per stream, but
+interleaves the streams in time. The rules are in ``docs/requester.md``.
+"""
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from hdl import protocol as P
+from hdl.interfaces import CompletionSide
+from hdl.packet.headers import PacketKind
+from hdl.transport.req_defs import (
+    FATAL_NAK_STATUS,
+    NAK_COUNTERS,
+    QP_WRITE_STATES,
+    REQUESTER_COUNTERS,
+    TIME_BITS,
+    TIME_SHIFT,
+    RequesterCommand,
+    bitmap_psns,
+    wr_packets,
+    wr_refusal,
+)
+
+__all__ = ["RequesterModel", "WorkRequest"]
+
+_WR_FIELDS = ("qpn", "opcode", "wr_id", "local_addr", "remote_addr", "rkey", "length", "imm")
+
+
+@dataclass(frozen=True)
+class WorkRequest:
+    """A work request, the fields of :func:`hdl.interfaces.work_request_layout`."""
+    qpn: int
+    opcode: int = P.WrOpcode.RDMA_WRITE
+    wr_id: int = 0
+    local_addr: int = 0
+    remote_addr: int = 0
+    rkey: int = 0
+    length: int = 0
+    imm: int = 0
+
+    @classmethod
+    def from_dict(cls, values):
+        return cls(**{name: int(values.get(name, 0)) for name in _WR_FIELDS})
+
+    def to_dict(self):
+        return {name: int(getattr(self, name)) for name in _WR_FIELDS}
+
+
+@dataclass
+class _Slot:
+    wr: WorkRequest
+    first: int                  #: first PSN
+    end: int                    #: PSN after the last one
+    refused: int | None         #: refusal status, or None for a WR that is sent
+    is_imm: bool
+
+
+@dataclass
+class _Qp:
+    state: int = P.QpState.RESET
+    mpr: int = 0
+    max_wimm: int = 0
+    next_psn: int = 0           #: next new PSN to send
+    alloc_psn: int = 0          #: PSN after the last accepted WR
+    una: int = 0                #: oldest unacknowledged PSN
+    error: bool = False
+    err_psn: int = 0
+    err_status: int = 0
+    err_done: bool = False      #: the error status has been given to its WR
+    wimm_in_flight: int = 0
+    slots: deque = field(default_factory=deque)
+    acked: set = field(default_factory=set)       #: SACKed PSNs in [una, next_psn)
+
+    @property
+    def effective_state(self):
+        return P.QpState.ERROR if self.error else self.state
+
+
+class RequesterModel:
+    """The requester of one NIC.
+
+    Parameters
+    ----------
+    config : NicConfig
+
+    Attributes
+    ----------
+    completions : list of dict
+        :func:`~hdl.interfaces.completion_layout` dicts, in the order they were made (per QP
+        in WR order).
+    feedback : list of dict
+        :func:`~hdl.interfaces.feedback_layout` dicts, one per applied ACK and TRIM NAK.
+    qp_errors : list of dict
+        ``{"qpn", "status"}`` for each QP moved to ERROR.
+    counters : dict
+        The counters of :data:`~hdl.transport.req_defs.REQUESTER_COUNTERS`.
+    """
+
+    def __init__(self, config):
+        self.config = config
+        self.window = bitmap_psns(config)
+        self._qps = [_Qp() for _ in range(config.qps)]
+        self._queue = deque()           # posted WRs not yet taken (one queue: HOL blocking)
+        self._current = None            # [qpn, slot, psn, remaining, index] being segmented
+        self._retx = deque()            # (qpn, psn) waiting to be resent
+        self._ev = {}                   # (qpn, psn % window) -> EV it last went out on
+        self.meta = {}                  # (qpn, psn % window) -> (send time, retransmitted)
+        self.ackreq_every = 0
+        self.completions = []
+        self.feedback = []
+        self.qp_errors = []
+        self.counters = dict.fromkeys(REQUESTER_COUNTERS, 0)
+
+    # -- control -----------------------------------------------------------------------------
+
+    def control(self, cmd, **fields):
+        """Run one command (:class:`~hdl.transport.req_defs.RequesterCommand`); fields as in
+        :func:`~hdl.transport.req_defs.requester_command_layout`. Returns ``(errno, data)``."""
+        get = lambda name: int(fields.get(name, 0))     # noqa: E731
+        try:
+            cmd = RequesterCommand(cmd)
+        except ValueError:
+            return P.Errno.EINVAL, 0
+        if cmd == RequesterCommand.CONFIG:
+            self.ackreq_every = get("ackreq_every")
+            return P.Errno.OK, 0
+        qpn = get("qpn")
+        if qpn >= self.config.qps:
+            return P.Errno.ENOENT, 0
+        qp = self._qps[qpn]
+        if cmd == RequesterCommand.QP_READ:
+            if get("page") == 0:
+                return P.Errno.OK, (qp.effective_state | qp.next_psn << 8 | qp.una << 32)
+            return P.Errno.OK, (len(qp.slots) | qp.wimm_in_flight << 8 | qp.mpr << 16
+                                | qp.max_wimm << 24 | qp.err_status << 32 | qp.err_psn << 40)
+        state, mpr, max_wimm, psn = get("state"), get("mpr"), get("max_wimm"), get("psn")
+        if (state not in QP_WRITE_STATES or not 1 <= mpr <= self.config.mpr_units
+                or not 1 <= max_wimm <= self.config.max_wimm):
+            return P.Errno.EINVAL, 0
+        if qp.slots:
+            return P.Errno.EBUSY, 0
+        self._qps[qpn] = _Qp(state=state, mpr=mpr, max_wimm=max_wimm, next_psn=psn,
+                             alloc_psn=psn, una=psn)
+        self._admit()
+        return P.Errno.OK, 0
+
+    def qp_write(self, qpn, *, state=P.QpState.RTS, psn=0, mpr=1, max_wimm=1):
+        return self.control(RequesterCommand.QP_WRITE, qpn=qpn, state=state, psn=psn, mpr=mpr,
+                            max_wimm=max_wimm)
+
+    # -- work requests and sending -----------------------------------------------------------
+
+    def post(self, wr):
+        """Queue a work request (a :class:`WorkRequest` or a dict of its fields)."""
+        if isinstance(wr, dict):
+            wr = WorkRequest.from_dict(wr)
+        if not 0 <= wr.qpn < self.config.qps:
+            raise ValueError(f"WR qpn must be from 0 to {self.config.qps - 1}, not {wr.qpn!r}")
+        self._queue.append(wr)
+        self._admit()
+
+    @property
+    def pending_wrs(self):
+        """WRs posted but not yet taken (waiting for a slot, WIMM credit or the segmenter)."""
+        return len(self._queue)
+
+    def pull(self, now_ns=0):
+        """The next send request (a path-select request dict), or ``None`` if nothing can be
+        sent now. Retransmissions go first."""
+        self._admit()
+        while self._retx:
+            qpn, psn = self._retx.popleft()
+            request = self._retransmission(qpn, psn, now_ns)
+            if request is not None:
+                return request
+            self.counters["retx_ignored"] += 1
+        while self._current is not None:
+            qpn, slot, psn, remaining, index = self._current
+            qp = self._qps[qpn]
+            if qp.error:
+                self._current = None            # the QP failed: the rest is never sent
+                self._admit()
+                continue
+            if P.psn_diff(psn, qp.una) >= qp.mpr * P.MPR_UNIT_PSNS:
+                return None                     # window full: wait for ACKs
+            dma_len = min(self.config.mtu, remaining)
+            last = remaining <= self.config.mtu
+            every = self.ackreq_every
+            ackreq = last or (every != 0 and index % every == every - 1)
+            request = self._packet(qpn, slot, psn, ackreq=ackreq, retransmission=False)
+            qp.next_psn = P.psn_add(psn, 1)
+            self.meta[(qpn, psn % self.window)] = (self._time(now_ns), False)
+            self.counters["packets"] += 1
+            if last:
+                self._current = None
+                self._admit()
+            else:
+                self._current = [qpn, slot, P.psn_add(psn, 1), remaining - dma_len, index + 1]
+            return request
+        return None
+
+    def pull_all(self, now_ns=0):
+        """Every send request that can go now."""
+        out = []
+        while (request := self.pull(now_ns)) is not None:
+            out.append(request)
+        return out
+
+    def sent(self, qpn, psn, ev):
+        """The transmit side reports that PSN ``psn`` of QP ``qpn`` went out on EV ``ev``."""
+        self._ev[(qpn, psn % self.window)] = ev
+
+    def retransmit(self, qpn, psn):
+        """Ask for PSN ``psn`` of QP ``qpn`` to be resent (the retransmit timer's input)."""
+        self._retx.append((qpn, psn))
+
+    # -- received ACKs and NAKs --------------------------------------------------------------
+
+    def receive(self, header):
+        """Apply one received ACK/NAK (a packet header dict). Returns ``"applied"`` or
+        ``"dropped"``."""
+        h = header
+        bth, aeth, mack = h["bth"], h["aeth"], h["macketh"]
+        qpn = bth["dqpn"]
+        if h.get("kind", PacketKind.ACK) != PacketKind.ACK or qpn >= self.config.qps:
+            return self._bad()
+        qp = self._qps[qpn]
+        if qp.state != P.QpState.RTS or qp.error:
+            return self._bad()
+        syndrome = aeth["syndrome"]
+        kind = (syndrome >> 5) & 3
+        if kind == 0:
+            code = None
+        elif kind == 3 and (syndrome & 0x1F) in NAK_COUNTERS:
+            code = P.NakCode(syndrome & 0x1F)
+        else:
+            return self._bad()
+        cand = P.psn_add(mack["cum_psn"], 1)
+        advance = P.psn_diff(cand, qp.una) > 0
+        if advance and P.psn_diff(qp.next_psn, cand) < 0:
+            return self._bad()                  # acknowledges PSNs never sent
+        new_una = cand if advance else qp.una
+        psn = bth["psn"]
+        psn_outstanding = (P.psn_diff(psn, new_una) >= 0
+                           and P.psn_diff(qp.next_psn, psn) > 0)
+        fatal = code in FATAL_NAK_STATUS
+        if fatal and not psn_outstanding:
+            return self._bad()
+        # Cumulative part, then SACK bits for PSNs in [max(una, cand), next_psn).
+        if advance:
+            qp.acked = {p for p in qp.acked if P.psn_diff(p, new_una) >= 0}
+            qp.una = new_una
+        sack, new_bits = h.get("sack", 0), False
+        lo = max(0, P.psn_diff(qp.una, cand))
+        hi = min(self.config.sack_bits, max(0, P.psn_diff(qp.next_psn, cand)))
+        for i in range(lo, hi):
+            if sack >> i & 1:
+                p = P.psn_add(cand, i)
+                if p not in qp.acked:
+                    qp.acked.add(p)
+                    new_bits = True
+        ev = mack["ev_index"] & ((1 << self.config.ev_index_bits) - 1)
+        if code is None:
+            self.counters["acks"] += 1
+            if not advance and not new_bits:
+                self.counters["duplicate_acks"] += 1
+            ecn = mack["flags"] & P.AckFlags.ECN_ECHO
+            self.feedback.append({"qpn": qpn, "ev": ev, "kind": P.FeedbackKind.ECN if ecn
+                                  else P.FeedbackKind.ACKED})
+        else:
+            self.counters[NAK_COUNTERS[code]] += 1
+            if code == P.NakCode.TRIMMED:
+                self.feedback.append({"qpn": qpn, "ev": ev, "kind": P.FeedbackKind.TRIMMED})
+                if psn_outstanding and psn not in qp.acked:
+                    self._retx.append((qpn, psn))
+            elif fatal:
+                qp.error, qp.err_psn, qp.err_status = True, psn, FATAL_NAK_STATUS[code]
+                self.qp_errors.append({"qpn": qpn, "status": qp.err_status})
+        if advance or fatal:
+            self._complete(qpn)
+        self._admit()
+        return "applied"
+
+    # -- state inspection --------------------------------------------------------------------
+
+    def qp(self, qpn):
+        """A read-only summary of QP ``qpn``'s state (for tests and the network simulator)."""
+        qp = self._qps[qpn]
+        return {"state": qp.effective_state, "next_psn": qp.next_psn, "una": qp.una,
+                "outstanding_wrs": len(qp.slots), "wimm_in_flight": qp.wimm_in_flight,
+                "acked": sorted(qp.acked, key=lambda p: P.psn_diff(p, qp.una))}
+
+    def outstanding(self, qpn):
+        """PSNs of QP ``qpn`` sent and not yet cumulatively acknowledged, oldest first."""
+        qp = self._qps[qpn]
+        return [P.psn_add(qp.una, i) for i in range(P.psn_diff(qp.next_psn, qp.una))]
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _bad(self):
+        self.counters["bad_acks"] += 1
+        return "dropped"
+
+    @staticmethod
+    def _time(now_ns):
+        return (now_ns >> TIME_SHIFT) & ((1 << TIME_BITS) - 1)
+
+    def _admit(self):
+        """Take WRs from the head of the queue while they fit (head-of-line blocking)."""
+        while self._queue:
+            wr = self._queue[0]
+            qp = self._qps[wr.qpn]
+            if len(qp.slots) >= self.config.wr_slots:
+                return
+            refused = wr_refusal(self.config, wr.opcode, wr.length, qp.effective_state)
+            if refused is not None:
+                qp.slots.append(_Slot(wr, qp.alloc_psn, qp.alloc_psn, refused, False))
+                self._queue.popleft()
+                self.counters["wrs"] += 1
+                self.counters["wr_refused"] += 1
+                self._complete(wr.qpn)
+                continue
+            is_imm = wr.opcode == P.WrOpcode.RDMA_WRITE_WITH_IMM
+            if is_imm and qp.wimm_in_flight >= qp.max_wimm:
+                return
+            if self._current is not None:
+                return
+            first = qp.alloc_psn
+            qp.alloc_psn = P.psn_add(first, wr_packets(self.config, wr.length))
+            slot = _Slot(wr, first, qp.alloc_psn, None, is_imm)
+            qp.slots.append(slot)
+            qp.wimm_in_flight += is_imm
+            self._current = [wr.qpn, slot, first, wr.length, 0]
+            self._queue.popleft()
+            self.counters["wrs"] += 1
+
+    def _packet(self, qpn, slot, psn, *, ackreq, retransmission, avoid_ev=None):
+        wr, mtu = slot.wr, self.config.mtu
+        offset = P.psn_diff(psn, slot.first) * mtu
+        remaining = wr.length - offset
+        last = remaining <= mtu
+        immediate = slot.is_imm and last
+        opcode = P.write_opcode(first=offset == 0, last=last, immediate=immediate)
+        return {
+            "qpn": qpn, "avoid_ev_valid": int(avoid_ev is not None),
+            "avoid_ev": avoid_ev or 0, "probe": 0, "ev": 0,
+            "context": {
+                "psn": psn, "opcode": int(opcode), "ackreq": int(ackreq),
+                "va": (wr.remote_addr + offset) % (1 << 64), "rkey": wr.rkey,
+                "dma_len": min(mtu, remaining), "imm": wr.imm if immediate else 0,
+                "local_addr": (wr.local_addr + offset) % (1 << 64),
+                "retransmission": int(retransmission),
+            },
+        }
+
+    def _retransmission(self, qpn, psn, now_ns):
+        qp = self._qps[qpn]
+        if (qp.state != P.QpState.RTS or qp.error or P.psn_diff(psn, qp.una) < 0
+                or P.psn_diff(qp.next_psn, psn) <= 0 or psn in qp.acked):
+            return None
+        slot = next(s for s in qp.slots if s.refused is None
+                    and P.psn_diff(psn, s.first) >= 0 and P.psn_diff(s.end, psn) > 0)
+        key = (qpn, psn % self.window)
+        self.meta[key] = (self._time(now_ns), True)
+        self.counters["retransmissions"] += 1
+        return self._packet(qpn, slot, psn, ackreq=True, retransmission=True,
+                            avoid_ev=self._ev.get(key, 0))
+
+    def _complete(self, qpn):
+        """Complete the QP's WRs from the oldest, in order, while they are done."""
+        qp = self._qps[qpn]
+        while qp.slots:
+            slot = qp.slots[0]
+            acked = P.psn_diff(qp.una, slot.end) >= 0
+            if slot.refused is not None and (acked or qp.error):
+                status = slot.refused
+            elif acked:
+                status = P.CompletionStatus.SUCCESS
+            elif not qp.error:
+                return
+            elif not qp.err_done and P.psn_diff(slot.end, qp.err_psn) > 0:
+                status, qp.err_done = qp.err_status, True
+            else:
+                status = P.CompletionStatus.WR_FLUSH_ERR
+            qp.slots.popleft()
+            qp.wimm_in_flight -= slot.is_imm
+            self.counters["completions" if status == P.CompletionStatus.SUCCESS
+                          else "error_completions"] += 1
+            self.completions.append({
+                "qpn": qpn, "side": CompletionSide.REQUESTER, "wr_id": slot.wr.wr_id,
+                "status": int(status), "opcode": int(P.WcOpcode.RDMA_WRITE),
+                "byte_len": slot.wr.length, "imm_valid": 0, "imm": 0,
+            })

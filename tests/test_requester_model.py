@@ -1,0 +1,328 @@
+"""Requester reference model: one rule per test (segmentation, limits, ACK/SACK/NAK, completion)."""
+
+import pytest
+
+from hdl import protocol as P
+from hdl.config import NicConfig
+from hdl.transport.req_defs import RequesterCommand
+from sim.model.requester import RequesterModel
+
+O = P.Opcode
+S = P.CompletionStatus
+W = P.WrOpcode
+CONFIG = NicConfig(qps=8, mpr_units=1, sack_bits=64, mtu=256, wr_slots=4, max_wimm=2,
+                   evs_per_profile=8)
+
+
+def model(config=CONFIG, psn=0, mpr=1, max_wimm=2, qps=(0,)):
+    m = RequesterModel(config)
+    for qpn in qps:
+        assert m.qp_write(qpn, psn=psn, mpr=mpr, max_wimm=max_wimm) == (P.Errno.OK, 0)
+    return m
+
+
+def wr(qpn=0, length=0, opcode=W.RDMA_WRITE, wr_id=1, **kw):
+    return {"qpn": qpn, "opcode": opcode, "wr_id": wr_id, "length": length,
+            "remote_addr": kw.get("remote_addr", 0x10000), "local_addr": 0x80000,
+            "rkey": 0x55, "imm": kw.get("imm", 0xABCD)}
+
+
+def ack(qpn, cum_psn, *, sack=0, syndrome=P.AETH_ACK, psn=None, ev=3, flags=0):
+    return {"bth": {"dqpn": qpn, "psn": cum_psn if psn is None else psn},
+            "aeth": {"syndrome": syndrome, "msn": 0},
+            "macketh": {"ev_index": ev, "flags": flags, "cum_psn": cum_psn}, "sack": sack}
+
+
+def nak(qpn, code, psn, cum_psn, **kw):
+    return ack(qpn, cum_psn, syndrome=P.nak_syndrome(code), psn=psn, **kw)
+
+
+def ctx(requests):
+    return [r["context"] for r in requests]
+
+
+@pytest.mark.parametrize("length, sizes", [
+    (0, [0]), (1, [1]), (256, [256]), (257, [256, 1]), (512, [256, 256]),
+    (1000, [256, 256, 256, 232]),
+])
+def test_segmentation_sizes(length, sizes):
+    m = model()
+    m.post(wr(length=length))
+    assert [c["dma_len"] for c in ctx(m.pull_all())] == sizes
+
+
+def test_each_packet_carries_its_own_addresses():
+    m = model()
+    m.post(wr(length=700, remote_addr=0x1000))
+    packets = ctx(m.pull_all())
+    assert [c["va"] for c in packets] == [0x1000, 0x1100, 0x1200]
+    assert [c["local_addr"] for c in packets] == [0x80000, 0x80100, 0x80200]
+    assert {c["rkey"] for c in packets} == {0x55}
+
+
+@pytest.mark.parametrize("opcode, length, opcodes", [
+    (W.RDMA_WRITE, 100, [O.RDMA_WRITE_ONLY]),
+    (W.RDMA_WRITE_WITH_IMM, 0, [O.RDMA_WRITE_ONLY_WITH_IMMEDIATE]),
+    (W.RDMA_WRITE, 768, [O.RDMA_WRITE_FIRST, O.RDMA_WRITE_MIDDLE, O.RDMA_WRITE_LAST]),
+    (W.RDMA_WRITE_WITH_IMM, 600,
+     [O.RDMA_WRITE_FIRST, O.RDMA_WRITE_MIDDLE, O.RDMA_WRITE_LAST_WITH_IMMEDIATE]),
+])
+def test_opcodes_by_position(opcode, length, opcodes):
+    m = model()
+    m.post(wr(length=length, opcode=opcode, imm=77))
+    packets = ctx(m.pull_all())
+    assert [c["opcode"] for c in packets] == opcodes
+    immediate = opcode == W.RDMA_WRITE_WITH_IMM
+    assert [c["imm"] for c in packets] == [0] * (len(opcodes) - 1) + [77 if immediate else 0]
+    assert [c["ackreq"] for c in packets] == [0] * (len(opcodes) - 1) + [1]
+
+
+def test_ackreq_every_n_packets():
+    m = model()
+    assert m.control(RequesterCommand.CONFIG, ackreq_every=2) == (P.Errno.OK, 0)
+    m.post(wr(length=5 * 256))
+    assert [c["ackreq"] for c in ctx(m.pull_all())] == [0, 1, 0, 1, 1]
+
+
+@pytest.mark.parametrize("opcode", [W.SEND, W.SEND_WITH_IMM, W.RDMA_READ,
+                                    W.ATOMIC_CMP_AND_SWP, W.ATOMIC_FETCH_AND_ADD])
+def test_refused_opcode_completes_with_error_and_sends_nothing(opcode):
+    m = model()
+    m.post(wr(opcode=opcode, length=100, wr_id=9))
+    assert m.pull_all() == []
+    assert [(c["wr_id"], c["status"]) for c in m.completions] == [(9, S.LOC_QP_OP_ERR)]
+    assert m.counters["wr_refused"] == 1
+
+
+def test_qp_not_ready_refuses():
+    m = model()
+    m.post(wr(qpn=1, length=10))
+    assert m.pull_all() == []
+    assert m.completions[0]["status"] == S.LOC_QP_OP_ERR
+
+
+def test_refused_wr_completes_after_earlier_wrs():
+    m = model()
+    m.post(wr(length=10, wr_id=1))
+    m.post(wr(opcode=W.RDMA_READ, wr_id=2))
+    m.pull_all()
+    assert m.completions == []
+    m.receive(ack(0, 0))
+    assert [(c["wr_id"], c["status"]) for c in m.completions] == [(1, S.SUCCESS),
+                                                                 (2, S.LOC_QP_OP_ERR)]
+
+
+def test_window_limits_outstanding_psns():
+    m = model()
+    m.post(wr(length=140 * 256))
+    assert len(m.pull_all()) == 128             # mpr 1: 128 PSNs outstanding at most
+    m.receive(ack(0, 9))                        # PSNs 0..9 acknowledged
+    more = ctx(m.pull_all())
+    assert [c["psn"] for c in more] == list(range(128, 138))
+
+
+def test_max_wimm_limits_write_imms_in_flight():
+    m = model(max_wimm=1)
+    m.post(wr(opcode=W.RDMA_WRITE_WITH_IMM, length=10, wr_id=1))
+    m.post(wr(opcode=W.RDMA_WRITE_WITH_IMM, length=10, wr_id=2))
+    assert len(m.pull_all()) == 1
+    assert m.pending_wrs == 1
+    m.receive(ack(0, 0))
+    assert [c["context"]["psn"] for c in m.pull_all()] == [1]
+
+
+def test_wr_slots_limit_outstanding_wrs():
+    m = model()
+    for i in range(6):
+        m.post(wr(length=10, wr_id=i))
+    assert len(m.pull_all()) == 4               # wr_slots = 4
+    m.receive(ack(0, 1))
+    assert [c["context"]["psn"] for c in m.pull_all()] == [4, 5]
+
+
+def test_head_of_line_blocking_across_qps():
+    m = model(qps=(0, 1), max_wimm=1)
+    m.post(wr(0, opcode=W.RDMA_WRITE_WITH_IMM, wr_id=1))
+    m.post(wr(0, opcode=W.RDMA_WRITE_WITH_IMM, wr_id=2))
+    m.post(wr(1, wr_id=3))
+    assert [r["qpn"] for r in m.pull_all()] == [0]   # QP 1 waits behind QP 0's second WR
+
+
+def test_cumulative_ack_advances_and_completes_in_order():
+    m = model()
+    for i in range(3):
+        m.post(wr(length=512, wr_id=i))
+    m.pull_all()
+    m.receive(ack(0, 2))
+    assert [c["wr_id"] for c in m.completions] == [0]
+    m.receive(ack(0, 5))
+    assert [c["wr_id"] for c in m.completions] == [0, 1, 2]
+    assert all(c["byte_len"] == 512 and c["status"] == S.SUCCESS for c in m.completions)
+    assert m.qp(0)["una"] == 6
+
+
+def test_sack_merge_marks_psns_acked():
+    m = model()
+    m.post(wr(length=6 * 256))
+    m.pull_all()
+    m.receive(ack(0, 0, sack=0b1010))           # 0 acked; 2 and 4 SACKed (bit i: 1 + i)
+    assert m.qp(0)["una"] == 1 and m.qp(0)["acked"] == [2, 4]
+    m.receive(ack(0, 2))
+    assert m.qp(0)["acked"] == [4]
+
+
+def test_sack_bits_beyond_next_psn_ignored():
+    m = model()
+    m.post(wr(length=2 * 256))
+    m.pull_all()
+    m.receive(ack(0, P.psn_add(0, -1), sack=0xFF))
+    assert m.qp(0)["acked"] == [0, 1]
+
+
+def test_duplicate_ack_counted_and_never_moves_back():
+    m = model()
+    m.post(wr(length=4 * 256))
+    m.pull_all()
+    m.receive(ack(0, 2))
+    m.receive(ack(0, 1))
+    m.receive(ack(0, 2))
+    assert m.qp(0)["una"] == 3
+    assert m.counters["duplicate_acks"] == 2
+
+
+def test_ack_beyond_next_psn_dropped():
+    m = model()
+    m.post(wr(length=2 * 256))
+    m.pull_all()
+    assert m.receive(ack(0, 5)) == "dropped"
+    assert m.qp(0)["una"] == 0 and m.counters["bad_acks"] == 1 and m.feedback == []
+
+
+@pytest.mark.parametrize("qpn, state", [(9, None), (1, None), (0, "error")])
+def test_ack_for_unknown_or_idle_qp_dropped(qpn, state):
+    m = model()
+    if state:
+        m.control(RequesterCommand.QP_WRITE, qpn=0, state=P.QpState.ERROR, mpr=1, max_wimm=1)
+    assert m.receive(ack(qpn, 0)) == "dropped"
+    assert m.counters["bad_acks"] == 1
+
+
+def test_feedback_carries_echoed_ev_and_ecn():
+    m = model()
+    m.post(wr(length=2 * 256))
+    m.pull_all()
+    m.receive(ack(0, 0, ev=5))
+    m.receive(ack(0, 1, ev=6, flags=P.AckFlags.ECN_ECHO))
+    assert m.feedback == [{"qpn": 0, "ev": 5, "kind": P.FeedbackKind.ACKED},
+                          {"qpn": 0, "ev": 6, "kind": P.FeedbackKind.ECN}]
+
+
+def test_trim_nak_resends_that_psn_avoiding_its_ev():
+    m = model()
+    m.post(wr(length=3 * 256, remote_addr=0x4000))
+    for r in m.pull_all():
+        m.sent(0, r["context"]["psn"], ev=r["context"]["psn"] + 2)
+    m.receive(nak(0, P.NakCode.TRIMMED, psn=1, cum_psn=0, ev=3))
+    assert m.feedback[-1] == {"qpn": 0, "ev": 3, "kind": P.FeedbackKind.TRIMMED}
+    (resend,) = m.pull_all()
+    assert resend["avoid_ev_valid"] == 1 and resend["avoid_ev"] == 3
+    assert resend["context"] | {} == {"psn": 1, "opcode": O.RDMA_WRITE_MIDDLE, "ackreq": 1,
+                                      "va": 0x4100, "rkey": 0x55, "dma_len": 256, "imm": 0,
+                                      "local_addr": 0x80100, "retransmission": 1}
+
+
+def test_trim_nak_for_acked_psn_not_resent():
+    m = model()
+    m.post(wr(length=3 * 256))
+    m.pull_all()
+    m.receive(nak(0, P.NakCode.TRIMMED, psn=2, cum_psn=0, sack=0b10))
+    assert m.pull_all() == []
+
+
+def test_retransmit_request_outside_window_ignored():
+    m = model()
+    m.post(wr(length=3 * 256))
+    m.pull_all()
+    m.receive(ack(0, 0))
+    for psn in (0, 3, 100):
+        m.retransmit(0, psn)
+    m.retransmit(0, 2)
+    assert [r["context"]["psn"] for r in m.pull_all()] == [2]
+    assert m.counters["retx_ignored"] == 3
+
+
+def test_psn_out_of_window_nak_counted_only():
+    m = model()
+    m.post(wr(length=2 * 256))
+    m.pull_all()
+    m.receive(nak(0, P.NakCode.PSN_OUT_OF_WINDOW, psn=1, cum_psn=0))
+    assert m.counters["nak_psn_out_of_window"] == 1 and m.pull_all() == []
+    assert m.qp(0)["una"] == 1
+
+
+@pytest.mark.parametrize("code, status", [
+    (P.NakCode.REMOTE_ACCESS, S.REM_ACCESS_ERR),
+    (P.NakCode.INVALID_REQUEST, S.REM_INV_REQ_ERR),
+    (P.NakCode.REMOTE_OPERATIONAL, S.REM_OP_ERR),
+])
+def test_fatal_nak_errors_qp_then_flushes(code, status):
+    m = model()
+    for i in range(4):
+        m.post(wr(length=256, wr_id=i))
+    m.pull_all()
+    m.receive(nak(0, code, psn=2, cum_psn=0))
+    assert [(c["wr_id"], c["status"]) for c in m.completions] == [
+        (0, S.SUCCESS), (1, S.WR_FLUSH_ERR), (2, status), (3, S.WR_FLUSH_ERR)]
+    assert m.qp_errors == [{"qpn": 0, "status": status}]
+    assert m.qp(0)["state"] == P.QpState.ERROR
+    m.post(wr(length=10, wr_id=7))
+    assert m.pull_all() == []
+    assert m.completions[-1]["status"] == S.WR_FLUSH_ERR
+    assert m.receive(ack(0, 3)) == "dropped"
+
+
+def test_fatal_nak_for_psn_not_outstanding_dropped():
+    m = model()
+    m.post(wr(length=256))
+    m.pull_all()
+    assert m.receive(nak(0, P.NakCode.REMOTE_ACCESS, psn=5, cum_psn=P.psn_add(0, -1))) \
+        == "dropped"
+    assert m.qp(0)["state"] == P.QpState.RTS
+
+
+def test_psn_wraps_around():
+    m = model(psn=0xFFFFF0)
+    m.post(wr(length=40 * 256, wr_id=1))
+    psns = [c["psn"] for c in ctx(m.pull_all())]
+    assert psns == [(0xFFFFF0 + i) % (1 << 24) for i in range(40)]
+    m.receive(ack(0, 0x000005, sack=1 << 3))
+    assert m.qp(0)["una"] == 6 and m.qp(0)["acked"] == [9]
+    m.receive(ack(0, 0xFFFFF8))                 # older: does not move una back
+    assert m.qp(0)["una"] == 6
+    m.receive(ack(0, 0x000017))
+    assert [c["wr_id"] for c in m.completions] == [1]
+
+
+@pytest.mark.parametrize("fields, errno", [
+    ({"qpn": 8}, P.Errno.ENOENT),
+    ({"qpn": 0, "state": 5, "mpr": 1, "max_wimm": 1}, P.Errno.EINVAL),
+    ({"qpn": 0, "state": 3, "mpr": 2, "max_wimm": 1}, P.Errno.EINVAL),
+    ({"qpn": 0, "state": 3, "mpr": 0, "max_wimm": 1}, P.Errno.EINVAL),
+    ({"qpn": 0, "state": 3, "mpr": 1, "max_wimm": 3}, P.Errno.EINVAL),
+])
+def test_qp_write_errnos(fields, errno):
+    m = model()
+    assert m.control(RequesterCommand.QP_WRITE, **fields)[0] == errno
+
+
+def test_qp_write_busy_with_outstanding_wrs_and_read_back():
+    m = model(psn=100)
+    m.post(wr(length=300, opcode=W.RDMA_WRITE_WITH_IMM))
+    m.pull_all()
+    assert m.qp_write(0, psn=5)[0] == P.Errno.EBUSY
+    errno, page0 = m.control(RequesterCommand.QP_READ, qpn=0)
+    assert page0 == P.QpState.RTS | 102 << 8 | 100 << 32
+    errno, page1 = m.control(RequesterCommand.QP_READ, qpn=0, page=1)
+    assert page1 == 1 | 1 << 8 | 1 << 16 | 2 << 24
+    assert m.control(RequesterCommand.QP_READ, qpn=8)[0] == P.Errno.ENOENT
+    assert m.control(3) == (P.Errno.EINVAL, 0)
