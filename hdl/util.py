@@ -2,7 +2,9 @@
 
 from contextlib import contextmanager
 
-__all__ = ["validating"]
+from amaranth.hdl import Cat, Const, Mux, Signal, Value
+
+__all__ = ["validating", "shift_right", "shift_left", "onehot", "below_mask"]
 
 
 @contextmanager
@@ -15,3 +17,53 @@ def validating(component):
     except Exception:
         component._MustUse__silence = True
         raise
+
+
+# Variable shifts written as explicit logarithmic stages, each stage a Signal. Amaranth's
+# ``>>``/``<<`` by a signal is one cell whose every output bit depends on every input bit; on
+# the window-wide bitmaps of the trackers that makes elaboration's combinational-loop check
+# quadratic. And an expression (not a Signal) is lowered again at every place it is used, so
+# a stage that reads the previous stage twice must read a Signal, or the copies double per
+# stage.
+
+def _signal(m, value, name):
+    value = Value.cast(value)
+    signal = Signal(len(value), name=name)
+    m.d.comb += signal.eq(value)
+    return signal
+
+
+def shift_right(m, value, amount, *, name="shr"):
+    """``value >> amount`` (zero fill), same width as ``value``, in log2 stages of muxes."""
+    value = _signal(m, value, f"{name}_in")
+    amount = _signal(m, amount, f"{name}_by")
+    width = len(value)
+    for stage in range(len(amount)):
+        step = 1 << stage
+        shifted = Const(0, width) if step >= width else Cat(value[step:], Const(0, step))
+        value = _signal(m, Mux(amount[stage], shifted, value), f"{name}_{stage}")
+    return value
+
+
+def shift_left(m, value, amount, *, name="shl"):
+    """``(value << amount)`` truncated to the width of ``value``, in log2 stages of muxes."""
+    value = _signal(m, value, f"{name}_in")
+    amount = _signal(m, amount, f"{name}_by")
+    width = len(value)
+    for stage in range(len(amount)):
+        step = 1 << stage
+        shifted = Const(0, width) if step >= width else Cat(Const(0, step), value[:width - step])
+        value = _signal(m, Mux(amount[stage], shifted, value), f"{name}_{stage}")
+    return value
+
+
+def onehot(m, index, width, *, name="onehot"):
+    """A ``width``-bit vector with only bit ``index`` set (none if ``index >= width``)."""
+    index = _signal(m, index, f"{name}_index")
+    return _signal(m, Cat(index == position for position in range(width)), name)
+
+
+def below_mask(m, count, width, *, name="below"):
+    """A ``width``-bit vector with bits ``0 .. count-1`` set."""
+    count = _signal(m, count, f"{name}_count")
+    return _signal(m, Cat(count > position for position in range(width)), name)

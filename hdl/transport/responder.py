@@ -19,7 +19,7 @@ from .. import protocol as P
 from ..config import NicConfig
 from ..interfaces import CompletionSide, completion_layout, place_beat_layout
 from ..packet.headers import PORT_BITS, PacketKind, packet_beat_layout
-from ..util import validating
+from ..util import below_mask, onehot, shift_left, shift_right, validating
 from .resp_defs import (
     ACK_HOP_LIMIT,
     ACK_TCLASS,
@@ -95,15 +95,33 @@ def _or_all(values):
 
 
 def _lowest_set(m, bits, name):
-    """Index of the lowest set bit of ``bits``, or ``len(bits)`` when none is."""
+    """Index of the lowest set bit of ``bits``, or ``len(bits)`` when none is.
+
+    A log-depth tree of (found, index) pairs: no carry chain (``x & -x`` would be one wide
+    adder, slow to place and slow to elaborate)."""
     width = len(bits)
+    index_bits = max(1, ceil_log2(width + 1))
+    nodes = [(bits[i], C(0, index_bits)) for i in range(width)]
+    span = 1
+    while len(nodes) > 1:
+        merged = []
+        for k in range(0, len(nodes), 2):
+            if k + 1 == len(nodes):
+                merged.append(nodes[k])
+                continue
+            (found_lo, index_lo), (found_hi, index_hi) = nodes[k], nodes[k + 1]
+            # Signals, not expressions: each is read twice by the next level, and an
+            # expression would be lowered once per read (doubling per level).
+            found = Signal(name=f"{name}_f{span}_{k}")
+            index = Signal(index_bits, name=f"{name}_i{span}_{k}")
+            m.d.comb += [found.eq(found_lo | found_hi),
+                         index.eq(Mux(found_lo, index_lo, index_hi | C(span, index_bits)))]
+            merged.append((found, index))
+        nodes = merged
+        span *= 2
+    found, lowest = nodes[0]
     index = Signal(range(width + 1), name=name)
-    onehot = bits & (~bits + 1)
-    encoded = []
-    for b in range(ceil_log2(width + 1)):
-        terms = [onehot[i] for i in range(width) if i >> b & 1]
-        encoded.append(Cat(*terms).any() if terms else C(0, 1))
-    m.d.comb += index.eq(Mux(bits == 0, width, Cat(*encoded)))
+    m.d.comb += index.eq(Mux(found, lowest, width))
     return index
 
 
@@ -337,12 +355,13 @@ class Responder(wiring.Component):
         offset = distance[:max(1, ceil_log2(window))]   # == distance inside the window
 
         def rotate(bits, amount):       # bit i of the result: position amount + i
-            return (Cat(bits, bits) >> amount)[:window]
+            return shift_right(m, Cat(bits, bits), amount, name="rot")[:window]
 
         def unrotate(bits, amount):
-            return (Cat(bits, bits) << amount)[window:2 * window]
+            return shift_left(m, Cat(bits, bits), amount, name="unrot")[window:2 * window]
 
-        rcv_rot = rotate(bm.rcv, qp.epos)
+        rcv_rot = Signal(window)
+        m.d.comb += rcv_rot.eq(rotate(bm.rcv, qp.epos))
         marked = in_window & rcv_rot.bit_select(offset, 1)
         mr_ok = mr.valid & (mr.rkey == h.reth.rkey) & (mr.pd == qp.pd)
         in_bounds = (h.reth.va >= mr.base) & \
@@ -381,7 +400,8 @@ class Responder(wiring.Component):
         # received, but stops just before a second WRITE_IMM end on the way, so that a step
         # releases at most one completion; the next step (CONT) follows at once.
 
-        set_bit = Mux(placed, C(1, window) << offset, 0)
+        set_bit = Signal(window)
+        m.d.comb += set_bit.eq(Mux(placed, onehot(m, offset, window, name="set_bit"), 0))
         rcv1 = Signal(window)
         last1 = Signal(window)
         wimm1 = Signal(window)
@@ -392,7 +412,8 @@ class Responder(wiring.Component):
         ]
         run = _lowest_set(m, ~rcv1, "run")
         wimm_at = _lowest_set(m, wimm1, "wimm_at")
-        wimm_next = _lowest_set(m, wimm1 & (wimm1 - 1), "wimm_next")
+        wimm_at_bit = onehot(m, wimm_at, window, name="wimm_at_bit")
+        wimm_next = _lowest_set(m, wimm1 & ~wimm_at_bit, "wimm_next")
         stop = wimm_at < run                # a WRITE_IMM completes in this step
         more = wimm_next < run              # and another one after it: continue
         advance = Signal(range(window + 1))
@@ -401,7 +422,7 @@ class Responder(wiring.Component):
             e_cont.eq((placed | is_cont) & more),
         ]
         passed = Signal(window)
-        m.d.comb += passed.eq(((C(1, window + 1) << advance) - 1)[:window])
+        m.d.comb += passed.eq(below_mask(m, advance, window, name="passed"))
         new_epsn = Signal(24)
         new_epos = Signal.like(qp.epos)
         new_msn = Signal(24)
@@ -412,10 +433,10 @@ class Responder(wiring.Component):
             new_epos.eq(Mux(epos_sum >= window, epos_sum - window, epos_sum)),
             new_msn.eq(qp.msn + _popcount(last1 & passed)),
             wimm_msn.eq(qp.msn + _popcount(
-                last1 & ((C(1, window + 1) << (wimm_at + 1)) - 1)[:window])),
+                last1 & below_mask(m, wimm_at + 1, window, name="upto_wimm"))),
         ]
         sack = Signal(config.sack_bits)
-        m.d.comb += sack.eq((rcv1 >> advance)[:config.sack_bits])
+        m.d.comb += sack.eq(shift_right(m, rcv1, advance, name="sack")[:config.sack_bits])
         new_bm = Signal(bm_layout)
         m.d.comb += [
             new_bm.rcv.eq(unrotate(rcv1 & ~passed, qp.epos)),
