@@ -73,6 +73,31 @@ def _register_verilog(sub):
     p.set_defaults(func=_verilog)
 
 
+def _registers(args):
+    from hdl.config import ConfigError, NicConfig
+    from hdl.control.nicmap import nic_register_map
+    try:
+        config = NicConfig.from_json(args.config) if args.config else NicConfig()
+    except ConfigError as e:
+        return fail(str(e))
+    text = nic_register_map(config).markdown()
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+        print(f"wrote {args.out}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _register_registers(sub):
+    from pathlib import Path
+    p = sub.add_parser("registers", help="print the NIC's register map (docs/registers.md)")
+    p.add_argument("--config", type=Path, help="NicConfig JSON (defaults otherwise)")
+    p.add_argument("--out", type=Path, help="write it to this file instead")
+    p.set_defaults(func=_registers)
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="mrc-nic", description="Multipath Reliable Connection NIC: simulation and tools.")
@@ -89,6 +114,7 @@ def build_parser():
     replay.register(sub)
     bench.register(sub)
     _register_verilog(sub)
+    _register_registers(sub)
     return parser
 
 

@@ -177,9 +177,10 @@ def _rtl_receive(frames, ports, config, sim, out):
         return {"status": "error", "simulator": sim, "error": str(e)}
     counters = outcome["counters"]
     accepted = counters.pop("none")
-    payload = sum(p["payload_len"] for p in outcome["packets"])
     return {"status": "ok" if accepted == len(frames) else "dropped", "simulator": sim,
-            "accepted": accepted, "drop_counters": counters, "payload_bytes": payload,
+            "accepted": accepted, "drop_counters": counters,
+            "placed_bytes": outcome["placed_bytes"], "responses": len(outcome["responses"]),
+            "responder_counters": outcome["responder_counters"],
             "simulated_cycles": outcome["cycles"],
             "simulated_cycles_per_second": outcome["cycles"] / max(outcome["wall_seconds"], 1e-9)}
 

@@ -1,10 +1,12 @@
-"""``mrc-nic replay``: run the RTL receive path on the frames of a capture.
+"""``mrc-nic replay``: run the frames of a capture through the RTL NIC.
 
-Each frame goes through the NIC top's exported Verilog (cocotb, Icarus or ``SIM=verilator``);
-the report gives, per frame, ``accepted`` or ``dropped`` with the parser's reason (the names
-of :class:`hdl.packet.headers.DropReason`, lower case, listed in ``docs/parser.md``), plus the
-drop counters. ``--out`` writes the frames the NIC sends in response: none until the transport
-blocks that answer with ACK/NACK are wired into the NIC (issue 5); the file is still written.
+Each frame goes through the NIC top's exported Verilog under cocotb (Verilator by default,
+``SIM=icarus`` to override; the NIC is brought up as NIC B of ``sim/defaults.py``, the
+receiver of the sample packets). The report gives, per frame, ``accepted`` or ``dropped`` with
+the parser's reason (:class:`hdl.packet.headers.DropReason`, ``docs/parser.md``) and, for data
+packets, the responder's verdict (:class:`hdl.transport.resp_defs.ResponderVerdict`:
+``placed``, ``duplicate``, ``out_of_window``, ``bad_rkey``, ...; ``docs/responder.md``).
+``--out`` writes every frame the NIC sent in response (ACKs, NAKs, probe responses).
 """
 
 import json
@@ -18,7 +20,7 @@ from .errors import fail
 
 
 def register(subparsers):
-    p = subparsers.add_parser("replay", help="run the RTL receive path on a capture")
+    p = subparsers.add_parser("replay", help="run a capture through the RTL NIC")
     p.add_argument("pcap", type=Path, metavar="IN.pcap")
     p.add_argument("--config", type=Path, help="NicConfig JSON (defaults otherwise)")
     p.add_argument("--out", type=Path, metavar="OUT.pcap", help="write the NIC's responses")
@@ -49,20 +51,23 @@ def read_capture(path):
 
 
 def replay_frames(frames, config, *, ports, sim=None, build_dir=None):
-    """Run ``frames`` (bytes), frame i on RX port ``ports[i]``, through the NIC top's receive
-    path; return ``{"verdicts": [reason name per frame], "packets": [...], "counters": {...}}``.
+    """Run ``frames`` (bytes), frame i on RX port ``ports[i]``, through the NIC top; return
+    ``{"verdicts": [parser reason per frame], "transport": [responder verdict or None],
+    "responses": [{"port", "hex"}], "counters": {...}, "responder_counters": {...}}``.
     Raises :class:`sim.tb.runner.CocotbFailure` when the simulation fails."""
-    from hdl.packet.engine import PacketEngine
-    from sim.tb.runner import run_cocotb, simulator
+    import os
 
-    sim = sim or simulator()
+    from hdl.nic import MrcNic
+    from sim.tb.runner import run_cocotb
+
+    sim = sim or os.environ.get("SIM", "verilator")
     build_dir = Path(build_dir or BUILD / "replay" / f"{sim}-w{config.data_width}")
     build_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         job, result = Path(tmp) / "job.json", Path(tmp) / "result.json"
         job.write_text(json.dumps({"config": config.to_dict(), "frames": [
             {"port": port, "hex": f.hex()} for f, port in zip(frames, ports, strict=True)]}))
-        run_cocotb(PacketEngine(config), toplevel="packet_engine",
+        run_cocotb(MrcNic(config), toplevel="mrc_nic",
                    test_module="sim.tb.cocotb_replay", build_dir=build_dir, sim=sim,
                    extra_env={"REPLAY_IN": job, "REPLAY_OUT": result})
         return json.loads(result.read_text())
@@ -85,32 +90,38 @@ def run(args):
         return fail(f"{args.pcap}: the capture holds no frames")
 
     from sim.tb.runner import CocotbFailure
-    print(f"mrc-nic replay: {len(frames)} frames from {args.pcap} through the RTL "
-          f"receive path", flush=True)
+    print(f"mrc-nic replay: {len(frames)} frames from {args.pcap} through the RTL NIC",
+          flush=True)
     try:
         outcome = replay_frames(frames, config, ports=[args.port] * len(frames))
     except CocotbFailure as e:
         return fail(f"the simulation failed: {e}")
 
     verdicts = []
-    for number, reason in enumerate(outcome["verdicts"], 1):
+    for number, (reason, transport) in enumerate(
+            zip(outcome["verdicts"], outcome["transport"], strict=True), 1):
         verdict = "accepted" if reason == "none" else "dropped"
         verdicts.append({"frame": number, "verdict": verdict,
-                         "reason": None if reason == "none" else reason})
-        print(f"{number:6d}  {verdict}" + ("" if reason == "none" else f"  {reason}"))
+                         "reason": None if reason == "none" else reason,
+                         "transport": transport})
+        print(f"{number:6d}  {verdict}" + ("" if reason == "none" else f"  {reason}")
+              + (f"  responder: {transport}" if transport else ""))
     counters = outcome["counters"]
     accepted = counters.pop("none")
     reasons = ", ".join(f"{name} {count}" for name, count in counters.items() if count)
     print(f"accepted {accepted}, dropped {sum(counters.values())}"
           + (f" ({reasons})" if reasons else ""))
+    responses = [bytes.fromhex(r["hex"]) for r in outcome["responses"]]
+    print(f"responses: {len(responses)} frames; responder: " + ", ".join(
+        f"{name} {count}" for name, count in outcome["responder_counters"].items() if count))
     report = {"capture": str(args.pcap), "config": config.to_dict(), "frames": verdicts,
-              "accepted": accepted, "drop_counters": counters, "packets": outcome["packets"],
-              "responses": 0}
+              "accepted": accepted, "drop_counters": counters,
+              "responder_counters": outcome["responder_counters"],
+              "responses": outcome["responses"], "placed_bytes": outcome["placed_bytes"]}
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     if args.out:
         from .packets import write_pcap
-        write_pcap(args.out, [])
-        print(f"wrote {args.out}: 0 responses (ACK/NACK generation arrives with the "
-              f"transport blocks)")
+        write_pcap(args.out, responses)
+        print(f"wrote {args.out}: {len(responses)} responses")
     return 0

@@ -141,3 +141,12 @@ def test_markdown_lists_every_field():
     text = REGMAP.markdown()
     for path, _, _ in flatten(REQUEST) + flatten(EVENT):
         assert f"`{path}`" in text
+
+
+def test_docs_register_map_is_the_generated_one():
+    """docs/registers.md is generated from the one description (mrc-nic registers)."""
+    from hdl.config import NicConfig
+    from hdl.control.nicmap import nic_register_map
+    from sim.env import REPO
+    assert (REPO / "docs" / "registers.md").read_text() == \
+        nic_register_map(NicConfig()).markdown(), "run: mrc-nic registers --out docs/registers.md"

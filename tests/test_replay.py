@@ -6,9 +6,11 @@ import sys
 
 from scapy.compat import raw
 from scapy.layers.inet import IP
-from scapy.utils import wrpcap
+from scapy.utils import rdpcap, wrpcap
 
 from hdl import protocol as P
+from hdl.config import NicConfig
+from sim import defaults as D
 from sim import packets as pk
 from sim.samples import sample_packets
 
@@ -38,10 +40,56 @@ def test_replay_verdicts(tmp_path):
                    ("accepted", None), ("accepted", None), ("accepted", None)]
     assert report["accepted"] == 5
     assert report["drop_counters"]["bad_icrc"] == 1 and report["drop_counters"]["runt"] == 1
-    assert [p["psn"] for p in report["packets"]] == \
-        [pk.Ether(f)[pk.BTH].psn for f in (good[0], good[1], *good[3:])]
-    assert all(p["payload_ok"] for p in report["packets"])
     assert "bad_icrc" in result.stdout and out.exists()
+    # Transport verdicts: the responder's for every accepted data packet, none for the rest.
+    for number, frame in enumerate(frames):
+        entry = report["frames"][number]
+        is_data = (entry["verdict"] == "accepted"
+                   and pk.Ether(frame)[pk.BTH].opcode in P.DATA_OPCODES)
+        assert (entry["transport"] is not None) == is_data, entry
+    # The NIC answered: every response decodes, carries a good ICRC and is addressed to A.
+    responses = rdpcap(str(out))
+    assert len(responses) == len(report["responses"]) >= 1
+    for response in responses:
+        assert pk.icrc_ok(bytes(response))
+        assert response[pk.BTH].dqpn == D.QPN_A
+
+
+def test_replay_answers_adversarial_packets_with_the_right_nak(tmp_path):
+    """Wrong rkey, a write past the region's end, an unknown QP, a PSN beyond the window:
+    nothing written, each answered with its NAK, counted."""
+    def write(**kw):
+        fields = dict(dqpn=D.QPN_B, psn=D.INITIAL_PSN, va=D.MR_BASE, rkey=D.MR_RKEY,
+                      payload=b"z" * 16)
+        fields.update(kw)
+        return raw(pk.data_packet(P.Opcode.RDMA_WRITE_ONLY, ackreq=1, **fields))
+    frames = [
+        write(rkey=D.MR_RKEY ^ 0x100),                          # wrong rkey
+        write(va=D.MR_BASE + D.MR_LENGTH - 8),                  # runs past the region
+        write(dqpn=NicConfig().qps + 5),                        # no such QP
+        write(psn=D.INITIAL_PSN + 4096),                        # far beyond the window
+        write(),                                                # a good one, last
+    ]
+    capture = tmp_path / "bad.pcap"
+    pk.write_pcap(capture, frames)
+    verdicts, out = tmp_path / "v.json", tmp_path / "out.pcap"
+    result = mrc_nic("replay", capture, "--json", verdicts, "--out", out)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(verdicts.read_text())
+    assert [f["transport"] for f in report["frames"]] == \
+        ["bad_rkey", "out_of_bounds", "bad_qp", "out_of_window", "placed"]
+    counters = report["responder_counters"]
+    assert (counters["bad_rkey"], counters["out_of_bounds"], counters["bad_qp"],
+            counters["out_of_window"], counters["placed"]) == (1, 1, 1, 1, 1)
+    assert report["placed_bytes"] == 16                         # only the good write
+    naks = {}
+    for response in rdpcap(str(out)):
+        syndrome = response[pk.AETH].syndrome
+        code = P.syndrome_nak_code(syndrome)
+        naks.setdefault(response[pk.BTH].psn, set()).add(code)
+    assert P.NakCode.REMOTE_ACCESS in naks[D.INITIAL_PSN]
+    assert P.NakCode.REMOTE_OPERATIONAL in naks[D.INITIAL_PSN]
+    assert P.NakCode.PSN_OUT_OF_WINDOW in naks[D.INITIAL_PSN + 4096]
 
 
 def test_replay_rejects_what_is_not_a_capture(tmp_path):

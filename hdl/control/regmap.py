@@ -195,7 +195,7 @@ class RegisterMap:
                 lines += self._field_table("response", block.response,
                                            base + block.response_base)
                 if block.commands is not None:
-                    lines += ["Commands (`op`):", ""]
+                    lines += ["Command codes (the `cmd`/`op` field):", ""]
                     lines += [f"- {member.value}: `{member.name}`" +
                               (f": {member.__doc__}" if member.__doc__ and
                                member.__doc__ != type(member).__doc__ else "")

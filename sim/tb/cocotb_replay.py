@@ -1,10 +1,14 @@
-"""cocotb module behind ``mrc-nic replay``: frames of a capture through the NIC's receive path.
+"""cocotb module behind ``mrc-nic replay``: frames of a capture through one NIC top.
 
-Reads ``REPLAY_IN`` (JSON: config dict and frames as hex with their port), feeds the frames
-back to back into the RX ports, records the parser's verdict strobe for every frame and the
-packets that come out of ``rx_packets``, and writes ``REPLAY_OUT`` (JSON).
+The NIC is brought up as NIC B of ``sim/defaults.py`` (the receiver of the sample packets):
+its addresses, memory region ``MR_RKEY`` at ``MR_BASE``, QP ``QPN_B`` connected to ``QPN_A``
+of NIC A and expecting ``INITIAL_PSN``, an EV profile for its replies. Reads ``REPLAY_IN``
+(JSON: config dict and frames as hex with their port), feeds the frames one at a time into the
+RX ports, records per frame the parser's verdict and, for data packets, the responder's, and
+every frame the NIC sends (ACKs, NAKs, probe responses) on any TX port. Writes ``REPLAY_OUT``.
 """
 
+import ipaddress
 import json
 import os
 import time
@@ -14,8 +18,41 @@ from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, RisingEdge
 
 from hdl.config import NicConfig
-from hdl.packet.headers import DropReason, net_beat_layout, packet_beat_layout
+from hdl.control.nicmap import nic_register_map
+from hdl.packet.headers import DropReason, net_beat_layout
+from hdl.path.ev import load_profile_json
+from hdl.transport.resp_defs import ResponderVerdict
+from sim import defaults as D
+from sim.driver.nic import NicDriver
+from sim.env import REPO
+from sim.tb.cocotb_host import CocotbBus, HostMemory, MemoryPort
 from sim.tb.streams import StreamSink, StreamSource, beats_to_bytes, frame_to_beats
+
+#: The replayed NIC's memory region: the slot is the rkey's low bits (docs/responder.md).
+MR_SLOT = D.MR_RKEY & 0xF
+PD = 1
+
+
+def _ip(endpoint, version):
+    if version == 6:
+        return int(ipaddress.IPv6Address(endpoint.ipv6))
+    return int(ipaddress.IPv4Address(endpoint.ipv4))
+
+
+async def bring_up(driver, config):
+    """NIC B of the default set-up, ready to receive the sample packets."""
+    await driver.set_local(mac=int(D.NIC_B.mac.replace(":", ""), 16),
+                           ip=_ip(D.NIC_B, config.ip_version))
+    await driver.register_mr(slot=MR_SLOT, rkey=D.MR_RKEY, pd=PD, base=D.MR_BASE,
+                             length=D.MR_LENGTH)
+    spec = load_profile_json(json.loads(
+        (REPO / "sim" / "data" / "default-ev-profile.json").read_text()))
+    await driver.ev_profile_online(0, spec.profile, num_evs=min(config.evs_per_profile, 16))
+    await driver.connect_qp(D.QPN_B, ev_profile=0, remote_qpn=D.QPN_A,
+                            remote_mac=int(D.NIC_A.mac.replace(":", ""), 16),
+                            remote_ip=_ip(D.NIC_A, config.ip_version), psn=D.INITIAL_PSN,
+                            remote_psn=D.INITIAL_PSN, mpr=config.mpr_units,
+                            max_wimm=config.max_wimm, pd=PD)
 
 
 @cocotb.test()
@@ -25,17 +62,27 @@ async def replay(dut):
     width = config.data_width
     Clock(dut.clk, 8, unit="ns").start()
     dut.rst.value = 1
-    dut.trim_dscp.value = config.trim_dscp   # a register in the NIC top
     sources = [StreamSource(dut, f"rx__{p}", net_beat_layout(width), dut.clk)
                for p in range(config.ports)]
-    sink = StreamSink(dut, "rx_packets", packet_beat_layout(config), dut.clk)
+    sinks = [StreamSink(dut, f"tx__{p}", net_beat_layout(width), dut.clk)
+             for p in range(config.ports)]
+    memory = HostMemory()
+    port = MemoryPort(dut, "", config, memory, dut.clk)
+    for name in ("wr",):
+        getattr(dut, f"{name}__valid").value = 0
+    dut.completion__ready.value = 1
+    bus = CocotbBus(dut, "bus__", dut.clk)
     await ClockCycles(dut.clk, 3)
     dut.rst.value = 0
-    for driver in [*sources, sink]:
+    for driver in [*sources, *sinks, *port.drivers()]:
         cocotb.start_soon(driver.run())
+    cocotb.start_soon(port.run())
+    nic = NicDriver(nic_register_map(config), bus, config)
+    await bring_up(nic, config)
 
-    verdicts = []
+    verdicts, transport = [], []
     cycles = [0]
+    current = [None]
 
     async def watch():
         while True:
@@ -43,11 +90,14 @@ async def replay(dut):
             cycles[0] += 1
             if int(dut.rx_verdict_valid.value):
                 verdicts.append(DropReason(int(dut.rx_verdict_reason.value.to_unsigned())))
+            if int(dut.resp_verdict_valid.value):
+                transport.append((current[0],
+                                  ResponderVerdict(int(dut.resp_verdict.value.to_unsigned()))))
 
     cocotb.start_soon(watch())
     started = time.monotonic()
-    # One frame at a time keeps verdicts in capture order whatever the ports.
     for number, frame in enumerate(job["frames"]):
+        current[0] = number
         sources[frame["port"]].send(frame_to_beats(bytes.fromhex(frame["hex"]), width))
         for _ in range(100_000):
             await RisingEdge(dut.clk)
@@ -55,22 +105,26 @@ async def replay(dut):
                 break
         else:
             raise AssertionError(f"frame {number + 1}: no verdict after 100000 cycles")
-    await ClockCycles(dut.clk, 200)         # let the last accepted packet drain
+        await ClockCycles(dut.clk, 12)      # the responder's verdict follows the parser's
+    await ClockCycles(dut.clk, 2000)        # delayed ACKs and the last responses drain
 
-    packets = []
-    for beats in sink.packets():
-        header = beats[0]["header"]
-        packets.append({"port": header["port"], "opcode": header["bth"]["opcode"],
-                        "dqpn": header["bth"]["dqpn"], "psn": header["bth"]["psn"],
-                        "trimmed": header["trimmed"], "payload_len": header["payload_len"],
-                        "payload_ok": len(beats_to_bytes(beats, width)) == header["payload_len"]})
-    counters = dut.rx_counters.value.to_unsigned()
+    responses = []
+    for plane, sink in enumerate(sinks):
+        for beats in sink.packets():
+            responses.append({"port": plane, "hex": beats_to_bytes(beats, width).hex()})
+    per_frame = {}
+    for number, verdict in transport:
+        per_frame.setdefault(number, verdict.name.lower())
+    counters = await nic.counters()
     with open(os.environ["REPLAY_OUT"], "w") as f:
         json.dump({
             "verdicts": [v.name.lower() for v in verdicts],
+            "transport": [per_frame.get(n) for n in range(len(job["frames"]))],
             "cycles": cycles[0],
             "wall_seconds": time.monotonic() - started,
-            "packets": packets,
-            "counters": {r.name.lower(): (counters >> (32 * r.value)) & 0xFFFFFFFF
+            "responses": responses,
+            "placed_bytes": memory.writes,
+            "counters": {r.name.lower(): counters["rx_counters"][r.name.lower()]
                          for r in DropReason},
+            "responder_counters": counters["responder_counters"],
         }, f)
