@@ -52,5 +52,8 @@ def export_sv(component, *, name, path=None):
     if path is not None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(verilog)
+        # An unchanged design keeps its file (and time stamp), so a simulator build of it
+        # can be reused.
+        if not path.exists() or path.read_text() != verilog:
+            path.write_text(verilog)
     return verilog

@@ -69,6 +69,7 @@ def replay_frames(frames, config, *, ports, sim=None, build_dir=None):
             {"port": port, "hex": f.hex()} for f, port in zip(frames, ports, strict=True)]}))
         run_cocotb(MrcNic(config), toplevel="mrc_nic",
                    test_module="sim.tb.cocotb_replay", build_dir=build_dir, sim=sim,
+                   quick_build=True, reuse=True,
                    extra_env={"REPLAY_IN": job, "REPLAY_OUT": result})
         return json.loads(result.read_text())
 

@@ -9,10 +9,17 @@ from scapy.layers.inet import IP
 from scapy.utils import rdpcap, wrpcap
 
 from hdl import protocol as P
-from hdl.config import NicConfig
 from sim import defaults as D
 from sim import packets as pk
 from sim.samples import sample_packets
+from sim.tb.pair import SMALL_CONFIG as TEST_CONFIG
+
+
+def small_config(tmp_path):
+    """The end-to-end benches' reduced configuration (tests/test_nic_rtl.py), as a file."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(TEST_CONFIG.to_dict()))
+    return path
 
 
 def mrc_nic(*args):
@@ -31,7 +38,8 @@ def test_replay_verdicts(tmp_path):
     capture = tmp_path / "in.pcap"
     pk.write_pcap(capture, frames)
     verdicts, out = tmp_path / "v.json", tmp_path / "out.pcap"
-    result = mrc_nic("replay", capture, "--json", verdicts, "--out", out)
+    result = mrc_nic("replay", capture, "--json", verdicts, "--out", out,
+                     "--config", small_config(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(verdicts.read_text())
     got = [(f["verdict"], f["reason"]) for f in report["frames"]]
@@ -66,14 +74,15 @@ def test_replay_answers_adversarial_packets_with_the_right_nak(tmp_path):
     frames = [
         write(rkey=D.MR_RKEY ^ 0x100),                          # wrong rkey
         write(va=D.MR_BASE + D.MR_LENGTH - 8),                  # runs past the region
-        write(dqpn=NicConfig().qps + 5),                        # no such QP
+        write(dqpn=TEST_CONFIG.qps + 5),                        # no such QP
         write(psn=D.INITIAL_PSN + 4096),                        # far beyond the window
         write(),                                                # a good one, last
     ]
     capture = tmp_path / "bad.pcap"
     pk.write_pcap(capture, frames)
     verdicts, out = tmp_path / "v.json", tmp_path / "out.pcap"
-    result = mrc_nic("replay", capture, "--json", verdicts, "--out", out)
+    result = mrc_nic("replay", capture, "--json", verdicts, "--out", out,
+                     "--config", small_config(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(verdicts.read_text())
     assert [f["transport"] for f in report["frames"]] == \

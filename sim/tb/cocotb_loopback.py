@@ -10,11 +10,13 @@ within planes) and duplicates some. The test ends when every work request has co
 checks: the target memory equals the source bytes, byte for byte; requester completions are
 in posting order per QP with SUCCESS; responder completions carry the immediates in order.
 
-Environment: DATA_WIDTH, PORTS, QPS, MESSAGES, SEED, DUPLICATE (probability), DELAY (max
-cycles), PCAP (path to write the traffic to, optional).
+Environment: NIC_CONFIG (NicConfig as JSON; defaults otherwise), QPS (QP pairs used),
+MESSAGES (work requests per side), SEED, DUPLICATE (probability), DELAY (max cycles), PCAP
+(path to write the traffic to, optional).
 """
 
 import heapq
+import json
 import os
 import random
 
@@ -36,9 +38,7 @@ from sim.env import REPO
 from sim.tb.cocotb_host import CocotbBus, HostMemory, MemoryPort
 from sim.tb.streams import StreamSink, StreamSource, beats_to_bytes, frame_to_beats, unpack
 
-CONFIG = NicConfig(data_width=int(os.environ.get("DATA_WIDTH", "64")),
-                   ports=int(os.environ.get("PORTS", "4")),
-                   qps=int(os.environ.get("QPS_BUILD", "16")))
+CONFIG = NicConfig.from_dict(json.loads(os.environ.get("NIC_CONFIG", "{}")))
 QPS = int(os.environ.get("QPS", "3"))
 MESSAGES = int(os.environ.get("MESSAGES", "12"))
 SEED = int(os.environ.get("SEED", "1"))
@@ -96,13 +96,14 @@ class Side:
         await d.register_mr(slot=self.rkey_slot, rkey=self.rkey, pd=PD, base=MR_BASE,
                             length=MR_LENGTH)
         await d.configure_acks(ack_every=4, ack_delay=64, nak_interval=256)
-        await d.ev_profile_online(0, profile, num_evs=4 * CONFIG.ports, min_active=2)
+        await d.ev_profile_online(0, profile, num_evs=min(4 * CONFIG.ports,
+                                                          CONFIG.evs_per_profile), min_active=2)
         for qpn in range(QPS):
             await d.connect_qp(qpn, ev_profile=0, ev_offset=qpn, remote_qpn=qpn,
                                remote_mac=mac_int(peer.endpoint.mac),
                                remote_ip=ip_int(peer.endpoint), psn=PSN_BASE + qpn,
                                remote_psn=PSN_BASE + qpn, mpr=CONFIG.mpr_units,
-                               max_wimm=4, pd=PD)
+                               max_wimm=min(4, CONFIG.max_wimm), pd=PD)
 
 
 class Network:
@@ -181,7 +182,7 @@ async def loopback(dut):
     cocotb.start_soon(a_to_b.run())
     cocotb.start_soon(b_to_a.run())
 
-    spec = load_profile_json(__import__("json").loads(
+    spec = load_profile_json(json.loads(
         (REPO / "sim" / "data" / "default-ev-profile.json").read_text()))
     await a.bring_up(b, spec.profile)
     await b.bring_up(a, spec.profile)

@@ -5,9 +5,16 @@ from amaranth import *
 from amaranth.lib import wiring
 from amaranth.lib.wiring import Flow
 
+from hdl.config import NicConfig
 from hdl.nic import MrcNic
 
-__all__ = ["NicPair"]
+__all__ = ["NicPair", "SMALL_CONFIG"]
+
+#: The configuration of the NIC-level cocotb tests (loopback, replay): every block, the
+#: default 64-bit datapath, 4 planes, but small tables (64 QPs, 16 EVs, a 128-PSN window), so
+#: a NIC compiles in minutes under Verilator on two cores.
+SMALL_CONFIG = NicConfig(ports=4, qps=64, mpr_units=1, ev_profiles=1, evs_per_profile=16,
+                         max_wimm=4, wr_slots=4, mtu=512)
 
 
 def _connect(m, outer, inner, member):
