@@ -51,7 +51,7 @@ def _pack(fields, values, what):
     word = 0
     for path, value in values.items():
         offset, width = known[path]
-        value = int(value)
+        value = int(getattr(value, "value", value))    # enum members of any enum class
         if not 0 <= value < (1 << width):
             raise ValueError(f"{what}.{path} must be from 0 to {(1 << width) - 1}, "
                              f"not {value!r}")
