@@ -227,6 +227,7 @@ class MrcNic(wiring.Component):
         wiring.connect(m, tx_arbiter.o, engine.tx_packets)
 
         # Control plane
+        wiring.connect(m, wiring.flipped(self.bus), regs.bus)
         for name, block in (("requester", requester), ("responder", responder),
                             ("path", path), ("tx", txformer)):
             wiring.connect(m, getattr(regs, f"{name}_req"), block.ctl)
