@@ -18,4 +18,5 @@ def test_two_nics_loopback(tmp_path):
     run_cocotb(NicPair(TEST_CONFIG), toplevel="nic_pair", test_module="sim.tb.cocotb_loopback",
                build_dir=tmp_path, sim="verilator", quick_build=True,
                extra_env={"NIC_CONFIG": json.dumps(TEST_CONFIG.to_dict()), "QPS": 3,
-                          "MESSAGES": 12, "SEED": 1, "PCAP": tmp_path / "traffic.pcap"})
+                          "MESSAGES": 16, "SEED": 1, "DUPLICATE": 0.1,
+                          "PCAP": tmp_path / "traffic.pcap"})

@@ -207,6 +207,12 @@ async def loopback(dut):
                           f"{expected_completions(a)}, b {len(b.completions.raw)}/"
                           f"{expected_completions(b)}, frames {a_to_b.frames}+"
                           f"{b_to_a.frames}")
+            if os.environ.get("LOOPBACK_DEBUG"):
+                layout = completion_layout(CONFIG)
+                for side in (a, b):
+                    dut._log.info(f"{side.name} completions: "
+                                  f"{[unpack(layout, r) for r in side.completions.raw][:4]}")
+                    dut._log.info(f"{side.name} counters: {await side.driver.counters()}")
     else:
         counters = {s.name: await s.driver.counters() for s in (a, b)}
         raise AssertionError(f"work did not complete; counters {counters}")
