@@ -3,6 +3,9 @@
 ``packet``: beat utilization (beats moved / cycles) of the parser's input and the builder's
 output with back-to-back packets of 64-byte and MTU payloads, for W = 64 and 128, and the
 simulated cycles per second of the NIC top under Icarus and Verilator.
+
+``path`` (``build/bench/path.json``, ``sim/bench_path.py``): path-select decisions per cycle
+with all 256 QPs active, and block RAM per 256 EVs.
 """
 
 import json
@@ -62,4 +65,9 @@ def run(args):
         "benchmark": "packet engines", "machine": platform.node(),
         "python": platform.python_version(), "results": results}, indent=2) + "\n")
     print(f"wrote {args.out}")
+    from . import bench_path
+    print("bench: path select, 256 QPs, one request per cycle ...", flush=True)
+    path = bench_path.run(args.out.parent)
+    print(f"  {path['decisions_per_cycle']:.3f} decisions/cycle; wrote "
+          f"{args.out.parent / 'path.json'}")
     return 0
