@@ -57,7 +57,7 @@ def test_sim_runs_the_rtl_receive_path(tmp_path):
     rtl = report["rtl_receive"]
     assert rtl["status"] == "ok" and rtl["accepted"] == frames
     assert sum(rtl["drop_counters"].values()) == 0
-    assert rtl["payload_bytes"] == 3000                 # every payload byte came out
+    assert rtl["placed_bytes"] == 3000, rtl             # every payload byte was written
     assert "RTL receive path (icarus)" in result.stdout
 
 
