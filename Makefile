@@ -79,3 +79,14 @@ clean:
 
 distclean: clean
 	rm -rf $(VENV) .cache *.egg-info
+
+# Board bitstreams and synthesis figures (docs/boards.md). Both run yosys/nextpnr (YoWASP):
+# minutes per design on a small machine.
+BOARD ?= ecpix5
+.PHONY: bitstream synth-report
+
+bitstream: venv
+	$(PY) -m boards.cli bitstream --board $(BOARD)
+
+synth-report: venv
+	$(PY) -m boards.cli synth-report

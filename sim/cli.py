@@ -98,6 +98,18 @@ def _register_registers(sub):
     p.set_defaults(func=_registers)
 
 
+def _boards(args):
+    from boards.cli import main as boards_main
+    return boards_main(args.args)
+
+
+def _register_boards(sub):
+    p = sub.add_parser("boards", help="board bitstreams and synthesis reports (docs/boards.md)",
+                       add_help=False)
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_boards)
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="mrc-nic", description="Multipath Reliable Connection NIC: simulation and tools.")
@@ -115,6 +127,7 @@ def build_parser():
     bench.register(sub)
     _register_verilog(sub)
     _register_registers(sub)
+    _register_boards(sub)
     return parser
 
 

@@ -1,0 +1,188 @@
+"""Platform tops: the self-test on each ECP5 board, the reduced top on the iCEBreaker, and the
+engine bench (the packet engine alone on an LFE5UM5G-85F, for fmax and resource figures).
+
+Every top takes its clock from the board's default oscillator (Amaranth makes the ``sync``
+domain from it); no PLL is used, so the engines run at the oscillator frequency.
+"""
+
+from amaranth import *
+from amaranth.build import Attrs, Clock, Pins, Resource
+from amaranth.lib import io, wiring
+from amaranth.vendor import LatticeECP5Platform
+from amaranth_boards.ecpix5 import ECPIX585Platform
+from amaranth_boards.icebreaker import ICEBreakerPlatform
+from amaranth_boards.ulx3s import ULX3S_85F_Platform
+from amaranth_boards.versa_ecp5 import VersaECP5Platform
+
+from hdl.config import NicConfig
+from hdl.packet.engine import PacketEngine
+from hdl.util import validating
+
+from .selftest import SelfTest
+
+__all__ = [
+    "BOARDS", "Board", "selftest_config", "SelfTestTop", "EngineBench", "EngineBenchPlatform",
+]
+
+
+def output_pin(m, port):
+    """The output signal of an output buffer on ``port`` (``platform.request(..., dir="-")``);
+    an inverted pin (``PinsN``) is inverted by the buffer."""
+    buffer = io.Buffer("o", port)
+    m.submodules += buffer
+    return buffer.o
+
+
+def input_pin(m, port):
+    buffer = io.Buffer("i", port)
+    m.submodules += buffer
+    return buffer.i
+
+
+def selftest_config(clock_hz, *, data_width=64):
+    """The engine configuration of the board self-tests: two planes, 64 QPs, 512-byte MTU."""
+    return NicConfig(data_width=data_width, ports=2, qps=64, mtu=512, sack_bits=64,
+                     clock_hz=int(clock_hz))
+
+
+class SelfTestTop(Elaboratable):
+    """:class:`~boards.selftest.SelfTest` on an ECP5 board: UART, LEDs, kill inputs.
+
+    LEDs (``docs/boards.md``): heartbeat (toggles every report), activity (good packets in the
+    last second), error (sticky: a bad packet, a parser drop or an engine-A error), killed
+    planes. Kill inputs: Versa DIP switches 0 and 1, ULX3S FIRE buttons 1 and 2; the ECPIX-5
+    has no user button, so its last plane is killed by the automatic schedule (every fourth
+    second).
+    """
+
+    def __init__(self, board):
+        self.board = board
+
+    def elaborate(self, platform):
+        m = Module()
+        clock_hz = platform.default_clk_frequency
+        auto_kill = self.board == "ecpix5"
+        m.submodules.selftest = selftest = SelfTest(
+            config=selftest_config(clock_hz), max_payload=256, auto_kill=auto_kill)
+        uart = platform.request("uart", 0, dir="-")
+        m.d.comb += output_pin(m, uart.tx).eq(selftest.uart_tx)
+        status = [selftest.heartbeat, selftest.activity, selftest.error,
+                  selftest.activity & ~selftest.error]
+
+        if self.board == "ecpix5":
+            # RGB LED 0: heartbeat (green); 1: activity (green); 2: error (red) or pass
+            # (green); 3: a plane is killed (red), else blue.
+            leds = [platform.request("rgb_led", n, dir="-") for n in range(4)]
+            killed = selftest.killed_planes.any()
+            m.d.comb += [
+                output_pin(m, leds[0].g).eq(selftest.heartbeat),
+                output_pin(m, leds[1].g).eq(selftest.activity),
+                output_pin(m, leds[2].r).eq(selftest.error),
+                output_pin(m, leds[2].g).eq(~selftest.error & selftest.activity),
+                output_pin(m, leds[3].r).eq(killed),
+                output_pin(m, leds[3].b).eq(~killed),
+            ]
+        else:
+            leds = [output_pin(m, platform.request("led", n, dir="-")) for n in range(6)]
+            for n, value in enumerate(status):
+                m.d.comb += leds[n].eq(value)
+            for plane in range(2):
+                m.d.comb += leds[4 + plane].eq(selftest.killed_planes[plane])
+            kill_name = "switch" if self.board == "versa" else "button_fire"
+            kills = [input_pin(m, platform.request(kill_name, n, dir="-")) for n in range(2)]
+            # Buttons and switches are asynchronous: two flip-flops before use.
+            sync_kill = [Signal(2, name=f"kill_sync{n}") for n in range(2)]
+            for n, pin in enumerate(kills):
+                m.d.sync += sync_kill[n].eq(Cat(pin, sync_kill[n][0]))
+                m.d.comb += selftest.kill[n].eq(sync_kill[n][1])
+        return m
+
+
+class EngineBenchPlatform(LatticeECP5Platform):
+    """An LFE5UM5G-85F (the ECPIX-5's device and package, speed 8) with one clock pin at the
+    engine target of 125 MHz and two pins for the bench's scan chain; no board around it."""
+
+    device = "LFE5UM5G-85F"
+    package = "BG554"
+    speed = "8"
+    default_clk = "clk"
+    resources = [
+        Resource("clk", 0, Pins("K23", dir="i"), Clock(125e6), Attrs(IO_TYPE="LVCMOS33")),
+        Resource("scan", 0, Pins("R26", dir="i"), Attrs(IO_TYPE="LVCMOS33")),
+        Resource("scan", 1, Pins("R24", dir="o"), Attrs(IO_TYPE="LVCMOS33")),
+    ]
+    connectors = []
+
+
+class EngineBench(Elaboratable):
+    """The packet engine (:class:`~hdl.packet.engine.PacketEngine`) with every input driven
+    from a shift register fed by one pin and every output folded into a multiple-input
+    signature register (MISR) read out on another pin: all engine paths start and end at
+    flip-flops, nothing is optimised away, and the wrapper adds only flip-flops and about one
+    LUT per three output bits (its cost is reported by ``make synth-report``).
+    """
+
+    FOLD = 3
+
+    def __init__(self, config):
+        with validating(self):
+            if not isinstance(config, NicConfig):
+                raise TypeError(f"config must be a NicConfig, not {config!r}")
+        self.config = config
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.engine = engine = PacketEngine(self.config)
+        inputs, outputs = [], []
+        for _path, member, value in engine.signature.flatten(engine):
+            (inputs if member.flow == wiring.In else outputs).append(Value.cast(value))
+        in_bits = sum(len(v) for v in inputs)
+        out_value = Cat(*outputs)
+
+        scan_in = Signal()
+        scan_out = Signal()
+        if platform is not None:
+            m.d.comb += [scan_in.eq(input_pin(m, platform.request("scan", 0, dir="-"))),
+                         output_pin(m, platform.request("scan", 1, dir="-")).eq(scan_out)]
+
+        chain = Signal(in_bits)
+        m.d.sync += chain.eq(Cat(scan_in, chain[:-1]))
+        offset = 0
+        for value in inputs:
+            m.d.comb += value.eq(chain[offset:offset + len(value)])
+            offset += len(value)
+
+        folded = [out_value[n:n + self.FOLD].xor()
+                  for n in range(0, len(out_value), self.FOLD)]
+        misr = Signal(len(folded))
+        m.d.sync += misr.eq(Cat(misr[-1], misr[:-1]) ^ Cat(*folded))
+        m.d.comb += scan_out.eq(misr[-1])
+        return m
+
+
+class Board:
+    """A board the flow knows: its platform class, top and the engine config of its top."""
+
+    def __init__(self, name, platform, top, description):
+        self.name = name
+        self.platform = platform
+        self.top = top
+        self.description = description
+
+
+def _ice40_top(board):
+    from .ice40 import Ice40Top
+    return Ice40Top()
+
+
+#: Boards of ``make bitstream BOARD=...``.
+BOARDS = {
+    "ecpix5": Board("ecpix5", ECPIX585Platform, SelfTestTop,
+                    "LambdaConcept ECPIX-5 85F (LFE5UM5G-85F-8BG554), self-test at 100 MHz"),
+    "versa": Board("versa", VersaECP5Platform, SelfTestTop,
+                   "Lattice Versa ECP5 (LFE5UM-45F-8BG381), self-test at 100 MHz"),
+    "ulx3s": Board("ulx3s", ULX3S_85F_Platform, SelfTestTop,
+                   "Radiona ULX3S 85F (LFE5U-85F-6BG381), self-test at 25 MHz"),
+    "icebreaker": Board("icebreaker", ICEBreakerPlatform, _ice40_top,
+                        "1BitSquared iCEBreaker (iCE40UP5K-SG48), reduced self-test at 12 MHz"),
+}

@@ -1,0 +1,471 @@
+# amaranth: UnusedElaboratable=no
+"""Board tops and the self-test: UART, impaired fabric, checker, the whole self-test in the
+Amaranth simulator, and every board top elaborated against its platform (no toolchain run)."""
+
+import random
+
+import pytest
+from amaranth import Fragment
+from amaranth.sim import Simulator
+from scapy.layers.l2 import Ether
+
+from boards import selftest as S
+from boards.ice40 import ICE40_COUNTERS, Ice40Selftest, frame_template
+from boards.tops import BOARDS, EngineBench, selftest_config
+from boards.uart import UARTTx
+from hdl.config import NicConfig
+from hdl.packet.headers import PacketKind
+from sim import defaults as D
+from sim.packets import trim
+from sim.rtlpackets import frame_beats, frame_from_beats, packet_from_header
+from sim.tb.amsim import StreamCollector, StreamDriver
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def decode_uart(levels, divisor):
+    """Bytes of an 8N1 line sampled once per cycle (``levels``), ``divisor`` cycles per bit."""
+    out = []
+    n = 0
+    while n < len(levels):
+        if levels[n] == 0:
+            middle = n + divisor // 2
+            if middle + 9 * divisor >= len(levels):
+                break
+            bits = [levels[middle + divisor * (k + 1)] for k in range(8)]
+            assert levels[middle + 9 * divisor] == 1, "missing stop bit"
+            out.append(sum(b << k for k, b in enumerate(bits)))
+            n = middle + 9 * divisor
+        else:
+            n += 1
+    return bytes(out)
+
+
+def selftest_header(psn, plane, config, max_payload):
+    """The generator's header for ``psn`` as a dict for :func:`packet_from_header`."""
+    from ipaddress import IPv6Address
+    length = S.payload_length(psn, max_payload)
+    return {
+        "kind": PacketKind.DATA, "port": plane, "payload_len": length,
+        "eth_dst": int(D.NIC_B.mac.replace(":", ""), 16),
+        "eth_src": int(D.NIC_A.mac.replace(":", ""), 16),
+        "ipv6": 1, "ip_src": int(IPv6Address(D.NIC_A.ipv6)),
+        "ip_dst": int(IPv6Address(D.NIC_B.ipv6)), "flow_label": psn & 0xFFFFF,
+        "hop_limit": 64, "udp_sport": 0xC000 | psn & 0x3FFF,
+        "bth": {"opcode": 0x0A, "dqpn": D.QPN_B, "psn": psn, "ackreq": 1, "pkey": 0xFFFF},
+        "reth": {"va": D.MR_BASE + ((psn & 0xFFF) << 12), "rkey": D.MR_RKEY, "dma_len": length},
+        "mdeth": {"ev_index": plane},
+    }
+
+
+def selftest_frame(psn, plane, config, max_payload):
+    header = selftest_header(psn, plane, config, max_payload)
+    return bytes(packet_from_header(
+        header, S.payload_pattern(psn, config.data_width, max_payload), config))
+
+
+class FabricModel:
+    """Reference of one plane's impairments: the same LFSR, the same per-frame decisions."""
+
+    def __init__(self, seed):
+        self.lfsr = seed
+
+    def fate(self, kill, loss_rate, trim_rate):
+        lfsr = self.lfsr
+        self.lfsr = (lfsr >> 1) ^ (0xB400 if lfsr & 1 else 0)
+        if kill or (lfsr & 0xFF) < loss_rate:
+            return "killed" if kill else "lost"
+        if (lfsr >> 8) < trim_rate:
+            return "trimmed"
+        return "pass"
+
+
+# ---------------------------------------------------------------------------------------------
+# UART
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bubbles", [0.0, 0.5])
+def test_uart_sends_8n1(bubbles):
+    divisor = 5
+    dut = UARTTx(divisor=divisor)
+    payload = bytes(random.Random(3).getrandbits(8) for _ in range(12))
+    source = StreamDriver(dut.i, bubbles=bubbles, seed=4)
+    source.send(list(payload))
+    levels = []
+
+    async def sample(ctx):
+        for _ in range((len(payload) + 2) * 10 * divisor * 2):
+            levels.append(ctx.get(dut.tx))
+            await ctx.tick()
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    sim.add_process(source.process)
+    sim.add_testbench(sample)
+    sim.run()
+    assert decode_uart(levels, divisor) == payload
+
+
+def test_uart_rejects_bad_divisor():
+    with pytest.raises(ValueError, match="divisor must be an integer of at least 2, not 1"):
+        UARTTx(divisor=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fabric
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bubbles, backpressure, kill", [(0.3, 0.3, 0), (0.0, 0.0, 0),
+                                                          (0.3, 0.3, 0b10)])
+def test_fabric_matches_reference(bubbles, backpressure, kill):
+    """Each plane loses, trims and kills exactly the frames the LFSR model says; trimmed
+    frames are byte for byte what sim.packets.trim makes; order within a plane is kept."""
+    config = NicConfig(ports=2, mtu=512)
+    max_payload = 64
+    loss_rate, trim_rate = 50, 60
+    dut = S.ImpairedFabric(data_width=64, delays=(3, 11))
+    frames = {0: [], 1: []}
+    for n in range(24):
+        psn = D.INITIAL_PSN + n
+        frames[n % 2].append(selftest_frame(psn, n % 2, config, max_payload))
+
+    expected = {}
+    counts = {}
+    for plane in range(2):
+        model = FabricModel(0xACE1 ^ (plane * 0x1F35))
+        expected[plane] = []
+        for frame in frames[plane]:
+            fate = model.fate(kill >> plane & 1, loss_rate, trim_rate)
+            counts[fate] = counts.get(fate, 0) + 1
+            if fate == "pass":
+                expected[plane].append(frame)
+            elif fate == "trimmed":
+                expected[plane].append(bytes(trim(Ether(frame))))
+
+    drivers = [StreamDriver(dut.i[p], bubbles=bubbles, seed=10 + p) for p in range(2)]
+    sinks = [StreamCollector(dut.o[p], backpressure=backpressure, seed=20 + p)
+             for p in range(2)]
+    for p in range(2):
+        drivers[p].send([{"data": d, "keep": k, "first": f, "last": la}
+                         for frame in frames[p] for d, k, f, la in frame_beats(frame, 64)])
+    strobes = {"lost": 0, "killed": 0, "trimmed": 0, "frame": 0}
+
+    async def count_strobes(ctx):
+        names = list(strobes)
+        async for _, _, *values in ctx.tick().sample(*(getattr(dut, n) for n in names)):
+            for name, value in zip(names, values, strict=True):
+                strobes[name] += bin(value).count("1")
+
+    async def bench(ctx):
+        ctx.set(dut.kill, kill)
+        ctx.set(dut.loss_rate, loss_rate)
+        ctx.set(dut.trim_rate, trim_rate)
+        for _ in range(6000):
+            await ctx.tick()
+            if all(d.idle for d in drivers) and all(
+                    sum(b.last for b in s.items) == len(expected[p])
+                    for p, s in enumerate(sinks)):
+                break
+        for _ in range(40):
+            await ctx.tick()
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    for process in [*(d.process for d in drivers), *(s.process for s in sinks)]:
+        sim.add_process(process)
+    sim.add_process(count_strobes)
+    sim.add_testbench(bench)
+    sim.run()
+    for p in range(2):
+        got, current = [], []
+        for beat in sinks[p].items:
+            current.append((int(beat.data), int(beat.keep), beat.first, beat.last))
+            if beat.last:
+                got.append(frame_from_beats(current, 64))
+                current = []
+        assert not current
+        assert got == expected[p], f"plane {p}"
+    assert strobes["frame"] == 24
+    for name in ("lost", "killed", "trimmed"):
+        assert strobes[name] == counts.get(name, 0)
+    if kill:
+        assert not sinks[1].items and counts["killed"] == 12
+
+
+def test_delay_line_holds_each_beat():
+    delay = 9
+    dut = S.DelayLine(data_width=64, delay=delay, depth=16)
+    times = {}
+
+    async def bench(ctx):
+        ctx.set(dut.o.ready, 1)
+        for n in range(5):
+            ctx.set(dut.i.payload, {"data": n, "keep": 0xFF, "first": 1, "last": 1})
+            ctx.set(dut.i.valid, 1)
+            await ctx.tick().until(dut.i.ready)
+            times.setdefault(("in", n), cycle[0])
+            ctx.set(dut.i.valid, 0)
+            for _ in range(3):
+                await ctx.tick()
+        for _ in range(40):
+            await ctx.tick()
+
+    cycle = [0]
+
+    async def watch(ctx):
+        while True:
+            _, _, valid, ready, payload = await ctx.tick().sample(dut.o.valid, dut.o.ready,
+                                                                 dut.o.payload)
+            cycle[0] += 1
+            if valid and ready:
+                times[("out", int(payload.data))] = cycle[0]
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    sim.add_process(watch)
+    sim.add_testbench(bench)
+    sim.run()
+    for n in range(5):
+        assert times[("out", n)] - times[("in", n)] >= delay
+
+
+# ---------------------------------------------------------------------------------------------
+# Checker
+# ---------------------------------------------------------------------------------------------
+
+def test_checker_flags_corruption():
+    """Good packets count as received; a flipped payload byte, header field or length as bad."""
+    config = NicConfig(ports=2, mtu=512)
+    max_payload = 32
+    dut = S.PayloadChecker(config=config, max_payload=max_payload)
+    from sim.rtlpackets import payload_beats
+    beats = []
+    kinds = []
+    for n in range(12):
+        psn = D.INITIAL_PSN + n
+        header = selftest_header(psn, n % 2, config, max_payload)
+        payload = bytearray(S.payload_pattern(psn, 64, max_payload))
+        kind = ("good", "payload", "header", "length")[n % 4]
+        if kind == "payload":
+            payload[len(payload) // 2] ^= 0x10
+        elif kind == "header":
+            header["bth"]["dqpn"] ^= 1
+        elif kind == "length":
+            header["reth"]["dma_len"] += 1
+        kinds.append(kind)
+        for d, k, f, la in payload_beats(payload, 64):
+            beats.append({"header": header, "data": d, "keep": k, "first": f, "last": la})
+    driver = StreamDriver(dut.i, bubbles=0.3, seed=5)
+    driver.send(beats)
+
+    async def bench(ctx):
+        for _ in range(500):
+            await ctx.tick()
+        assert ctx.get(dut.received) == kinds.count("good")
+        assert ctx.get(dut.bad) == len(kinds) - kinds.count("good")
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    sim.add_process(driver.process)
+    sim.add_testbench(bench)
+    sim.run()
+
+
+# ---------------------------------------------------------------------------------------------
+# The whole self-test
+# ---------------------------------------------------------------------------------------------
+
+def run_selftest(dut, *, cycles, divisor, kill=0):
+    """Run the self-test; return final counters, B's packets and the UART lines."""
+    levels = []
+    packets = []
+    result = {}
+    rx = dut.engines.rx_packets
+
+    async def monitor(ctx):
+        # Sampling only the fields the checks need keeps the simulation fast.
+        current = []
+        async for _, _, tx, valid, ready, data, keep, last, psn, trimmed in ctx.tick().sample(
+                dut.uart_tx, rx.valid, rx.ready, rx.p.data, rx.p.keep, rx.p.last,
+                rx.p.header.bth.psn, rx.p.header.trimmed):
+            levels.append(tx)
+            if valid and ready:
+                current.append((data, keep, psn, trimmed))
+                if last:
+                    packets.append(current)
+                    current = []
+
+    async def bench(ctx):
+        ctx.set(dut.kill, kill)
+        await ctx.tick().repeat(cycles)
+        counters = ctx.get(dut.counters)
+        result.update(zip(dut.counter_names, (int(counters[n]) for n in
+                                              range(len(dut.counter_names))), strict=True))
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    sim.add_process(monitor)
+    sim.add_testbench(bench)
+    sim.run()
+    text = decode_uart(levels, divisor).decode()
+    return result, packets, [line for line in text.split("\r\n") if line.startswith("MRC")]
+
+
+@pytest.mark.parametrize("kill", [0, 0b10])
+def test_selftest_passes_in_simulation(kill):
+    """received + trimmed = sent - lost - killed, no bad packets, no parser drops, every
+    received payload equals the Python pattern of its PSN, a killed plane passes nothing, and
+    the UART line reports the counters."""
+    config = NicConfig(ports=2, mtu=256, clock_hz=1_000_000)
+    max_payload = 64
+    divisor = 2
+    dut = S.SelfTest(config=config, max_payload=max_payload, packet_limit=16,
+                     report_period=100_000, baud=500_000, loss_rate=40, trim_rate=40)
+    counters, packets, lines = run_selftest(dut, cycles=1800, divisor=divisor, kill=kill)
+    assert counters["sent"] == 16
+    assert counters["bad"] == counters["dropped"] == counters["txerr"] == 0
+    assert counters["accepted"] == counters["sent"] - counters["lost"] - counters["killed"]
+    assert counters["received"] + counters["trimmed"] == counters["accepted"]
+    assert counters["pass0"] + counters["pass1"] == counters["accepted"]
+    assert counters["lost"] > 0 and counters["trimmed"] > 0
+    if kill:
+        assert counters["pass1"] == 0 and counters["killed"] == 8
+    else:
+        assert counters["killed"] == 0
+    assert len(packets) == counters["accepted"]
+    for beats in packets:
+        _, _, psn, trimmed = beats[0]
+        got = frame_from_beats([(data, keep) for data, keep, _, _ in beats], 64)
+        if trimmed:
+            assert got == b""
+        else:
+            assert got == S.payload_pattern(psn, 64, max_payload)
+    # The UART line that starts at reset carries the reset values, all zero.
+    # (the run ends while it is still being sent).
+    full = "MRC" + "".join(f" {n}=00000000" for n in dut.counter_names)
+    assert len(lines) == 1 and len(lines[0]) > 60 and full.startswith(lines[0])
+
+
+@pytest.mark.parametrize("backpressure", [0.0, 0.3])
+def test_reporter_line_has_snapshot_values(backpressure):
+    """One line per period with every value as 8 hex digits, snapshotted at the period start
+    (values changing while the line is sent do not tear it)."""
+    names = ("sent", "lost")
+    dut = S.Reporter(names=names, period=600)
+    sink = StreamCollector(dut.o, backpressure=backpressure, seed=7)
+
+    async def bench(ctx):
+        for cycle in range(1300):
+            ctx.set(dut.values, [0x12345678 + cycle, 0xABCDEF00 + 2 * cycle])
+            await ctx.tick()
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    sim.add_process(sink.process)
+    sim.add_testbench(bench)
+    sim.run()
+    text = bytes(int(c) for c in sink.items).decode()
+    lines = text.split("\r\n")
+    assert lines[0] == "MRC sent=12345678 lost=abcdef00"
+    assert lines[1] == f"MRC sent={0x12345678 + 600:08x} lost={0xABCDEF00 + 1200:08x}"
+
+
+def test_selftest_rejects_bad_parameters():
+    config = NicConfig(ports=2, mtu=256)
+    with pytest.raises(ValueError, match="max_payload must be a power of two"):
+        S.SelfTest(config=config, max_payload=100)
+    with pytest.raises(ValueError, match="delays must be a tuple of 2 plane delays"):
+        S.SelfTest(config=config, delays=(1, 2, 3))
+    with pytest.raises(ValueError, match="loss_rate must be an integer from 0 to 255"):
+        S.SelfTest(config=config, loss_rate=300)
+
+
+def test_ice40_selftest_passes_in_simulation():
+    dut = Ice40Selftest(clock_hz=1_000_000, report_period=1000, baud=250_000, loss_rate=40,
+                        trim_rate=40)
+    result = {}
+
+    async def bench(ctx):
+        ctx.set(dut.kill, 0b01)
+        for _ in range(1500):
+            await ctx.tick()
+        counters = ctx.get(dut.counters)
+        result.update(zip(ICE40_COUNTERS, (int(counters[n]) for n in range(6)), strict=True))
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    sim.add_testbench(bench)
+    sim.run()
+    done = result["received"] + result["trimmed"] + result["lost"] + result["killed"]
+    assert result["bad"] == 0 and result["trimmed"] > 0 and result["lost"] > 0
+    assert result["killed"] >= result["sent"] // 2 - 1
+    # Frames still inside the fabric's delay lines or the checker: at most a few.
+    assert 0 <= result["sent"] - done <= 3
+    assert len(frame_template()) == S.SELFTEST_STACK_BYTES
+
+
+# ---------------------------------------------------------------------------------------------
+# Board tops
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("board", sorted(BOARDS))
+def test_board_top_elaborates(board):
+    """Each top elaborates against its platform and asks for a clock and a UART pin."""
+    entry = BOARDS[board]
+    platform = entry.platform()
+    requested = []
+    request = platform.request
+
+    def recording_request(name, number=0, **kwargs):
+        requested.append(name)
+        return request(name, number, **kwargs)
+    platform.request = recording_request
+    Fragment.get(entry.top(board), platform)
+    assert "uart" in requested
+    assert any(name.startswith(("led", "rgb_led")) for name in requested)
+    # The engines run from the board's default clock, which carries a frequency constraint.
+    assert platform.lookup(platform.default_clk).clock.frequency > 0
+
+
+def test_engine_bench_elaborates():
+    config = selftest_config(125e6)
+    Fragment.get(EngineBench(config), None)
+
+
+def test_cli_lists_boards_and_rejects_unknown(capsys):
+    from boards.cli import main
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert all(board in out for board in BOARDS) and "engine-w64-q256" in out
+    assert main(["synth-report", "--boards", "nope"]) == 2
+    assert "board must be one of" in capsys.readouterr().err
+    assert main(["synth-report", "--boards", "", "--benches", "nope"]) == 2
+
+
+def test_report_reader_parses_nextpnr_output(tmp_path):
+    """The report entry takes BEL counts and fmax from report.json and the critical path's
+    ends from the log."""
+    import json
+
+    from boards.build import read_report
+    (tmp_path / "report.json").write_text(json.dumps({
+        "utilization": {"TRELLIS_COMB": {"used": 10, "available": 20},
+                        "DP16KD": {"used": 1, "available": 208}},
+        "fmax": {"clk": {"achieved": 130.123, "constraint": 125.0}}}))
+    (tmp_path / "top.tim").write_text(
+        "Info: Critical path report for clock 'clk' (posedge -> posedge):\n"
+        "Info:       type curr  total name\n"
+        "Info:   clk-to-q  0.31  0.31 Source a.b_FF.Q\n"
+        "Info:    routing  1.00  1.31 Net x\n"
+        "Info:                          Sink c.d_FF.DI\n"
+        "Info: 0.31 ns logic, 1.00 ns routing\n"
+        "\n")
+    report = read_report(tmp_path)
+    assert report["resources"] == {"lut": {"used": 10, "available": 20},
+                                   "bram": {"used": 1, "available": 208}}
+    assert report["fmax"] == {"clk": {"achieved_mhz": 130.12, "constraint_mhz": 125.0}}
+    path = report["critical_path"]["clk"]
+    assert (path["from"], path["to"]) == ("a.b_FF.Q", "c.d_FF.DI")
+    assert path["summary"] == "0.31 ns logic, 1.00 ns routing"
