@@ -1,0 +1,341 @@
+"""The multi-plane fabric: planes x paths between two endpoints, event driven, in ns.
+
+A frame handed to :meth:`Fabric.send` crosses, on its plane and in its direction:
+
+1. the plane's port link: a FIFO queue (ECN marking, trimming, tail drop) in front of a
+   serializer at the plane rate;
+2. the path the ECMP hash picks, optionally with its own queue and serializer
+   (``path_rate_gbps``), then the path's propagation latency;
+3. the failure schedule, random and burst loss, corruption, reordering and duplication.
+
+Everything is decided at send time (the queues are FIFO, so a later frame cannot change an
+earlier one's fate); :meth:`Fabric.deliver` only pops the frames that are due. Times are ns at
+the interface and integer picoseconds inside, so back-to-back arrival times are exact.
+"""
+
+import heapq
+import math
+import random
+import zlib
+from collections import deque
+from typing import NamedTuple
+
+from scapy.compat import raw
+from scapy.layers.l2 import Ether
+
+from sim import packets as pk
+
+from .config import FabricConfig
+from .frames import mark_ce, parse, roce_payload_bytes
+from .stats import Statistics
+
+__all__ = ["Fabric", "Record"]
+
+_ICRC_MASKED_BTH_BYTE = 4       # FECN/BECN/resv6: masked in the ICRC, so flipping it is unseen
+
+
+class Record(NamedTuple):
+    """One captured frame. ``arrival_ns`` is None for a dropped frame; ``frame`` is the frame
+    as delivered (after marking, trimming, corruption) or as it was when dropped."""
+    sent_ns: float
+    arrival_ns: float | None
+    src: str
+    dst: str
+    plane: int
+    path: int
+    outcome: str
+    marks: tuple
+    frame: bytes
+    sent_len: int
+
+    @property
+    def time_ns(self):
+        """Capture timestamp: arrival for a delivered frame, hand-over for a dropped one."""
+        return self.sent_ns if self.arrival_ns is None else self.arrival_ns
+
+    @property
+    def fate(self):
+        return ",".join((self.outcome, *self.marks))
+
+
+class _Link:
+    """A FIFO in front of a serializer. Occupancy: bytes not yet fully serialized."""
+    __slots__ = ("ps_per_byte", "overhead", "busy_until", "backlog", "occupancy")
+
+    def __init__(self, rate_gbps, overhead_bytes):
+        self.ps_per_byte = 8000 / rate_gbps
+        self.overhead = overhead_bytes
+        self.busy_until = 0
+        self.backlog = deque()
+        self.occupancy = 0
+
+    def occupancy_at(self, t_ps):
+        backlog = self.backlog
+        while backlog and backlog[0][0] <= t_ps:
+            self.occupancy -= backlog.popleft()[1]
+        return self.occupancy
+
+    def enqueue(self, t_ps, nbytes):
+        """Serialize ``nbytes`` arriving at ``t_ps``; returns when its last bit leaves."""
+        finish = max(t_ps, self.busy_until) + round((nbytes + self.overhead) * self.ps_per_byte)
+        self.busy_until = finish
+        self.backlog.append((finish, nbytes))
+        self.occupancy += nbytes
+        return finish
+
+
+class Fabric:
+    """Two endpoints joined by ``planes`` planes of ``paths_per_plane`` paths each.
+
+    Parameters
+    ----------
+    config : :class:`~sim.fabric.config.FabricConfig`
+
+    Members
+    -------
+    records : list of :class:`Record`
+        Every frame, in hand-over order (when ``config.capture``).
+    stats : :class:`~sim.fabric.stats.Statistics`
+
+    A frame sent by one endpoint on plane p arrives at the other endpoint on plane p (NIC
+    port p <-> plane p). ``send`` times must not decrease. Frames the fabric cannot parse
+    are forwarded as opaque frames (hashed on their first bytes, never marked or trimmed).
+    """
+
+    def __init__(self, config=None):
+        if config is None:
+            config = FabricConfig()
+        if not isinstance(config, FabricConfig):
+            raise ValueError(f"config must be a FabricConfig, not {config!r}")
+        self.config = config
+        c = config
+        self._directions = {name: index for index, name in enumerate(c.endpoints)}
+        self._peer = {c.endpoints[0]: c.endpoints[1], c.endpoints[1]: c.endpoints[0]}
+        self._ports = [[_Link(c.plane_rate_gbps(p), c.wire_overhead_bytes)
+                        for p in range(c.planes)] for _ in range(2)]
+        self._paths = None
+        if c.path_rate_gbps is not None:
+            self._paths = [[[_Link(c.path_rate_gbps, c.wire_overhead_bytes)
+                             for _ in range(c.paths_per_plane)] for _ in range(c.planes)]
+                           for _ in range(2)]
+        self._latency_ps = [round(c.path_latency_ns(j) * 1000) for j in range(c.paths_per_plane)]
+        # One generator per direction and plane: traffic on one cannot shift another's draws.
+        self._rngs = [[random.Random(f"mrc-fabric/{c.seed}/{name}/{p}") for p in range(c.planes)]
+                      for name in c.endpoints]
+        self._bursting = [[False] * c.planes for _ in range(2)]
+        self._salts = [zlib.crc32(f"ecmp/{c.seed}/{p}".encode()) for p in range(c.planes)]
+        self._failures = [[[f for f in c.failures
+                            if f.plane == p and f.direction in (None, name)]
+                           for p in range(c.planes)] for name in c.endpoints]
+        self._heap = []
+        self._serial = 0
+        self._next_ns = math.inf
+        self._last_send_ps = 0
+        self.records = []
+        self.stats = Statistics(c.planes, c.bin_ns)
+
+    # -- the interface of a bench -------------------------------------------------------------
+
+    def send(self, src, plane, frame, now):
+        """Hand ``frame`` (bytes, without FCS) from endpoint ``src`` to plane ``plane`` at
+        ``now`` ns. Returns the frame's :class:`Record` (its fate is decided at once)."""
+        direction = self._directions.get(src)
+        if direction is None:
+            raise ValueError(f"src must be one of {', '.join(self.config.endpoints)}, "
+                             f"not {src!r}")
+        if not isinstance(plane, int) or not 0 <= plane < self.config.planes:
+            raise ValueError(f"plane must be from 0 to {self.config.planes - 1}, not {plane!r}")
+        now_ps = round(now * 1000)
+        if now_ps < self._last_send_ps:
+            raise ValueError(f"send times must not decrease: {now} ns after "
+                             f"{self._last_send_ps / 1000} ns")
+        self._last_send_ps = now_ps
+        frame = bytes(frame)
+        sent_len = len(frame)
+        c = self.config
+        info = parse(frame)
+        path = self.path_of(plane, frame, info)
+        rng = self._rngs[direction][plane]
+        dst = self._peer[src]
+        marks = []
+
+        def dropped(outcome, frame):
+            return self._record(now_ps, None, src, dst, plane, path, outcome, marks, frame,
+                                info, sent_len)
+
+        frame, info, t_ps = self._queue(self._ports[direction][plane], now_ps, frame, info,
+                                        marks)
+        if t_ps is None:
+            return dropped("dropped-queue", frame)
+        if self._paths is not None:
+            frame, info, t_ps = self._queue(self._paths[direction][plane][path], t_ps, frame,
+                                            info, marks)
+            if t_ps is None:
+                return dropped("dropped-queue", frame)
+        arrival_ps = t_ps + self._latency_ps[path]
+        for failure in self._failures[direction][plane]:
+            if (failure.path is None or failure.path == path) \
+                    and failure.down_during(now_ps / 1000, arrival_ps / 1000):
+                return dropped("dropped-failure", frame)
+        if self._lost(direction, plane, rng):
+            return dropped("dropped-loss", frame)
+        if c.corrupt and rng.random() < c.corrupt:
+            frame = self._corrupt(frame, info, rng)
+            marks.append("corrupted")
+        if c.reorder and rng.random() < c.reorder:
+            arrival_ps += round(rng.uniform(0, c.reorder_delay_ns) * 1000)
+            marks.append("reordered")
+        copy_ps = None
+        if c.duplicate and rng.random() < c.duplicate:
+            copy_ps = arrival_ps + round(rng.uniform(0, c.reorder_delay_ns) * 1000)
+            marks.append("duplicated")
+        self._push(arrival_ps, dst, plane, frame)
+        record = self._record(now_ps, arrival_ps, src, dst, plane, path, "delivered", marks,
+                              frame, info, sent_len)
+        if copy_ps is not None:
+            self._push(copy_ps, dst, plane, frame)
+            copy_marks = [m for m in marks if m != "duplicated"] + ["duplicate"]
+            self._record(now_ps, copy_ps, src, dst, plane, path, "delivered", copy_marks,
+                         frame, info, sent_len, sent=False)
+        return record
+
+    def deliver(self, now):
+        """Frames due at ``now`` ns, in arrival order, as ``(dst, plane, frame)``. Costs one
+        comparison when nothing is due."""
+        if now < self._next_ns:
+            return []
+        now_ps = round(now * 1000) if now != math.inf else math.inf
+        heap = self._heap
+        out = []
+        while heap and heap[0][0] <= now_ps:
+            _, _, dst, plane, frame = heapq.heappop(heap)
+            out.append((dst, plane, frame))
+        self._next_ns = heap[0][0] / 1000 if heap else math.inf
+        return out
+
+    def next_arrival(self):
+        """Arrival time (ns) of the next frame in flight, or None."""
+        return self._heap[0][0] / 1000 if self._heap else None
+
+    def in_flight(self):
+        return len(self._heap)
+
+    def path_of(self, plane, frame, info=None):
+        """The path the ECMP hash gives ``frame`` on ``plane``."""
+        key = (info or parse(frame)).ecmp_key
+        h = zlib.crc32(key, self._salts[plane])
+        # CRC bits are linear in the key; a multiply-xorshift spreads the low bits we use.
+        h ^= h >> 16
+        h = (h * 0x45D9F3B) & 0xFFFFFFFF
+        h ^= h >> 16
+        return h % self.config.paths_per_plane
+
+    # -- outputs ------------------------------------------------------------------------------
+
+    def write_pcapng(self, path):
+        from .capture import write_pcapng
+        write_pcapng(path, self.records, planes=self.config.planes,
+                     endpoints=self.config.endpoints)
+
+    def write_pcap(self, path):
+        from .capture import write_pcap
+        write_pcap(path, self.records)
+
+    def save(self, directory):
+        """Write ``traffic.pcapng``, ``traffic.pcap`` and ``fabric.json`` (configuration and
+        :meth:`Statistics.to_dict`) into ``directory``."""
+        import json
+        from pathlib import Path
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.write_pcapng(directory / "traffic.pcapng")
+        self.write_pcap(directory / "traffic.pcap")
+        summary = {"config": self.config.to_dict(), "stats": self.stats.to_dict()}
+        (directory / "fabric.json").write_text(json.dumps(summary, indent=1))
+
+    def delivered_payload_bytes(self):
+        """Goodput bytes delivered so far (or due) over every plane."""
+        return self.stats.goodput_bytes
+
+    def plot(self, path, *, src=None, title=None):
+        from .plot import plot_goodput
+        plot_goodput(self.stats, path, failures=self.config.failures, src=src, title=title)
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _queue(self, link, t_ps, frame, info, marks):
+        """Admit ``frame`` to ``link`` at ``t_ps``: (frame, info, departure) or departure None.
+
+        The thresholds compare the backlog ahead of the frame; tail drop applies when the
+        frame (trimmed if it was) does not fit in ``queue_bytes``.
+        """
+        c = self.config
+        backlog = link.occupancy_at(t_ps)
+        if c.trim_threshold_bytes and backlog > c.trim_threshold_bytes \
+                and "trimmed" not in marks:
+            trimmed = self._trim(frame) if info.is_data else None
+            if trimmed is None:
+                return frame, info, None
+            frame, info = trimmed, parse(trimmed)
+            marks.append("trimmed")
+        if backlog + len(frame) > c.queue_bytes:
+            return frame, info, None
+        if c.ecn_threshold_bytes and backlog > c.ecn_threshold_bytes \
+                and "ecn-marked" not in marks:
+            buffer = bytearray(frame)
+            if mark_ce(buffer, info):
+                frame = bytes(buffer)
+                marks.append("ecn-marked")
+        return frame, info, link.enqueue(t_ps, len(frame))
+
+    def _trim(self, frame):
+        """The trimmed frame, or None for a data opcode whose headers are cut short (a frame
+        a switch could not trim: it is dropped instead)."""
+        try:
+            return raw(pk.trim(Ether(frame), dscp=self.config.trim_dscp))
+        except Exception:
+            return None
+
+    def _lost(self, direction, plane, rng):
+        c = self.config
+        bursting = self._bursting[direction]
+        if not bursting[plane] and c.burst_loss and rng.random() < c.burst_loss:
+            bursting[plane] = True
+        if bursting[plane]:
+            # Leaving after each lost frame with probability 1/L: bursts of mean length L.
+            if rng.random() < 1 / c.burst_length:
+                bursting[plane] = False
+            return True
+        return bool(c.loss) and rng.random() < c.loss
+
+    @staticmethod
+    def _corrupt(frame, info, rng):
+        buffer = bytearray(frame)
+        if info.bth_offset >= 0:
+            # Any ICRC-covered byte from the BTH on, except the one the ICRC masks.
+            position = rng.randrange(info.bth_offset, len(buffer) - 1)
+            if position >= info.bth_offset + _ICRC_MASKED_BTH_BYTE:
+                position += 1
+        else:
+            position = rng.randrange(min(14, len(buffer) - 1), len(buffer)) if buffer else 0
+        if buffer:
+            buffer[position] ^= rng.randrange(1, 256)
+        return bytes(buffer)
+
+    def _push(self, arrival_ps, dst, plane, frame):
+        self._serial += 1
+        heapq.heappush(self._heap, (arrival_ps, self._serial, dst, plane, frame))
+        if arrival_ps / 1000 < self._next_ns:
+            self._next_ns = arrival_ps / 1000
+
+    def _record(self, sent_ps, arrival_ps, src, dst, plane, path, outcome, marks, frame, info,
+                sent_len, sent=True):
+        arrival_ns = None if arrival_ps is None else arrival_ps / 1000
+        record = Record(sent_ps / 1000, arrival_ns, src, dst, plane, path, outcome,
+                        tuple(marks), frame, sent_len)
+        payload = roce_payload_bytes(frame, info) if outcome == "delivered" else 0
+        self.stats.add(src, plane, path, record.time_ns, outcome, record.marks, len(frame),
+                       payload, sent)
+        if self.config.capture:
+            self.records.append(record)
+        return record

@@ -1,0 +1,136 @@
+"""Just enough frame parsing for the fabric: byte indexing, no Scapy objects (it runs per frame).
+
+:func:`parse` finds the ECMP key (the fields a switch hashes), the IP header whose ECN bits
+a congested queue marks (the inner one in SRv6) and the BTH. It never raises: a frame it
+cannot read is forwarded as an opaque, non-RoCE frame hashed on its first bytes.
+"""
+
+from typing import NamedTuple
+
+from hdl import protocol as P
+
+__all__ = ["FrameInfo", "parse", "mark_ce", "ipv4_checksum", "roce_payload_bytes"]
+
+_OPAQUE_KEY_BYTES = 64
+_BTH_BYTES = 12
+_RETH_BYTES = 16
+_IMMDT_BYTES = 4
+_MDETH_BYTES = 8
+_DATA_OPCODES = frozenset(int(op) for op in P.DATA_OPCODES)
+_IMMEDIATE_OPCODES = frozenset(int(op) for op in P.IMMEDIATE_OPCODES)
+
+
+class FrameInfo(NamedTuple):
+    ecmp_key: bytes     #: bytes hashed to choose the path
+    ip_offset: int      #: offset of the (inner) IP header, -1 when there is none
+    ip_version: int     #: 4 or 6 (0 when there is no IP header)
+    bth_offset: int     #: offset of the BTH, -1 for a frame that is not RoCEv2
+    opcode: int         #: BTH opcode, -1 for a frame that is not RoCEv2
+
+    @property
+    def is_data(self):
+        return self.opcode in _DATA_OPCODES
+
+
+def _opaque(frame):
+    return FrameInfo(bytes(frame[:_OPAQUE_KEY_BYTES]), -1, 0, -1, -1)
+
+
+def parse(frame):
+    """The :class:`FrameInfo` of an Ethernet frame (bytes, without FCS)."""
+    n = len(frame)
+    if n < 14:
+        return _opaque(frame)
+    ethertype = (frame[12] << 8) | frame[13]
+    off = 14
+    if ethertype == P.ETHERTYPE_VLAN:
+        if n < 18:
+            return _opaque(frame)
+        ethertype = (frame[16] << 8) | frame[17]
+        off = 18
+    encapsulated = False
+    if ethertype == P.ETHERTYPE_IPV6:
+        if n < off + 40:
+            return _opaque(frame)
+        # Flow label (20 bits) and both addresses: the SRv6 EV is the outer destination.
+        key = bytes((frame[off + 1] & 0x0F,)) + frame[off + 2:off + 4] + frame[off + 8:off + 40]
+        ip_offset, ip_version = off, 6
+        next_header = frame[off + 6]
+        off += 40
+        if next_header == P.IP_PROTO_ROUTING:
+            if n < off + 8:
+                return FrameInfo(key, ip_offset, ip_version, -1, -1)
+            next_header = frame[off]
+            off += (frame[off + 1] + 1) * 8
+        if next_header == P.IP_PROTO_IPV6 and n >= off + 40:
+            encapsulated = True
+            ip_offset, ip_version = off, 6
+            next_header = frame[off + 6]
+            off += 40
+        elif next_header == P.IP_PROTO_IPV4 and n >= off + 20:
+            encapsulated = True
+            ip_offset, ip_version = off, 4
+            next_header = frame[off + 9]
+            off += (frame[off] & 0x0F) * 4
+    elif ethertype == P.ETHERTYPE_IPV4:
+        if n < off + 20:
+            return _opaque(frame)
+        key = bytes(frame[off + 12:off + 20])
+        ip_offset, ip_version = off, 4
+        next_header = frame[off + 9]
+        off += (frame[off] & 0x0F) * 4
+    else:
+        return _opaque(frame)
+    if next_header != P.IP_PROTO_UDP or n < off + 8:
+        return FrameInfo(key, ip_offset, ip_version, -1, -1)
+    if not encapsulated:
+        key += frame[off:off + 4]           # UDP source port (the EV) and destination port
+    dport = (frame[off + 2] << 8) | frame[off + 3]
+    bth = off + 8
+    if dport != P.ROCEV2_UDP_PORT or n < bth + _BTH_BYTES + P.ICRC_BYTES:
+        return FrameInfo(key, ip_offset, ip_version, -1, -1)
+    return FrameInfo(key, ip_offset, ip_version, bth, frame[bth])
+
+
+def ipv4_checksum(header):
+    """Internet checksum of an IPv4 header whose checksum field is zero."""
+    total = 0
+    for i in range(0, len(header), 2):
+        total += (header[i] << 8) | header[i + 1]
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF
+
+
+def mark_ce(buffer, info):
+    """Set ECN CE in the (inner) IP header of ``buffer`` (a bytearray), in place.
+
+    Returns False (and changes nothing) for a Not-ECT packet or one without IP: a switch
+    only marks ECN-capable traffic. The ICRC masks the ECN bits, so it stays valid; the IPv4
+    header checksum is recomputed.
+    """
+    off = info.ip_offset
+    if info.ip_version == 6:
+        if not (buffer[off + 1] >> 4) & 0b11:
+            return False
+        buffer[off + 1] |= P.ECN_CE << 4
+        return True
+    if info.ip_version == 4:
+        if not buffer[off + 1] & 0b11:
+            return False
+        buffer[off + 1] |= P.ECN_CE
+        length = (buffer[off] & 0x0F) * 4
+        buffer[off + 10:off + 12] = b"\0\0"
+        buffer[off + 10:off + 12] = ipv4_checksum(buffer[off:off + length]).to_bytes(2, "big")
+        return True
+    return False
+
+
+def roce_payload_bytes(frame, info):
+    """RDMA payload bytes a data packet carries (0 for any other frame, and when trimmed)."""
+    if not info.is_data:
+        return 0
+    headers = _BTH_BYTES + _RETH_BYTES + _MDETH_BYTES
+    if info.opcode in _IMMEDIATE_OPCODES:
+        headers += _IMMDT_BYTES
+    return max(0, len(frame) - info.bth_offset - headers - P.ICRC_BYTES)

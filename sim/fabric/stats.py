@@ -1,0 +1,138 @@
+"""Fabric statistics: counters per plane and per path, and per-plane time bins."""
+
+from collections import Counter, defaultdict
+
+__all__ = ["Statistics", "Bin", "OUTCOMES", "MARKS"]
+
+#: What finally happened to a frame (exactly one per captured frame).
+OUTCOMES = ("delivered", "dropped-loss", "dropped-failure", "dropped-queue")
+#: What happened to it on the way (any number).
+MARKS = ("trimmed", "ecn-marked", "corrupted", "reordered", "duplicated", "duplicate")
+
+
+class Bin:
+    """One time bin of one plane.
+
+    Members
+    -------
+    goodput_bytes : int
+        RDMA payload bytes of data packets delivered intact: not trimmed, not corrupted,
+        not the fabric's duplicate copy (bytes after the data headers, before the ICRC).
+        Both directions; ``goodput_by_src`` splits them by sending endpoint.
+    frames, wire_bytes : int
+        Frames delivered (every copy) and their bytes (without FCS).
+    drops : Counter
+        Frames dropped, by outcome (``dropped-loss``, ...).
+    """
+    __slots__ = ("goodput_bytes", "goodput_by_src", "frames", "wire_bytes", "drops")
+
+    def __init__(self):
+        self.goodput_bytes = 0
+        self.goodput_by_src = Counter()
+        self.frames = 0
+        self.wire_bytes = 0
+        self.drops = Counter()
+
+
+class Statistics:
+    """Counters of every fate, per plane and per (plane, path), and time bins per plane.
+
+    Delivered frames count in the bin of their arrival time, dropped ones in the bin of
+    their hand-over time. Counter keys: ``sent`` plus every outcome and mark.
+
+    Members
+    -------
+    counters : list of Counter
+        Per plane.
+    path_counters : dict of (plane, path) to Counter
+    bins : list of dict of int to :class:`Bin`
+        Per plane, keyed by bin index (time // bin_ns); bins with no frame are absent.
+    goodput_bytes : int
+        Total goodput bytes (see :class:`Bin`) over every plane.
+    """
+
+    def __init__(self, planes, bin_ns):
+        self.planes = planes
+        self.bin_ns = bin_ns
+        self.counters = [Counter() for _ in range(planes)]
+        self.path_counters = defaultdict(Counter)
+        self.bins = [defaultdict(Bin) for _ in range(planes)]
+        self.last_ns = 0.0
+        self.goodput_bytes = 0
+
+    def add(self, src, plane, path, time_ns, outcome, marks, wire_bytes, payload_bytes, sent):
+        counters = self.counters[plane]
+        per_path = self.path_counters[(plane, path)]
+        if sent:
+            counters["sent"] += 1
+            per_path["sent"] += 1
+        counters[outcome] += 1
+        per_path[outcome] += 1
+        for mark in marks:
+            counters[mark] += 1
+            per_path[mark] += 1
+        entry = self.bins[plane][int(time_ns // self.bin_ns)]
+        if outcome == "delivered":
+            entry.frames += 1
+            entry.wire_bytes += wire_bytes
+            if payload_bytes and not {"trimmed", "corrupted", "duplicate"} & set(marks):
+                entry.goodput_bytes += payload_bytes
+                entry.goodput_by_src[src] += payload_bytes
+                self.goodput_bytes += payload_bytes
+        else:
+            entry.drops[outcome] += 1
+        self.last_ns = max(self.last_ns, time_ns)
+
+    def bin_count(self):
+        return int(self.last_ns // self.bin_ns) + 1
+
+    def goodput_gbps(self, plane, src=None):
+        """(bin start times in ns, goodput in Gbit/s) of ``plane``, every bin to the last;
+        both directions summed, or only frames sent by endpoint ``src``."""
+        bins = self.bins[plane]
+        times, rates = [], []
+        for index in range(self.bin_count()):
+            times.append(index * self.bin_ns)
+            entry = bins.get(index)
+            if entry is None:
+                rates.append(0.0)
+            else:
+                count = entry.goodput_bytes if src is None else entry.goodput_by_src[src]
+                rates.append(count * 8 / self.bin_ns)
+        return times, rates
+
+    @classmethod
+    def from_dict(cls, values, planes=None):
+        """Statistics back from :meth:`to_dict` (bins and totals; enough to plot)."""
+        bins = values["bins"]
+        stats = cls(len(bins) if planes is None else planes, values["bin_ns"])
+        stats.goodput_bytes = values.get("goodput_bytes", 0)
+        for plane, counters in enumerate(values.get("planes", [])):
+            stats.counters[plane].update(counters)
+        for key, counters in values.get("paths", {}).items():
+            plane, path = (int(x) for x in key.split("."))
+            stats.path_counters[(plane, path)].update(counters)
+        for plane, plane_bins in enumerate(bins):
+            for index, saved in plane_bins.items():
+                entry = stats.bins[plane][int(index)]
+                entry.goodput_bytes = saved["goodput_bytes"]
+                entry.goodput_by_src.update(saved.get("goodput_by_src", {}))
+                entry.frames = saved["frames"]
+                entry.wire_bytes = saved["wire_bytes"]
+                entry.drops.update(saved["drops"])
+                stats.last_ns = max(stats.last_ns, (int(index) + 1) * stats.bin_ns - 1e-3)
+        return stats
+
+    def to_dict(self):
+        """JSON-ready: totals per plane and per path, and the bins."""
+        return {
+            "bin_ns": self.bin_ns,
+            "goodput_bytes": self.goodput_bytes,
+            "planes": [dict(sorted(c.items())) for c in self.counters],
+            "paths": {f"{plane}.{path}": dict(sorted(c.items()))
+                      for (plane, path), c in sorted(self.path_counters.items())},
+            "bins": [{str(index): {"goodput_bytes": b.goodput_bytes,
+                                   "goodput_by_src": dict(b.goodput_by_src), "frames": b.frames,
+                                   "wire_bytes": b.wire_bytes, "drops": dict(b.drops)}
+                      for index, b in sorted(bins.items())} for bins in self.bins],
+        }
