@@ -24,6 +24,9 @@ class Timebase(wiring.Component):
     -------
     ns : ``Out(32)``
         Current time in ns (wraps after 4.29 s).
+    units : ``Out(32)``
+        Current time in units of 1.024 us (1024 ns), the unit of the local ACK timeout
+        (wraps after 73 minutes): the retransmit timers count in it.
     """
 
     FRACTION_BITS = 16
@@ -34,7 +37,7 @@ class Timebase(wiring.Component):
                 raise ValueError(f"Clock frequency must be an integer from 1 MHz to 500 MHz, "
                                  f"not {clock_hz!r}")
         self._clock_hz = clock_hz
-        super().__init__({"ns": Out(32)})
+        super().__init__({"ns": Out(32), "units": Out(32)})
 
     @property
     def step(self):
@@ -43,7 +46,10 @@ class Timebase(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        count = Signal(32 + self.FRACTION_BITS)
+        count = Signal(42 + self.FRACTION_BITS)
         m.d.sync += count.eq(count + self.step)
-        m.d.comb += self.ns.eq(count[self.FRACTION_BITS:])
+        m.d.comb += [
+            self.ns.eq(count[self.FRACTION_BITS:self.FRACTION_BITS + 32]),
+            self.units.eq(count[self.FRACTION_BITS + 10:]),
+        ]
         return m

@@ -8,7 +8,7 @@ import argparse
 import os
 import sys
 
-from . import bench, dissector, evtool, flow, replay
+from . import bench, dissector, evtool, flow, mainjob, replay
 from .errors import fail
 
 
@@ -123,6 +123,7 @@ def build_parser():
     evtool.register(sub)
     dissector.register(sub)
     flow.register(sub)
+    mainjob.register(sub)
     replay.register(sub)
     bench.register(sub)
     _register_verilog(sub)

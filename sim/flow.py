@@ -30,7 +30,8 @@ DEFAULT_PROFILE = REPO / "sim" / "data" / "default-ev-profile.json"
 
 
 def register(subparsers):
-    p = subparsers.add_parser("sim", help="run the main end-to-end flow on built-in defaults")
+    p = subparsers.add_parser("flow", help="the packet-level foundation flow (Python exchange, "
+                              "RTL receive path, tshark check)")
     p.add_argument("--scenario", default="default", help="name of the output folder")
     p.add_argument("--bytes", type=int, default=256 * 1024, help="payload bytes to move")
     p.add_argument("--msg-size", type=int, default=16 * 1024, help="bytes per message")

@@ -33,7 +33,7 @@ def test_pcap_sample_unwritable_is_one_line_error(tmp_path):
 
 
 def test_sim_foundation_flow(tmp_path):
-    result = mrc_nic("sim", "--bytes", 20000, "--msg-size", 5000, "--out", tmp_path,
+    result = mrc_nic("flow", "--bytes", 20000, "--msg-size", 5000, "--out", tmp_path,
                      "--ack-every", 2, "--planes", 4, "--evs", 8, "--sim", "none")
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads((tmp_path / "report.json").read_text())
@@ -49,7 +49,7 @@ def test_sim_foundation_flow(tmp_path):
 
 def test_sim_runs_the_rtl_receive_path(tmp_path):
     """Every frame of the flow's capture goes through the NIC top (Icarus) and is accepted."""
-    result = mrc_nic("sim", "--bytes", 3000, "--msg-size", 1500, "--out", tmp_path,
+    result = mrc_nic("flow", "--bytes", 3000, "--msg-size", 1500, "--out", tmp_path,
                      "--planes", 2, "--evs", 4, "--sim", "icarus")
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads((tmp_path / "report.json").read_text())
@@ -62,11 +62,11 @@ def test_sim_runs_the_rtl_receive_path(tmp_path):
 
 
 def test_sim_rejects_bad_arguments(tmp_path):
-    bad_mtu = mrc_nic("sim", "--mtu", 1500, "--out", tmp_path)
+    bad_mtu = mrc_nic("flow", "--mtu", 1500, "--out", tmp_path)
     assert bad_mtu.returncode == 2
     assert bad_mtu.stderr.strip() == ("mrc-nic: error: NicConfig.mtu must be one of 256, 512, "
                                       "1024, 2048, 4096, not 1500")
-    missing = mrc_nic("sim", "--profile", tmp_path / "nope.json", "--out", tmp_path)
+    missing = mrc_nic("flow", "--profile", tmp_path / "nope.json", "--out", tmp_path)
     assert missing.returncode == 2 and "cannot read EV profile" in missing.stderr
-    zero = mrc_nic("sim", "--bytes", 0, "--out", tmp_path)
+    zero = mrc_nic("flow", "--bytes", 0, "--out", tmp_path)
     assert zero.returncode == 2 and "--bytes must be at least 1, not 0" in zero.stderr

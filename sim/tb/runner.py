@@ -31,21 +31,45 @@ def waves_requested():
     return os.environ.get("MRC_WAVES", "") not in ("", "0")
 
 
+def source_key(*parts):
+    """A digest of the gateware sources (every ``hdl/**/*.py``) and ``parts``: when it is
+    unchanged, an exported design is too, and :func:`run_cocotb` skips elaboration."""
+    import hashlib
+    digest = hashlib.sha256()
+    root = Path(__file__).resolve().parents[2] / "hdl"
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    for part in parts:
+        digest.update(repr(part).encode())
+    return digest.hexdigest()
+
+
 def run_cocotb(component, *, toplevel, test_module, build_dir, extra_env=None, sim=None,
-               testcase=None, waves=None, quick_build=False, reuse=False):
+               testcase=None, waves=None, quick_build=False, reuse=False, export_key=None):
     """Export ``component`` as ``toplevel`` into ``build_dir`` and run ``test_module`` on it.
 
     ``quick_build``: compile Verilator's C++ without optimisation (``-O0``): a whole NIC
     compiles several times faster and simulates about half as fast, the right trade for tests;
     benchmarks keep the default. ``reuse``: keep an earlier simulator build in ``build_dir``
-    when the exported design is unchanged. Returns the path of the results XML. Raises
-    :class:`CocotbFailure` when a test failed.
+    when the exported design is unchanged. ``export_key`` (see :func:`source_key`): skip the
+    export (elaboration) when the design in ``build_dir`` was exported under the same key;
+    ``component`` may then be a callable that makes the component, so it is not even built.
+    Returns the path of the results XML. Raises :class:`CocotbFailure` when a test failed.
     """
     sim = sim or simulator()
     waves = waves_requested() if waves is None else waves
     build_dir = Path(build_dir).resolve()
     source = build_dir / f"{toplevel}.sv"
-    export_sv(component, name=toplevel, path=source)
+    key_file = build_dir / "export.key"
+    if not (export_key and source.exists() and key_file.exists()
+            and key_file.read_text() == export_key):
+        if callable(component) and not hasattr(component, "elaborate"):
+            component = component()
+        key_file.unlink(missing_ok=True)
+        export_sv(component, name=toplevel, path=source)
+        if export_key:
+            key_file.write_text(export_key)
     build_args = []
     if sim == "verilator":
         build_args = ["-Wno-fatal", "-Wno-lint", "-Wno-style"]

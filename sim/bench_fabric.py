@@ -1,0 +1,88 @@
+"""Whole-NIC benchmarks over the fabric (``build/bench/fabric.json``, ``recovery.json``).
+
+Each entry runs one scenario of the main job (:mod:`sim.mainjob`) on two RTL NICs and keeps
+its report's key figures, side by side:
+
+* ``clean``: efficiency on a clean 8-plane fabric (target >= 0.97);
+* ``plane-failure``: one of 8 planes blackholed mid-transfer: goodput relative to the healthy
+  line rate (target >= 0.85), bytes lost (must be 0) and the recovery figures;
+* ``timeout-only``: the same failure with SACK loss inference off (recovery by timeout only);
+* ``ecmp`` against ``mrc-8qp``: the single-path baseline against MRC with as many QPs as
+  planes (target ratio >= 1.5);
+* ``loss1``: 1 % random loss (target efficiency >= 0.9);
+* simulated cycles per second of the two-NIC system per simulator (a short run each).
+
+``recovery.json`` puts ``plane-failure`` and ``timeout-only`` side by side (issue #6's
+measurement).
+"""
+
+import json
+import platform
+from pathlib import Path
+
+from .env import BUILD
+from .mainjob import run_scenario
+from .scenario import scenario
+
+__all__ = ["run", "ENTRIES"]
+
+ENTRIES = ("clean", "plane-failure", "timeout-only", "ecmp", "mrc-8qp", "loss1")
+
+
+def _figures(report):
+    keys = ("goodput_gbps", "efficiency", "payload_capacity_gbps", "line_rate_gbps",
+            "bytes_offered", "bytes_delivered", "bytes_lost", "bytes_corrupted",
+            "completions_in_order", "packets_sent", "retransmissions", "timeouts",
+            "inferred_losses", "trims", "duration_us", "finished", "ok")
+    out = {k: report[k] for k in keys}
+    out["goodput_over_line_rate"] = round(report["goodput_gbps"] / report["line_rate_gbps"], 4)
+    out["failure"] = report["failure"]
+    out["ev_events"] = len(report["ev_events"])
+    out["sim"] = report["sim"]
+    return out
+
+
+def run(out_dir=None, *, entries=ENTRIES, sims=("verilator",), log=print, **overrides):
+    out_dir = Path(out_dir or BUILD / "bench")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = {}
+    for name in entries:
+        log(f"bench: scenario {name} (RTL, verilator) ...")
+        scn = scenario(name, **overrides).replace(name=name)
+        report = run_scenario(scn, out_dir / "fabric" / name, log=log)
+        results[name] = _figures(report)
+        log(f"  goodput {report['goodput_gbps']:.3f} Gb/s, efficiency {report['efficiency']:.3f},"
+            f" lost {report['bytes_lost']}, {report['sim']['cycles_per_s']} cycles/s")
+    speed = {}
+    for sim in sims:
+        if sim == "verilator" and "clean" in results:
+            speed[sim] = results["clean"]["sim"]
+            continue
+        log(f"bench: simulated cycles per second, {sim} (a short run) ...")
+        scn = scenario("clean", sim=sim, max_us=4.0, bytes=16 * 1024).replace(
+            name=f"speed-{sim}")
+        report = run_scenario(scn, out_dir / "fabric" / scn.name, log=log)
+        speed[sim] = report["sim"]
+    comparison = {}
+    if "ecmp" in results and "mrc-8qp" in results:
+        comparison["mrc_over_ecmp_goodput"] = round(
+            results["mrc-8qp"]["goodput_gbps"] / max(results["ecmp"]["goodput_gbps"], 1e-9), 3)
+    document = {"benchmark": "two RTL NICs over the multi-plane fabric",
+                "machine": platform.node(), "python": platform.python_version(),
+                "scenarios": results, "comparison": comparison,
+                "cycles_per_second": speed}
+    (out_dir / "fabric.json").write_text(json.dumps(document, indent=2, default=str) + "\n")
+    if "plane-failure" in results and "timeout-only" in results:
+        recovery = {name: {"failure": results[name]["failure"],
+                           "goodput_gbps": results[name]["goodput_gbps"],
+                           "retransmissions": results[name]["retransmissions"],
+                           "timeouts": results[name]["timeouts"],
+                           "inferred_losses": results[name]["inferred_losses"],
+                           "bytes_lost": results[name]["bytes_lost"]}
+                    for name in ("plane-failure", "timeout-only")}
+        (out_dir / "recovery.json").write_text(json.dumps(
+            {"benchmark": "one of 8 planes blackholed mid-transfer: SACK inference on "
+                          "(plane-failure) against timeout only (timeout-only)",
+             "results": recovery}, indent=2, default=str) + "\n")
+    log(f"wrote {out_dir / 'fabric.json'}")
+    return document

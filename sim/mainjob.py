@@ -1,0 +1,273 @@
+"""``mrc-nic sim``: the main job. Two NICs over the multi-plane fabric, one scenario, one report.
+
+The RTL backend runs :mod:`sim.tb.cocotb_fabric` on two RTL NICs (Verilator by default); the
+model backend runs the same scenario on two reference-model NICs (:mod:`sim.model.pair`).
+Either way the raw result and the fabric's capture become ``report.json``, ``traffic.pcapng``
+(one interface per plane), ``traffic.pcap`` and ``goodput.png`` in ``build/sim/<scenario>/``,
+and a short summary on the terminal. ``docs/sim.md`` describes every key of the report.
+"""
+
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+from hdl import protocol as P
+
+from .analysis import analyse
+from .env import BUILD
+from .scenario import SCENARIOS, ScenarioError, line_rate_gbps, nic_config_for, scenario
+
+__all__ = ["register", "run_scenario", "make_report", "payload_capacity_gbps",
+           "per_packet_overhead"]
+
+
+# -- command line -----------------------------------------------------------------------------
+
+FLAGS = [
+    # (flag, scenario field, type, help)
+    ("--planes", "planes", int, "planes (NIC ports), 1-16"),
+    ("--qps", "qps", int, "QPs each way"),
+    ("--bytes", "bytes", int, "payload bytes per direction"),
+    ("--msg-size", "msg_size", int, "bytes per work request"),
+    ("--mtu", "mtu", int, "path MTU: 256, 512, 1024, 2048 or 4096"),
+    ("--fail-plane", "fail_plane", int, "plane that fails (-1: none)"),
+    ("--fail-at", "fail_at_us", float, "failure time, us after the transfer starts"),
+    ("--recover-at", "recover_at_us", float, "recovery time, us (-1: never)"),
+    ("--loss", "loss", float, "random loss probability per frame, 0-0.5"),
+    ("--trim-threshold", "trim_threshold", int, "queue bytes above which data is trimmed "
+                                                "(0: never)"),
+    ("--ecn-threshold", "ecn_threshold", int, "queue bytes above which ECN CE is set"),
+    ("--evs", "evs", int, "EVs in the profile (sprayed over the planes)"),
+    ("--seed", "seed", int, "random seed (traffic and fabric)"),
+    ("--timeout", "timeout", int, "local ACK timeout exponent t: 1.024 us * 2^t"),
+    ("--infer-k", "infer_k", int, "SACK loss inference threshold K (0: off)"),
+    ("--max-us", "max_us", float, "give up after this much simulated time"),
+]
+
+
+def register(subparsers):
+    p = subparsers.add_parser(
+        "sim", help="the main job: two NICs over a multi-plane fabric (docs/sim.md)",
+        description="Run a scenario on two NICs joined by the multi-plane fabric and write "
+                    "report.json, the capture and a goodput plot into build/sim/<scenario>/.")
+    p.add_argument("--scenario", default="default",
+                   help=f"named scenario: {', '.join(SCENARIOS)}")
+    for flag, field, kind, text in FLAGS:
+        p.add_argument(flag, dest=field, type=kind, default=None, help=text)
+    p.add_argument("--backend", choices=("rtl", "model"), default=None)
+    p.add_argument("--baseline", choices=("ecmp",), default=None,
+                   help="ecmp: one fixed EV per QP (the single-path baseline)")
+    p.add_argument("--sim", choices=("verilator", "icarus"), default=None)
+    p.add_argument("--waves", action="store_true", help="write FST waveforms")
+    p.add_argument("--out", type=Path, default=None, help="output folder")
+    p.set_defaults(func=run)
+
+
+def scenario_from_args(args):
+    """The scenario the flags ask for: the named one, then every flag given on top. A
+    negative ``--fail-plane`` or ``--recover-at`` means "none"/"never"."""
+    overrides = {field: getattr(args, field) for _, field, _, _ in FLAGS
+                 if getattr(args, field) is not None}
+    if overrides.get("fail_plane", 0) < 0:
+        overrides.update(fail_plane=None, fail_at_us=None, recover_at_us=None)
+    elif overrides.get("recover_at_us", 0) < 0:
+        overrides["recover_at_us"] = None
+    for name in ("backend", "baseline", "sim"):
+        if getattr(args, name) is not None:
+            overrides[name] = getattr(args, name)
+    if args.waves:
+        overrides["waves"] = True
+    base = scenario(args.scenario)
+    return base.replace(name=args.scenario, **overrides)
+
+
+def run(args):
+    try:
+        scn = scenario_from_args(args)
+    except ScenarioError as e:
+        print(f"mrc-nic sim: {e}", file=sys.stderr)
+        return 2
+    out = args.out or BUILD / "sim" / scn.name
+    report = run_scenario(scn, out, log=print)
+    print(summary(report))
+    return 0 if report["ok"] else 1
+
+
+# -- running ----------------------------------------------------------------------------------
+
+def _build_dir(scn):
+    config = nic_config_for(scn)
+    key = hashlib.sha256(json.dumps([config.to_dict(), scn.sim, scn.waves],
+                                    sort_keys=True).encode()).hexdigest()[:12]
+    return BUILD / "sim" / "rtl" / f"{scn.sim}-{key}"
+
+
+def run_scenario(scn, out, *, log=print):
+    """Run ``scn``; write every output into ``out``; return the report (a dict)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in ("result.json", "report.json"):
+        (out / stale).unlink(missing_ok=True)
+    wall0 = time.monotonic()
+    if scn.backend == "rtl":
+        from .tb.pair import NicPair
+        from .tb.runner import run_cocotb, source_key
+        config = nic_config_for(scn)
+        log(f"building two RTL NICs ({config.ports} ports, {config.data_width}-bit, "
+            f"{scn.sim}); a cached build is reused")
+        run_cocotb(lambda: NicPair(config), toplevel="nic_pair",
+                   test_module="sim.tb.cocotb_fabric", build_dir=_build_dir(scn), sim=scn.sim,
+                   waves=scn.waves, reuse=True,
+                   export_key=source_key("nic_pair", config.to_dict()),
+                   extra_env={"SCENARIO": json.dumps(scn.to_dict()), "OUT": out.resolve(),
+                              "MRC_SIMULATOR": scn.sim})
+        result = json.loads((out / "result.json").read_text())
+    else:
+        from .fabric import Fabric
+        from .model.pair import run_model
+        from .workload import fabric_config_for
+        fabric = Fabric(fabric_config_for(scn, nic_config_for(scn)))
+        def progress(p):
+            done = " ".join(f"{side} {p['completions'][side]}/{p['expected'][side]}"
+                            for side in sorted(p["expected"]))
+            log(f"t={p['sim_ns'] / 1000:8.1f} us  completions {done}")
+        result = run_model(scn, network=fabric, progress=progress)
+        result["analysis"] = analyse(fabric, scn, nic_config_for(scn), end_ns=result["sim_ns"])
+        fabric.save(out)
+        (out / "result.json").write_text(json.dumps(result, default=str))
+    result["total_wall_s"] = time.monotonic() - wall0
+    report = make_report(scn, result, out)
+    (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
+    try:
+        from .fabric.plot import plot_goodput
+        plot_goodput(out, out / "goodput.png", title=f"{scn.name}: goodput per plane")
+    except RuntimeError as e:          # matplotlib missing
+        log(f"no plot: {e}")
+    return report
+
+
+# -- the report -------------------------------------------------------------------------------
+
+def per_packet_overhead(config):
+    """Wire bytes of an MTU data packet beyond its payload (Ethernet to ICRC; the datapath
+    carries no preamble or FCS): from a packet built by the Scapy layers."""
+    from . import packets as pk
+    frame = bytes(pk.data_packet(P.Opcode.RDMA_WRITE_MIDDLE, dqpn=1, psn=0, va=0, rkey=0,
+                                 payload=bytes(config.mtu), ip_version=config.ip_version))
+    return len(frame) - config.mtu
+
+
+def payload_capacity_gbps(config):
+    """Line rate times payload / (payload + per-packet overhead) at the MTU; the overhead is
+    rounded up to whole datapath beats, as the engine sends a frame in whole beats."""
+    lanes = config.data_width // 8
+    beats = -(-(config.mtu + per_packet_overhead(config)) // lanes)
+    return line_rate_gbps(config) * config.mtu / (beats * lanes)
+
+
+def make_report(scn, result, out):
+    """``report.json`` from a raw result (both backends write the same raw keys)."""
+    config = nic_config_for(scn)
+    work = result["work"]
+    completions = result["completions"]
+    directions = 2 if scn.both_ways else 1
+    offered = sum(wr["length"] for side in work.values() for wr in side)
+    bad = {(m["side"], m["wr_id"]) for m in result["memory_mismatches"]}
+    delivered = corrupted = 0
+    completed = 0
+    in_order = True
+    for name, posted in work.items():
+        peer = "b" if name == "a" else "a"
+        own = [c for c in completions[name] if c["side"] == 0]
+        status = {c["wr_id"]: c["status"] for c in own}
+        for qpn in range(scn.qps):
+            posted_q = [wr["wr_id"] for wr in posted if wr["qpn"] == qpn]
+            done_q = [c["wr_id"] for c in own if c["qpn"] == qpn]
+            if done_q != posted_q[:len(done_q)]:
+                in_order = False
+            imms = [wr["imm"] for wr in posted if wr["qpn"] == qpn
+                    and wr["opcode"] == P.WrOpcode.RDMA_WRITE_WITH_IMM]
+            got = [c["imm"] for c in completions[peer] if c["side"] == 1 and c["qpn"] == qpn]
+            if got != imms[:len(got)]:
+                in_order = False
+        for wr in posted:
+            if status.get(wr["wr_id"]) == P.CompletionStatus.SUCCESS:
+                completed += 1
+                if (name, wr["wr_id"]) in bad:
+                    corrupted += wr["length"]
+                else:
+                    delivered += wr["length"]
+    analysis = result["analysis"]
+    duration_ns = max(result["sim_ns"], 1.0)
+    goodput = delivered * 8 / duration_ns / directions
+    capacity = payload_capacity_gbps(config)
+    counters = result.get("counters", {})
+
+    def total(block, name):
+        return sum(c.get(block, {}).get(name, 0) for c in counters.values())
+
+    cycles = result.get("cycles", 0)
+    wall = result.get("wall_s", 0.0)
+    report = {
+        "line_rate_gbps": line_rate_gbps(config),
+        "payload_capacity_gbps": round(capacity, 4),
+        "goodput_gbps": round(goodput, 4),
+        "efficiency": round(goodput / capacity, 4),
+        "bytes_offered": offered,
+        "bytes_delivered": delivered,
+        "bytes_lost": offered - delivered - corrupted,
+        "bytes_corrupted": corrupted,
+        "messages_completed": completed,
+        "messages_posted": sum(len(side) for side in work.values()),
+        "completions_in_order": in_order,
+        "packets_sent": total("requester_counters", "packets"),
+        "retransmissions": total("requester_counters", "retransmissions"),
+        "trims": analysis["trims"],
+        "timeouts": total("requester_counters", "timeouts"),
+        "inferred_losses": total("requester_counters", "inferred_losses"),
+        "ev_events": result.get("ev_events", []),
+        "failure": analysis["failure"],
+        "fabric": analysis["fabric"],
+        "duration_us": round(duration_ns / 1000, 3),
+        "finished": result["finished"],
+        "qp_errors": result.get("qp_errors", {}),
+        "sim": {"backend": result["backend"], "simulator": result.get("simulator"),
+                "cycles": cycles, "wall_s": round(wall, 2),
+                "cycles_per_s": round(cycles / wall, 1) if wall else None,
+                "total_wall_s": round(result.get("total_wall_s", wall), 2)},
+        "scenario": scn.to_dict(),
+        "counters": counters,
+    }
+    report["ok"] = bool(result["finished"] and report["bytes_lost"] == 0
+                        and corrupted == 0 and in_order)
+    return report
+
+
+def summary(report):
+    scn = report["scenario"]
+    lines = [
+        f"scenario {scn['name']}: {scn['planes']} planes, {scn['qps']} QPs, "
+        f"{report['bytes_offered']} bytes offered, backend {report['sim']['backend']}",
+        f"  goodput {report['goodput_gbps']:.3f} Gb/s of {report['line_rate_gbps']:.1f} Gb/s "
+        f"line rate (efficiency {report['efficiency']:.3f} of the "
+        f"{report['payload_capacity_gbps']:.3f} Gb/s payload capacity)",
+        f"  delivered {report['bytes_delivered']} bytes, lost {report['bytes_lost']}, "
+        f"corrupted {report['bytes_corrupted']}, completions in order: "
+        f"{report['completions_in_order']}",
+        f"  packets {report['packets_sent']}, retransmissions {report['retransmissions']}, "
+        f"timeouts {report['timeouts']}, trims {report['trims']}, "
+        f"EV events {len(report['ev_events'])}",
+    ]
+    failure = report["failure"]
+    if failure:
+        lines.append(f"  plane {failure['plane']} failed at {failure['at_us']} us: no new "
+                     f"packet on it after {failure['dead_plane_abandoned_after_rtts']} RTTs; "
+                     f"every lost PSN resent after {failure['all_lost_resent_after_us']} us")
+    sim = report["sim"]
+    lines.append(f"  simulated {sim['cycles']} cycles in {sim['wall_s']} s "
+                 f"({sim['cycles_per_s']} cycles/s), {'OK' if report['ok'] else 'FAILED'}")
+    return "\n".join(lines)
+
+
