@@ -147,6 +147,8 @@ class MrcNic(wiring.Component):
 
         for block in (requester, responder, probe_req, probe_resp, txformer):
             m.d.comb += block.now_ns.eq(timebase.ns)
+        # The retransmit timers count 1.024 us units (the local ACK timeout's).
+        m.d.comb += requester.now_units.eq(timebase.units)
 
         # Network ports and the packet engine
         for port in range(config.ports):

@@ -326,3 +326,76 @@ def test_qp_write_busy_with_outstanding_wrs_and_read_back():
     assert page1 == 1 | 1 << 8 | 1 << 16 | 2 << 24
     assert m.control(RequesterCommand.QP_READ, qpn=8)[0] == P.Errno.ENOENT
     assert m.control(3) == (P.Errno.EINVAL, 0)
+
+
+# -- loss recovery (issue #6) ------------------------------------------------------------------
+
+def timed_model(timeout=4, linear=0, exp=0, psn=0, infer_k=None):
+    m = RequesterModel(CONFIG)
+    assert m.qp_write(0, psn=psn, max_wimm=2, timeout=timeout, retry_linear=linear,
+                      retry_exp=exp) == (P.Errno.OK, 0)
+    if infer_k is not None:
+        m.control(RequesterCommand.CONFIG, infer_k=infer_k)
+    return m
+
+
+@pytest.mark.parametrize("fields", [{"timeout": 25}, {"retry_exp": 26}])
+def test_qp_write_refuses_bad_timer_fields(fields):
+    m = RequesterModel(CONFIG)
+    assert m.control(RequesterCommand.QP_WRITE, qpn=0, state=3, mpr=1, max_wimm=1,
+                     **fields) == (P.Errno.EINVAL, 0)
+
+
+def test_ideal_timer_follows_retry_schedule_then_errors_the_qp():
+    m = timed_model(timeout=4, linear=1, exp=1)
+    m.post(wr(length=2 * 256, wr_id=1))
+    m.post(wr(length=256, wr_id=2))
+    m.pull_all(now_units=100)
+    assert m.control(RequesterCommand.QP_READ, qpn=0, page=2)[1] == 1 | 100 << 32
+    assert m.poll_timers(115) == []
+    assert m.poll_timers(116) == [(0, "timeout")]       # 16: the first send
+    assert m.poll_timers(131) == []
+    assert m.poll_timers(132) == [(0, "timeout")]       # 16: the linear retry
+    assert m.poll_timers(163) == []
+    assert m.poll_timers(164) == [(0, "exceeded")]      # 32: the exponential retry
+    assert m.qp(0)["state"] == P.QpState.ERROR
+    assert m.qp_errors == [{"qpn": 0, "status": S.RETRY_EXC_ERR}]
+    assert [(c["wr_id"], c["status"]) for c in m.completions] == [
+        (1, S.RETRY_EXC_ERR), (2, S.RETRY_EXC_ERR)]
+    m.post(wr(length=1, wr_id=3))
+    assert m.completions[-1]["status"] == S.WR_FLUSH_ERR
+    assert m.counters["timeouts"] == 2 and m.counters["retry_exceeded"] == 1
+
+
+def test_timeout_walk_resends_oldest_and_old_holes_with_lost_feedback():
+    m = timed_model(timeout=4, exp=P.RETRY_INFINITE, infer_k=0)
+    m.post(wr(length=4 * 256, wr_id=1))
+    m.pull_all(now_units=0)
+    for psn, ev in enumerate((1, 2, 3, 4)):
+        m.sent(0, psn, ev)
+    m.post(wr(length=256, wr_id=2))
+    m.pull_all(now_units=10)                            # PSN 4: young at time 16
+    m.receive(ack(0, -1 % (1 << 24), sack=0b100))       # PSN 2 SACKed
+    m.now_units = 16
+    assert m.expire(0) == "timeout"
+    resent = m.pull_all()
+    assert [r["context"]["psn"] for r in resent] == [0, 1, 3]
+    assert [r["avoid_ev"] for r in resent] == [1, 2, 4]
+    assert all(r["context"]["retransmission"] for r in resent)
+    assert [f["ev"] for f in m.feedback if f["kind"] == P.FeedbackKind.LOST] == [1, 2, 4]
+    assert m.counters["walk_skipped"] == 2 and m.counters["timeout_retransmissions"] == 3
+
+
+def test_inference_needs_k_later_sacks_and_happens_once():
+    m = timed_model(timeout=20, infer_k=3)
+    m.post(wr(length=8 * 256))
+    m.pull_all()
+    m.receive(ack(0, -1 % (1 << 24), sack=0b0110))      # 1, 2 SACKed: 0 has 2 later
+    assert m.pull_all() == []
+    m.receive(ack(0, -1 % (1 << 24), sack=0b10110))     # 1, 2, 4: 0 has 3 later
+    assert [r["context"]["psn"] for r in m.pull_all()] == [0]
+    m.receive(ack(0, -1 % (1 << 24), sack=0b10110))
+    assert m.pull_all() == []
+    m.receive(ack(0, -1 % (1 << 24), sack=0b11110110))  # region [1, 5): 3
+    assert [r["context"]["psn"] for r in m.pull_all()] == [3]
+    assert m.counters["inferred_losses"] == 2

@@ -78,7 +78,8 @@ def nic_register_map(config):
                    "counters.events_dropped)."),
         QueueBlock("probe_results", probe_result_layout(config), "Answered probes."),
         QueueBlock("qp_errors", qp_error_layout(config),
-                   "QPs the requester moved to ERROR, with the status of the NAK."),
+                   "QPs the requester moved to ERROR, with the status: the fatal NAK's, or "
+                   "RETRY_EXC_ERR when the retransmit timer ran out of retries."),
         StatusBlock("rx_counters", counter_layout(r.name.lower() for r in DropReason),
                     "Parser: frames accepted (`none`) and dropped per reason "
                     "(docs/parser.md)."),

@@ -5,6 +5,8 @@ Shared by the gateware (:mod:`hdl.transport.requester`) and the reference model
 ``docs/requester.md`` explains each.
 """
 
+from typing import NamedTuple
+
 from amaranth.hdl import unsigned
 from amaranth.lib import data, enum
 
@@ -15,7 +17,9 @@ __all__ = [
     "send_context_layout", "sent_layout", "retx_layout", "qp_error_layout",
     "REQUESTER_COUNTERS", "MAX_WR_PACKETS", "TIME_SHIFT", "TIME_BITS", "ACKREQ_EVERY_BITS",
     "bitmap_psns", "slot_depth", "wr_refusal", "wr_packets", "FATAL_NAK_STATUS",
-    "QP_WRITE_STATES",
+    "QP_WRITE_STATES", "WalkKind", "walk_layout", "retry_expiry", "RetryExpiry",
+    "RETRY_EXPONENT_MAX", "RETRY_COUNT_BITS", "INFER_K_BITS", "INFER_K_DEFAULT",
+    "YOUNG_CAP_LOG2", "timer_page",
 ]
 
 #: A work request may span at most this many packets; a longer one is refused with
@@ -27,6 +31,76 @@ MAX_WR_PACKETS = 1 << 22
 TIME_SHIFT = 10
 TIME_BITS = 16
 ACKREQ_EVERY_BITS = 16
+
+#: The retry wait never exceeds 2**RETRY_EXPONENT_MAX units (18 minutes): the 32-bit time
+#: difference the timer compares stays far from its wrap (*project choice*).
+RETRY_EXPONENT_MAX = 30
+#: Width of the per-QP retry count; it saturates (only E = 25, "retry forever", reaches it).
+RETRY_COUNT_BITS = 6
+#: CONFIG ``infer_k``: a hole is an inferred loss once K later PSNs are SACKed; 0 = off.
+INFER_K_BITS = 4
+INFER_K_DEFAULT = 3
+#: A TIMEOUT walk resends a PSN other than the oldest only if it was last sent at least
+#: ``min(2**t, 2**YOUNG_CAP_LOG2)`` units ago (the send time is stored in 16 bits).
+YOUNG_CAP_LOG2 = TIME_BITS - 1
+
+
+class RetryExpiry(NamedTuple):
+    wait_units: int         #: units from the timer's start to this expiry
+    exhausted: bool         #: this expiry ends the QP (RETRY_EXC_ERR) instead of a retry
+
+
+def retry_expiry(t, linear, exponential, retries):
+    """The retry policy (mrc.h): when the QP's next timer expiry happens and what it means.
+
+    ``t`` is the local ACK timeout exponent (1.024 us x 2**t), ``linear`` (L, 0..7) the
+    retries at the base timeout, ``exponential`` (E, 0..25) the retries with a doubling
+    timeout after them (25: retry forever), ``retries`` (r) the retries already done since
+    the last progress. The timer starts when the oldest outstanding PSN is sent (or una
+    advances, or the previous retry was sent); the next expiry is ``wait_units`` later:
+
+    * ``2**t`` while ``r <= L`` (the first send and the L linear retries);
+    * ``2**(t + r - L)`` after that, the exponent capped at :data:`RETRY_EXPONENT_MAX`.
+
+    The expiry is a retry, except when ``E < 25`` and ``r == L + E``: then the QP goes to
+    ERROR with RETRY_EXC_ERR (1 + L + E transmissions of the oldest PSN in all). The retry
+    count saturates at ``2**RETRY_COUNT_BITS - 1``.
+    """
+    if not 0 <= t <= P.LOCAL_ACK_TIMEOUT_MAX:
+        raise ValueError(f"Timeout exponent must be from 0 to {P.LOCAL_ACK_TIMEOUT_MAX}, "
+                         f"not {t!r}")
+    if not 0 <= linear <= P.RETRY_LINEAR_MAX:
+        raise ValueError(f"Linear retry count must be from 0 to {P.RETRY_LINEAR_MAX}, "
+                         f"not {linear!r}")
+    if not 0 <= exponential <= P.RETRY_EXPONENTIAL_MAX:
+        raise ValueError(f"Exponential retry count must be from 0 to "
+                         f"{P.RETRY_EXPONENTIAL_MAX}, not {exponential!r}")
+    exponent = min(t + max(0, retries - linear), RETRY_EXPONENT_MAX)
+    exhausted = exponential != P.RETRY_INFINITE and retries >= linear + exponential
+    return RetryExpiry(1 << exponent, exhausted)
+
+
+def timer_page(*, armed, retries, start):
+    """QP_READ page 2: bit 0 armed, bits 8-13 retries done, bits 32-63 the timer's start
+    time (1.024 us units)."""
+    return int(armed) | retries << 8 | (start & 0xFFFF_FFFF) << 32
+
+
+class WalkKind(enum.Enum, shape=1):
+    """Why the retransmitter walks a PSN range."""
+    TIMEOUT = 0     #: the QP's timer expired: the oldest PSN, then old holes
+    INFER = 1       #: K later PSNs were SACKed: holes not yet retransmitted
+
+
+def walk_layout(config):
+    """A range of PSNs for the retransmitter to walk, one PSN per cycle."""
+    return data.StructLayout({
+        "qpn": unsigned(config.qpn_bits),
+        "psn": unsigned(P.PSN_BITS),
+        "count": unsigned((bitmap_psns(config)).bit_length()),
+        "kind": WalkKind,
+    })
+
 
 #: Completion status of the WR holding the PSN a fatal NAK names.
 FATAL_NAK_STATUS = {
@@ -50,7 +124,9 @@ def requester_command_layout(config):
     """One control command. Fields a command does not use are ignored.
 
     QP_WRITE: ``qpn``, ``state``, ``psn`` (first PSN to send), ``mpr`` (units of 128 PSNs),
-    ``max_wimm``. QP_READ: ``qpn``, ``page``. CONFIG: ``ackreq_every``.
+    ``max_wimm``, ``timeout`` (t: 1.024 us x 2**t, 0..24), ``retry_linear`` (L, 0..7),
+    ``retry_exp`` (E, 0..25; 25 = forever). QP_READ: ``qpn``, ``page`` (0..2). CONFIG:
+    ``ackreq_every``, ``infer_k`` (0 = no SACK inference); CONFIG sets both.
     """
     return data.StructLayout({
         "cmd": RequesterCommand,
@@ -59,8 +135,12 @@ def requester_command_layout(config):
         "psn": unsigned(P.PSN_BITS),
         "mpr": unsigned(4),
         "max_wimm": unsigned(8),
-        "page": unsigned(1),
+        "page": unsigned(2),
         "ackreq_every": unsigned(ACKREQ_EVERY_BITS),
+        "timeout": unsigned(5),
+        "retry_linear": unsigned(3),
+        "retry_exp": unsigned(5),
+        "infer_k": unsigned(INFER_K_BITS),
     })
 
 
@@ -69,7 +149,9 @@ def requester_response_layout(config):
 
     QP_READ page 0: bits 0-7 state (ERROR once a fatal NAK arrived), 8-31 next PSN,
     32-55 oldest unacknowledged PSN. Page 1: bits 0-7 outstanding WRs, 8-15 WRITE_IMMs in
-    flight, 16-23 mpr, 24-31 max_wimm, 32-39 error status, 40-63 error PSN. Other commands: 0.
+    flight, 16-23 mpr, 24-31 max_wimm, 32-39 error status, 40-63 error PSN. Page 2 (the
+    retransmit timer, :func:`timer_page`): bit 0 armed, 8-13 retries done, 32-63 start time;
+    page 3: EINVAL. Other commands: 0.
     """
     return data.StructLayout({"errno": P.Errno, "data": unsigned(64)})
 
@@ -125,6 +207,9 @@ REQUESTER_COUNTERS = (
     "duplicate_acks", "bad_acks", "nak_psn_out_of_window", "nak_invalid_request",
     "nak_remote_access", "nak_remote_operational", "nak_trimmed", "completions",
     "error_completions", "feedback_dropped",
+    # Issue #6: retransmit timer and loss recovery.
+    "timeouts", "retry_exceeded", "timeout_retransmissions", "inferred_losses",
+    "lost_feedback", "walk_skipped", "arm_dropped", "infer_dropped",
 )
 
 NAK_COUNTERS = {

@@ -12,7 +12,10 @@ write port and the engines run at the same time without arbitration:
   priority over new packets on ``send``;
 * **ACK processing** (A1) applies one ACK/NAK per cycle: cumulative advance, SACK merge into
   the acked bitmap, TRIM -> retransmit queue, fatal NAK -> QP ERROR;
-* **completion engine** walks a QP's WR ring from the oldest slot and completes WRs in order.
+* **completion engine** walks a QP's WR ring from the oldest slot and completes WRs in order;
+* **timer scanner** (issue #6) visits one QP per cycle and expires its retransmit timer;
+* **walker** feeds the retransmitter PSN ranges (timeout and SACK-inferred losses);
+* **inference unit** (I0-I3) finds the holes with K later PSNs SACKed in each applied ACK.
 
 Every read port is transparent for its table's write port, so a read sees every write of the
 same cycle and earlier: back-to-back operations on one QP need no other forwarding, except
@@ -39,11 +42,16 @@ from ..packet.headers import PacketKind, packet_beat_layout
 from ..util import validating
 from .req_defs import (
     ACKREQ_EVERY_BITS,
+    INFER_K_BITS,
+    INFER_K_DEFAULT,
     MAX_WR_PACKETS,
     REQUESTER_COUNTERS,
+    RETRY_COUNT_BITS,
+    RETRY_EXPONENT_MAX,
     TIME_BITS,
-    TIME_SHIFT,
+    YOUNG_CAP_LOG2,
     RequesterCommand,
+    WalkKind,
     bitmap_psns,
     qp_error_layout,
     requester_command_layout,
@@ -52,9 +60,11 @@ from .req_defs import (
     send_context_layout,
     sent_layout,
     slot_depth,
+    walk_layout,
 )
 
-__all__ = ["Requester", "send_context_layout", "requester_tables", "block_ram_bits"]
+__all__ = ["Requester", "send_context_layout", "requester_tables", "block_ram_bits",
+           "retry_expiry_gateware"]
 
 _PSN = P.PSN_BITS
 _WIMM_BITS = 9          # WRITE_IMM counters: in flight = started - done (mod 512) <= 255
@@ -72,11 +82,12 @@ def requester_tables(config):
     count_bits = _log2(slots) + 1
     qps = config.qps
     return {
-        "cfg": (data.StructLayout({"state": 3, "mpr": 4, "max_wimm": 8}), qps, 4),
+        "cfg": (data.StructLayout({"state": 3, "mpr": 4, "max_wimm": 8, "timeout": 5,
+                                   "retry_linear": 3, "retry_exp": 5}), qps, 5),
         "sq": (data.StructLayout({"tail": count_bits, "wimm": _WIMM_BITS}), qps, 3),
-        "next_psn": (unsigned(_PSN), qps, 4),
+        "next_psn": (unsigned(_PSN), qps, 5),
         "ack": (data.StructLayout({"una": _PSN, "error": 1, "err_status": P.CompletionStatus,
-                                   "err_psn": _PSN}), qps, 6),
+                                   "err_psn": _PSN}), qps, 7),
         "cq": (data.StructLayout({"head": count_bits, "wimm": _WIMM_BITS, "err_done": 1}),
                qps, 3),
         "acked": (unsigned(window), qps, 2),
@@ -92,6 +103,14 @@ def requester_tables(config):
         "wr_send": (data.StructLayout({"va": 64, "local": 64, "rkey": 32, "imm": 32,
                                        "first": _PSN, "length": 32, "is_imm": 1}),
                     qps * slots, 1),
+        # Issue #6. The timer scanner's own table: armed, start time, una at its last visit,
+        # retries since the last progress.
+        "tmr": (data.StructLayout({"armed": 1, "start": 32, "una_seen": _PSN,
+                                   "retries": RETRY_COUNT_BITS}), qps, 2),
+        # Time una last advanced (ACK processing): where the timer restarts on progress.
+        "progress": (unsigned(32), qps, 1),
+        # PSNs before this were already inferred lost (inference unit).
+        "infer_to": (unsigned(_PSN), qps, 1),
     }
 
 
@@ -135,6 +154,30 @@ def _rotate_left(value, amount, width):
     return (Cat(value, value) << amount)[width:2 * width]
 
 
+def retry_expiry_gateware(t, linear, exponential, retries):
+    """:func:`~hdl.transport.req_defs.retry_expiry` as logic: ``(exponent, exhausted)`` with
+    ``wait_units = 2**exponent`` (``tests/test_recovery.py`` checks it against the Python
+    function)."""
+    beyond = Mux(retries > linear, retries - linear, 0)
+    exponent = t + beyond
+    exponent = Mux(exponent > RETRY_EXPONENT_MAX, RETRY_EXPONENT_MAX, exponent)
+    exhausted = (exponential != P.RETRY_INFINITE) & (retries >= linear + exponential)
+    return exponent[:5], exhausted
+
+
+def _popcount(value):
+    return sum((value[i] for i in range(len(value))), C(0, 1))
+
+
+def _kth_highest(byte, rank):
+    """Position (0-7) of the ``rank``-th highest set bit of an 8-bit ``byte``."""
+    position = C(0, 3)
+    for i in range(8):
+        above = _popcount(byte[i:])
+        position = Mux(byte[i] & (above == rank), i, position)
+    return position
+
+
 class Requester(wiring.Component):
     """The MRC requester. One send request and one ACK per cycle (II = 1), also back to back
     on one QP.
@@ -150,6 +193,14 @@ class Requester(wiring.Component):
     for a PSN no longer outstanding is dropped and counted in ``retx_ignored``; feedback that
     finds its output full is dropped and counted in ``feedback_dropped``. ``docs/requester.md``
     has every rule.
+
+    Loss recovery (issue #6, ``docs/recovery.md``): a per-QP retransmit timer, kept in block
+    RAM and visited by a scanner one QP per cycle (accurate to one scan period, ``qps``
+    cycles plus arm events), resends the oldest unacknowledged PSN and the old holes after it
+    on expiry, with the retry policy of :func:`~hdl.transport.req_defs.retry_expiry`; when
+    the retries are exhausted the QP goes to ERROR and every outstanding WR completes with
+    RETRY_EXC_ERR. A hole with ``infer_k`` later PSNs SACKed is resent at once. Each PSN
+    resent for a timeout or an inferred loss gives LOST feedback for the EV it went out on.
 
     Parameters
     ----------
@@ -167,24 +218,31 @@ class Requester(wiring.Component):
     rx : ``In(stream.Signature(packet_beat_layout(config)))``
         Received ACK/NAK packets (single beats).
     feedback : ``Out(stream.Signature(feedback_layout(config)))``
-        Path feedback per applied ACK (ACKED or ECN) and TRIM NAK (TRIMMED); dropped, not
-        stalled, when full.
+        Path feedback per applied ACK (ACKED or ECN), TRIM NAK (TRIMMED) and PSN resent for a
+        timeout or an inferred loss (LOST); dropped, not stalled, when full.
     retx : ``In(stream.Signature(retx_layout(config)))``
         Requests to retransmit a PSN (the retransmit timer of issue #6).
     completion : ``Out(stream.Signature(completion_layout(config)))``
         Requester completions, in WR order per QP. Never dropped.
     qp_error : ``Out(stream.Signature(qp_error_layout(config)))``
-        A QP moved to ERROR by a fatal NAK.
+        A QP moved to ERROR by a fatal NAK or by exhausted retries (RETRY_EXC_ERR).
     ctl : ``In(stream.Signature(requester_command_layout(config)))``
     ctl_resp : ``Out(stream.Signature(requester_response_layout(config)))``
     now_ns : ``In(32)``
-        The time (:class:`~hdl.timebase.Timebase`), stored per PSN sent.
+        Unused since issue #6 (the time is ``now_units``); kept so the NIC's wiring holds.
+    now_units : ``In(32)``
+        The time in 1.024 us units (:attr:`Timebase.units <hdl.timebase.Timebase.units>`):
+        the retransmit timers and the per-PSN send time.
     counters : ``Out(data.StructLayout({name: 32 for name in REQUESTER_COUNTERS}))``
     """
 
     TRIM_QUEUE_DEPTH = 16
     FEEDBACK_DEPTH = 4
     QP_ERROR_DEPTH = 4
+    ARM_DEPTH = 4           #: segmenter -> scanner: "the oldest PSN was just sent"
+    WALK_DEPTH = 4          #: per walk kind, scanner/inference -> walker
+    EXCEED_DEPTH = 4        #: scanner -> ACK processing: retries exhausted
+    LOST_DEPTH = 4          #: walker -> feedback merge
 
     def __init__(self, *, config):
         with validating(self):
@@ -204,6 +262,7 @@ class Requester(wiring.Component):
             "ctl": In(stream.Signature(requester_command_layout(config))),
             "ctl_resp": Out(stream.Signature(requester_response_layout(config))),
             "now_ns": In(32),
+            "now_units": In(32),
             "counters": Out(data.StructLayout({name: 32 for name in REQUESTER_COUNTERS})),
         })
 
@@ -253,11 +312,13 @@ class Requester(wiring.Component):
         ctl_errno = Signal(P.Errno)
         ctl_data = Signal(64)
         ackreq_every = Signal(ACKREQ_EVERY_BITS)
+        infer_k = Signal(INFER_K_BITS, init=INFER_K_DEFAULT)
         hold = Signal()                 # pipelines may not write the QP tables
         ctl_write = Signal()            # this cycle: QP_WRITE writes every QP table
         m.d.comb += hold.eq((ctl_state == CTL_HOLD) | (ctl_state == CTL_DECIDE))
         ctl_qpn = ctl_req.qpn[:qb]
-        ctl_ports = {name: rport(name) for name in ("cfg", "sq", "next_psn", "ack", "cq")}
+        ctl_ports = {name: rport(name) for name in ("cfg", "sq", "next_psn", "ack", "cq",
+                                                      "tmr")}
         for port in ctl_ports.values():
             m.d.comb += port.addr.eq(ctl_qpn)
 
@@ -275,10 +336,40 @@ class Requester(wiring.Component):
         qe_layout = qp_error_layout(cfg)
         m.submodules.qp_error_fifo = qp_error_fifo = SyncFIFOBuffered(
             width=qe_layout.size, depth=self.QP_ERROR_DEPTH)
+        # Issue #6: arm events (segmenter -> scanner), walk requests per kind (scanner,
+        # inference unit -> walker), retry-exceeded QPs (scanner -> ACK processing), LOST
+        # feedback (walker), merged with the ACK side's into `feedback`.
+        wl = walk_layout(cfg)
+        m.submodules.arm_fifo = arm_fifo = SyncFIFOBuffered(width=qb + 32,
+                                                            depth=self.ARM_DEPTH)
+        m.submodules.timeout_walks = timeout_walks = SyncFIFOBuffered(
+            width=wl.size, depth=self.WALK_DEPTH)
+        m.submodules.infer_walks = infer_walks = SyncFIFOBuffered(
+            width=wl.size, depth=self.WALK_DEPTH)
+        m.submodules.exceed_fifo = exceed_fifo = SyncFIFOBuffered(width=qb,
+                                                                  depth=self.EXCEED_DEPTH)
+        m.submodules.lost_fifo = lost_fifo = SyncFIFOBuffered(width=fb_layout.size,
+                                                              depth=self.LOST_DEPTH)
+        # Output register of `feedback`: the two queues take turns when both hold items.
+        fb_valid = Signal()
+        fb_out = Signal(fb_layout)
+        fb_lost_turn = Signal()
+        fb_load = ~fb_valid | self.feedback.ready
+        fb_pick_lost = lost_fifo.r_rdy & (~feedback_fifo.r_rdy | fb_lost_turn)
         m.d.comb += [
-            self.feedback.valid.eq(feedback_fifo.r_rdy),
-            self.feedback.payload.eq(feedback_fifo.r_data),
-            feedback_fifo.r_en.eq(self.feedback.ready),
+            self.feedback.valid.eq(fb_valid),
+            self.feedback.payload.eq(fb_out),
+            feedback_fifo.r_en.eq(fb_load & ~fb_pick_lost),
+            lost_fifo.r_en.eq(fb_load & fb_pick_lost),
+        ]
+        with m.If(fb_load):
+            m.d.sync += fb_valid.eq(feedback_fifo.r_rdy | lost_fifo.r_rdy)
+            with m.If(feedback_fifo.r_rdy | lost_fifo.r_rdy):
+                m.d.sync += [
+                    fb_out.eq(Mux(fb_pick_lost, lost_fifo.r_data, feedback_fifo.r_data)),
+                    fb_lost_turn.eq(~fb_pick_lost),
+                ]
+        m.d.comb += [
             self.qp_error.valid.eq(qp_error_fifo.r_rdy),
             self.qp_error.payload.eq(qp_error_fifo.r_data),
             qp_error_fifo.r_en.eq(self.qp_error.ready),
@@ -293,7 +384,8 @@ class Requester(wiring.Component):
             self.send.payload.eq(out),
             out_load.eq(~out_valid | self.send.ready),
         ]
-        time_now = self.now_ns[TIME_SHIFT:TIME_SHIFT + TIME_BITS]
+        now = self.now_units
+        time_now = now[:TIME_BITS]
 
         # == WR intake (S1) =================================================================
         s1_valid = Signal()
@@ -442,10 +534,33 @@ class Requester(wiring.Component):
         with m.If(ctl_write & (fwd_qpn == ctl_qpn)):
             m.d.sync += fwd_valid.eq(0)
 
+        # == walker: one PSN per cycle of a range request, timeout walks first =============
+        w_valid = Signal()
+        w = Signal(wl)
+        w_first = Signal()
+        w_step = Signal()               # the walker's PSN enters R1 this cycle
+        w_done = w_step & (w.count == 1)
+        w_load = ~w_valid | w_done
+        w_take_timeout = w_load & timeout_walks.r_rdy
+        w_take_infer = w_load & ~timeout_walks.r_rdy & infer_walks.r_rdy
+        m.d.comb += [timeout_walks.r_en.eq(w_take_timeout), infer_walks.r_en.eq(w_take_infer)]
+        with m.If(w_take_timeout | w_take_infer):
+            m.d.sync += [
+                w_valid.eq(1), w_first.eq(1),
+                w.eq(Mux(w_take_timeout, timeout_walks.r_data, infer_walks.r_data)),
+            ]
+        with m.Elif(w_step):
+            m.d.sync += [w.psn.eq(w.psn + 1), w.count.eq(w.count - 1), w_first.eq(0)]
+            with m.If(w_done):
+                m.d.sync += w_valid.eq(0)
+
         # == retransmitter (R0 take, R1 check, R2 rebuild) ==================================
         r1_valid = Signal()
         r1_qpn = Signal(qb)
         r1_psn = Signal(_PSN)
+        r1_walk = Signal()              # from the walker (else TRIM queue or `retx`)
+        r1_kind = Signal(WalkKind)
+        r1_first = Signal()
         r2_valid = Signal()
         r2_qpn = Signal(qb)
         r2_psn = Signal(_PSN)
@@ -457,12 +572,14 @@ class Requester(wiring.Component):
         r2_load = Signal()
         m.d.comb += r0_take.eq(~r1_valid | r1_advance)
         from_trim = trim_queue.r_rdy
-        r0_qpn = Mux(from_trim, trim_queue.r_data[:qb], self.retx.payload.qpn)
-        r0_psn = Mux(from_trim, trim_queue.r_data[qb:], self.retx.payload.psn)
-        r0_accept = r0_take & (from_trim | self.retx.valid)
+        from_walk = ~from_trim & w_valid
+        r0_qpn = Mux(from_trim, trim_queue.r_data[:qb], Mux(w_valid, w.qpn, self.retx.payload.qpn))
+        r0_psn = Mux(from_trim, trim_queue.r_data[qb:], Mux(w_valid, w.psn, self.retx.payload.psn))
+        r0_accept = r0_take & (from_trim | w_valid | self.retx.valid)
         m.d.comb += [
             trim_queue.r_en.eq(r0_take),
-            self.retx.ready.eq(r0_take & ~from_trim),
+            w_step.eq(r0_take & from_walk),
+            self.retx.ready.eq(r0_take & ~from_trim & ~w_valid),
         ]
         r_ports = {name: rport(name) for name in ("cfg", "next_psn", "ack", "acked", "meta",
                                                     "ev")}
@@ -470,19 +587,42 @@ class Requester(wiring.Component):
             addr = psn_addr(r0_qpn, r0_psn) if name in ("meta", "ev") else r0_qpn
             m.d.comb += [port.addr.eq(addr), port.en.eq(r0_accept)]
         r1_ack = r_ports["ack"].data
+        r1_meta = r_ports["meta"].data
         r1_ok = ((r_ports["cfg"].data.state == P.QpState.RTS) & ~r1_ack.error
                  & _psn_ge(r1_psn, r1_ack.una) & _psn_gt(r_ports["next_psn"].data, r1_psn)
                  & ~r_ports["acked"].data.bit_select(r1_psn[:wb], 1))
+        # A TIMEOUT walk resends PSNs after the oldest only if they were last sent at least
+        # the base timeout ago (capped: the send time has 16 bits): the others may still be
+        # in flight on good paths. An INFER walk leaves retransmitted PSNs to the timer.
+        r1_timeout = r_ports["cfg"].data.timeout
+        r1_age = (time_now - r1_meta.time)[:TIME_BITS]
+        r1_young = (r1_age >> Mux(r1_timeout > YOUNG_CAP_LOG2, YOUNG_CAP_LOG2, r1_timeout)) == 0
+        r1_walk_ok = (r1_ok & ~((r1_kind == WalkKind.TIMEOUT) & ~r1_first & r1_young)
+                      & ~((r1_kind == WalkKind.INFER) & r1_meta.retx))
+        r1_go = Mux(r1_walk, r1_walk_ok, r1_ok)
         r2_can_load = ~r2_valid | r2_emit
         m.d.comb += [
-            r1_advance.eq(r1_valid & (~r1_ok | r2_can_load)),
-            r2_load.eq(r1_valid & r1_ok & r2_can_load),
+            r1_advance.eq(r1_valid & (~r1_go | r2_can_load)),
+            r2_load.eq(r1_valid & r1_go & r2_can_load),
         ]
         with m.If(r0_accept):
-            m.d.sync += [r1_valid.eq(1), r1_qpn.eq(r0_qpn), r1_psn.eq(r0_psn)]
+            m.d.sync += [r1_valid.eq(1), r1_qpn.eq(r0_qpn), r1_psn.eq(r0_psn),
+                         r1_walk.eq(from_walk), r1_kind.eq(w.kind), r1_first.eq(w_first)]
         with m.Elif(r1_advance):
             m.d.sync += r1_valid.eq(0)
-        count("retx_ignored", r1_valid & ~r1_ok)
+        count("retx_ignored", r1_valid & ~r1_walk & ~r1_ok)
+        count("walk_skipped", r1_valid & r1_walk & ~r1_walk_ok)
+        # Each PSN a walk resends: LOST feedback for the EV it last went out on.
+        lost_push = r2_load & r1_walk
+        lost_value = Signal(fb_layout)
+        m.d.comb += [
+            lost_value.qpn.eq(r1_qpn), lost_value.ev.eq(r_ports["ev"].data),
+            lost_value.kind.eq(P.FeedbackKind.LOST),
+            lost_fifo.w_data.eq(lost_value), lost_fifo.w_en.eq(lost_push),
+        ]
+        count("lost_feedback", lost_push & lost_fifo.w_rdy)
+        count("timeout_retransmissions", lost_push & (r1_kind == WalkKind.TIMEOUT))
+        count("inferred_losses", lost_push & (r1_kind == WalkKind.INFER))
         wr_send_port = mems["wr_send"].read_port(transparent_for=(wps["wr_send"],))
         m.d.comb += [
             wr_send_port.addr.eq(slot_addr(r1_qpn, r_ports["meta"].data.slot)),
@@ -563,16 +703,22 @@ class Requester(wiring.Component):
 
         rx_header = self.rx.payload.header
         rx_take = Signal()
+        # A QP whose retries are exhausted takes the place of an rx beat (issue #6).
+        a0_room = (~hold & room(trim_queue, self.TRIM_QUEUE_DEPTH)
+                   & room(qp_error_fifo, self.QP_ERROR_DEPTH))
+        x_take = exceed_fifo.r_rdy & a0_room
         m.d.comb += [
-            self.rx.ready.eq(~hold & room(trim_queue, self.TRIM_QUEUE_DEPTH)
-                             & room(qp_error_fifo, self.QP_ERROR_DEPTH)),
+            self.rx.ready.eq(a0_room & ~exceed_fifo.r_rdy),
             rx_take.eq(self.rx.valid & self.rx.ready),
+            exceed_fifo.r_en.eq(x_take),
         ]
         a_ports = {name: rport(name) for name in ("cfg", "next_psn", "ack", "acked",
                                                     "trig_set", "trig_seen")}
         for port in a_ports.values():
-            m.d.comb += [port.addr.eq(rx_header.bth.dqpn[:qb]), port.en.eq(rx_take)]
+            m.d.comb += [port.addr.eq(Mux(x_take, exceed_fifo.r_data, rx_header.bth.dqpn[:qb])),
+                         port.en.eq(rx_take | x_take)]
         a1_valid = Signal()
+        a1_exceed = Signal()            # retries exhausted for QP a1_qpn (not a packet)
         a1_known = Signal()             # an ACK packet for a QP that exists
         a1_qpn = Signal(qb)
         a1_syndrome = Signal(8)
@@ -581,8 +727,10 @@ class Requester(wiring.Component):
         a1_flags = Signal(8)
         a1_cum = Signal(_PSN)
         a1_sack = Signal(sack_bits)
-        m.d.sync += a1_valid.eq(rx_take)
-        with m.If(rx_take):
+        m.d.sync += [a1_valid.eq(rx_take | x_take), a1_exceed.eq(x_take)]
+        with m.If(x_take):
+            m.d.sync += [a1_known.eq(0), a1_qpn.eq(exceed_fifo.r_data), a1_sack.eq(0)]
+        with m.Elif(rx_take):
             m.d.sync += [
                 a1_known.eq((rx_header.kind == PacketKind.ACK) & (rx_header.bth.dqpn < cfg.qps)),
                 a1_qpn.eq(rx_header.bth.dqpn[:qb]),
@@ -612,9 +760,12 @@ class Requester(wiring.Component):
         beyond = advance & ~_psn_ge(a_next, cand)
         new_una = Mux(advance, cand, a_una)
         outstanding = _psn_ge(a1_psn, new_una) & _psn_gt(a_next, a1_psn)
-        a_drop = (~a1_known | (a_ports["cfg"].data.state != P.QpState.RTS) | a_ack.error
+        a_live = (a_ports["cfg"].data.state == P.QpState.RTS) & ~a_ack.error
+        a_drop = (~a1_known | ~a_live
                   | ~(is_ack | (is_nak & code_known)) | beyond | (fatal & ~outstanding))
-        a_apply = a1_valid & ~a_drop
+        a_apply = a1_valid & ~a1_exceed & ~a_drop
+        # Exhausted retries: like a fatal NAK for the oldest PSN, if the QP is still live.
+        x_apply = a1_valid & a1_exceed & a_live
 
         # SACK bit i is PSN cand + i; keep the bits for PSNs in [max(una, cand), next_psn).
         lo = _clamp(_psn_sub(new_una, cand), sack_bits)
@@ -644,6 +795,13 @@ class Requester(wiring.Component):
                 wps["ack"].data.eq(0), wps["ack"].data.una.eq(ctl_req.psn),
                 wps["acked"].addr.eq(ctl_qpn), wps["acked"].en.eq(1), wps["acked"].data.eq(0),
             ]
+        with m.Elif(x_apply):
+            m.d.comb += [
+                wps["ack"].addr.eq(a1_qpn), wps["ack"].en.eq(1),
+                wps["ack"].data.una.eq(a_una), wps["ack"].data.error.eq(1),
+                wps["ack"].data.err_status.eq(P.CompletionStatus.RETRY_EXC_ERR),
+                wps["ack"].data.err_psn.eq(a_una),
+            ]
         with m.Else():
             m.d.comb += [
                 wps["ack"].addr.eq(a1_qpn), wps["ack"].en.eq(a_apply),
@@ -658,7 +816,7 @@ class Requester(wiring.Component):
         # Completion triggers: none while one is queued for the QP (the engine reads the QP
         # when it takes the trigger, so it sees this ACK's change too).
         trigger_bit = ~a_ports["trig_seen"].data
-        trigger_push = (a_apply & (advance | fatal)
+        trigger_push = (((a_apply & (advance | fatal)) | x_apply)
                         & (a_ports["trig_set"].data == a_ports["trig_seen"].data))
         m.d.comb += [
             ack_triggers.w_data.eq(Cat(a1_qpn, trigger_bit)),
@@ -670,10 +828,15 @@ class Requester(wiring.Component):
         ]
         qp_error_value = Signal(qe_layout)
         m.d.comb += [
-            qp_error_value.qpn.eq(a1_qpn), qp_error_value.status.eq(err_status),
+            qp_error_value.qpn.eq(a1_qpn),
+            qp_error_value.status.eq(Mux(x_apply, P.CompletionStatus.RETRY_EXC_ERR, err_status)),
             qp_error_fifo.w_data.eq(qp_error_value),
-            qp_error_fifo.w_en.eq(a_apply & fatal),
+            qp_error_fifo.w_en.eq((a_apply & fatal) | x_apply),
+            # The timer restarts from the time una last advanced.
+            wps["progress"].addr.eq(a1_qpn), wps["progress"].data.eq(now),
+            wps["progress"].en.eq(a_apply & advance),
         ]
+        count("retry_exceeded", x_apply)
         feedback_value = Signal(fb_layout)
         feedback_push = a_apply & (is_ack | trim)
         m.d.comb += [
@@ -684,8 +847,9 @@ class Requester(wiring.Component):
             feedback_fifo.w_data.eq(feedback_value),
             feedback_fifo.w_en.eq(feedback_push),
         ]
-        count("feedback_dropped", feedback_push & ~feedback_fifo.w_rdy)
-        count("bad_acks", a1_valid & a_drop)
+        count("feedback_dropped", (feedback_push & ~feedback_fifo.w_rdy)
+              + (lost_push & ~lost_fifo.w_rdy))
+        count("bad_acks", a1_valid & ~a1_exceed & a_drop)
         count("acks", a_apply & is_ack)
         count("duplicate_acks", a_apply & is_ack & ~advance & ~new_bits)
         for nak_code, name in (
@@ -695,6 +859,152 @@ class Requester(wiring.Component):
                 (P.NakCode.REMOTE_OPERATIONAL, "nak_remote_operational"),
                 (P.NakCode.TRIMMED, "nak_trimmed")):
             count(name, a_apply & is_nak & (code == nak_code))
+
+        # == inference unit (I0 count, I1 group, I2 bit + infer_to read, I3 apply) ==========
+        # The K-th highest SACKed PSN of an applied ACK bounds the region whose holes have
+        # K later PSNs acknowledged: [max(infer_to, una), that PSN). Off the ACK path, one
+        # ACK per cycle, never stalls; a walk that finds its queue full is dropped (counted)
+        # and infer_to stays, so a later ACK infers the same holes again.
+        groups = sack_bits // 8
+        count_cap = 16                  # counts saturate: K is at most 15
+        i0_valid, i1_valid, i2_valid, i3_valid = (Signal(name=f"i{n}_valid") for n in range(4))
+
+        def carried(stage):
+            return {"qpn": Signal(qb, name=f"i{stage}_qpn"),
+                    "cand": Signal(_PSN, name=f"i{stage}_cand"),
+                    "una": Signal(_PSN, name=f"i{stage}_una"),
+                    "next": Signal(_PSN, name=f"i{stage}_next")}
+
+        i0, i1, i2, i3 = (carried(n) for n in range(4))
+        i0_sack = Signal(sack_bits)
+        a_sack = a1_sack & sack_mask
+        m.d.sync += i0_valid.eq(a_apply & ~fatal & (infer_k != 0) & (a_sack != 0))
+        m.d.sync += [i0["qpn"].eq(a1_qpn), i0["cand"].eq(cand), i0["una"].eq(new_una),
+                     i0["next"].eq(a_next), i0_sack.eq(a_sack)]
+        # I0: SACKed PSNs per 8-bit group and at or above each group (saturating).
+        i1_sack = Signal(sack_bits)
+        i1_above = [Signal(5, name=f"i1_above{g}") for g in range(groups + 1)]
+        suffix = [Signal(5, name=f"i0_above{g}") for g in range(groups + 1)]
+        for g in reversed(range(groups)):
+            # A signal per step: an expression would double at each of the `groups` steps.
+            total = _popcount(i0_sack[8 * g:8 * g + 8]) + suffix[g + 1]
+            m.d.comb += suffix[g].eq(Mux(total >= count_cap, count_cap, total))
+        m.d.sync += [i1_valid.eq(i0_valid), i1_sack.eq(i0_sack)]
+        m.d.sync += [i1_above[g].eq(suffix[g]) for g in range(groups + 1)]
+        m.d.sync += [i1[k].eq(i0[k]) for k in i0]
+        # I1: the group holding the K-th highest SACKed PSN, and its rank inside the group.
+        i2_byte = Signal(8)
+        i2_rank = Signal(4)
+        i2_group = Signal(max(1, _log2(groups)))
+        i2_found = Signal()
+        byte, rank, group = C(0, 8), C(0, 4), C(0, len(i2_group))
+        for g in range(groups):
+            here = (i1_above[g] >= infer_k) & (i1_above[g + 1] < infer_k)
+            byte = byte | Mux(here, i1_sack[8 * g:8 * g + 8], 0)
+            rank = rank | Mux(here, (infer_k - i1_above[g + 1])[:4], 0)
+            group = group | Mux(here, g, 0)
+        m.d.sync += [i2_valid.eq(i1_valid), i2_byte.eq(byte), i2_rank.eq(rank),
+                     i2_group.eq(group), i2_found.eq(i1_above[0] >= infer_k)]
+        m.d.sync += [i2[k].eq(i1[k]) for k in i1]
+        # I2: the bit inside the group; read infer_to (written back in I3: the transparent
+        # read port forwards it to the next ACK of the same QP).
+        i3_end = Signal(_PSN)
+        i3_found = Signal()
+        i2_bit = Cat(_kth_highest(i2_byte, i2_rank), i2_group)
+        infer_port = rport("infer_to")
+        m.d.comb += [infer_port.addr.eq(i2["qpn"]), infer_port.en.eq(i2_valid)]
+        m.d.sync += [i3_valid.eq(i2_valid), i3_found.eq(i2_found),
+                     i3_end.eq((i2["cand"] + i2_bit)[:_PSN])]
+        m.d.sync += [i3[k].eq(i2[k]) for k in i2]
+        # I3: the region [lower, end); infer_to is trusted only inside [una, next_psn].
+        infer_to = infer_port.data
+        i3_lower = Mux(_psn_ge(infer_to, i3["una"]) & _psn_ge(i3["next"], infer_to),
+                       infer_to, i3["una"])
+        i3_push = i3_valid & i3_found & _psn_gt(i3_end, i3_lower)
+        infer_walk = Signal(wl)
+        m.d.comb += [
+            infer_walk.qpn.eq(i3["qpn"]), infer_walk.psn.eq(i3_lower),
+            infer_walk.count.eq(_psn_sub(i3_end, i3_lower)), infer_walk.kind.eq(WalkKind.INFER),
+            infer_walks.w_data.eq(infer_walk), infer_walks.w_en.eq(i3_push),
+        ]
+        with m.If(ctl_write):
+            m.d.comb += [wps["infer_to"].addr.eq(ctl_qpn), wps["infer_to"].en.eq(1),
+                         wps["infer_to"].data.eq(ctl_req.psn)]
+        with m.Else():
+            m.d.comb += [wps["infer_to"].addr.eq(i3["qpn"]), wps["infer_to"].data.eq(i3_end),
+                         wps["infer_to"].en.eq(i3_push & infer_walks.w_rdy)]
+        count("infer_dropped", i3_push & ~infer_walks.w_rdy)
+        infer_busy = i0_valid | i1_valid | i2_valid | i3_valid
+
+        # == retransmit timer scanner (V0 pick + read, V1 decide + write) ===================
+        # The segmenter sent the oldest outstanding PSN: the timer starts at that exact time.
+        arm_push = s2_emit & (s2_psn == s2_una_now)
+        m.d.comb += [arm_fifo.w_data.eq(Cat(s2_qpn, now)), arm_fifo.w_en.eq(arm_push)]
+        count("arm_dropped", arm_push & ~arm_fifo.w_rdy)
+        scan_qpn = Signal(qb)           # qps is a power of two: wraps by itself
+        v0_go = ~hold
+        v0_event = arm_fifo.r_rdy
+        v0_qpn = Mux(v0_event, arm_fifo.r_data[:qb], scan_qpn)
+        m.d.comb += arm_fifo.r_en.eq(v0_go)
+        with m.If(v0_go & ~v0_event):
+            m.d.sync += scan_qpn.eq(scan_qpn + 1)
+        v_ports = {name: rport(name) for name in ("cfg", "ack", "next_psn", "tmr", "progress")}
+        for port in v_ports.values():
+            m.d.comb += [port.addr.eq(v0_qpn), port.en.eq(v0_go)]
+        v1_valid = Signal()
+        v1_event = Signal()
+        v1_qpn = Signal(qb)
+        v1_time = Signal(32)
+        m.d.sync += [v1_valid.eq(v0_go), v1_event.eq(v0_event), v1_qpn.eq(v0_qpn),
+                     v1_time.eq(arm_fifo.r_data[qb:])]
+        v_cfg, v_ack, v_tmr = v_ports["cfg"].data, v_ports["ack"].data, v_ports["tmr"].data
+        v_live = (v_cfg.state == P.QpState.RTS) & ~v_ack.error
+        v_outstanding = v_ack.una != v_ports["next_psn"].data
+        v_exponent, v_exhausted = retry_expiry_gateware(
+            v_cfg.timeout, v_cfg.retry_linear, v_cfg.retry_exp, v_tmr.retries)
+        v_expired = ((now - v_tmr.start)[:32] >> v_exponent) != 0
+        timeout_walk = Signal(wl)
+        m.d.comb += [
+            timeout_walk.qpn.eq(v1_qpn), timeout_walk.psn.eq(v_ack.una),
+            timeout_walk.count.eq(_psn_sub(v_ports["next_psn"].data, v_ack.una)),
+            timeout_walk.kind.eq(WalkKind.TIMEOUT),
+            timeout_walks.w_data.eq(timeout_walk),
+            exceed_fifo.w_data.eq(v1_qpn),
+        ]
+        tw = wps["tmr"]
+        retries_max = (1 << RETRY_COUNT_BITS) - 1
+        with m.If(ctl_write):
+            m.d.comb += [tw.addr.eq(ctl_qpn), tw.en.eq(1), tw.data.eq(0),
+                         tw.data.una_seen.eq(ctl_req.psn)]
+        with m.Else():
+            m.d.comb += [tw.addr.eq(v1_qpn), tw.data.eq(v_tmr), tw.data.una_seen.eq(v_ack.una)]
+            def restart(start):
+                return [tw.en.eq(1), tw.data.armed.eq(1), tw.data.retries.eq(0),
+                        tw.data.start.eq(start)]
+
+            with m.If(~v1_valid):
+                pass
+            with m.Elif(~v_live | ~v_outstanding):
+                m.d.comb += [tw.en.eq(1), tw.data.armed.eq(0), tw.data.retries.eq(0)]
+            with m.Elif(v1_event):
+                m.d.comb += restart(v1_time)
+            with m.Elif(~v_tmr.armed):
+                m.d.comb += restart(now)
+            with m.Elif(v_ack.una != v_tmr.una_seen):
+                m.d.comb += restart(v_ports["progress"].data)
+            with m.Elif(v_expired & v_exhausted):
+                # Until ACK processing applies it, a repeat ask is harmless (it checks).
+                m.d.comb += [exceed_fifo.w_en.eq(1), tw.en.eq(exceed_fifo.w_rdy),
+                             tw.data.start.eq(now)]
+            with m.Elif(v_expired):
+                # A full queue: nothing changes, the next visit asks again.
+                m.d.comb += [
+                    timeout_walks.w_en.eq(1), tw.en.eq(timeout_walks.w_rdy),
+                    tw.data.start.eq(now),
+                    tw.data.retries.eq(Mux(v_tmr.retries == retries_max, retries_max,
+                                           v_tmr.retries + 1)),
+                ]
+                count("timeouts", timeout_walks.w_rdy)
 
         # == completion engine ==============================================================
         E_IDLE, E_LOAD, E_CHECK = range(3)
@@ -742,7 +1052,9 @@ class Requester(wiring.Component):
             m.d.comb += [e_complete.eq(1), e_status.eq(P.CompletionStatus.SUCCESS)]
         with m.Elif(e_error):
             m.d.comb += e_complete.eq(1)
-            with m.If(~e_err_done & _psn_gt(done.end, e_err_psn)):
+            with m.If(e_err_status == P.CompletionStatus.RETRY_EXC_ERR):
+                m.d.comb += e_status.eq(P.CompletionStatus.RETRY_EXC_ERR)
+            with m.Elif(~e_err_done & _psn_gt(done.end, e_err_psn)):
                 m.d.comb += [e_status.eq(e_err_status), e_takes_error.eq(1)]
             with m.Else():
                 m.d.comb += e_status.eq(P.CompletionStatus.WR_FLUSH_ERR)
@@ -797,7 +1109,9 @@ class Requester(wiring.Component):
             with m.Case(*(int(s) for s in P.QpState)):
                 m.d.comb += state_ok.eq(1)
         bad_qp_write = (~state_ok | (ctl_req.mpr == 0) | (ctl_req.mpr > cfg.mpr_units)
-                        | (ctl_req.max_wimm == 0) | (ctl_req.max_wimm > cfg.max_wimm))
+                        | (ctl_req.max_wimm == 0) | (ctl_req.max_wimm > cfg.max_wimm)
+                        | (ctl_req.timeout > P.LOCAL_ACK_TIMEOUT_MAX)
+                        | (ctl_req.retry_exp > P.RETRY_EXPONENTIAL_MAX))
         c_outstanding = (c_sq.tail - c_cq.head)[:sb + 1]
         m.d.comb += [
             self.ctl.ready.eq(ctl_state == CTL_IDLE),
@@ -810,19 +1124,23 @@ class Requester(wiring.Component):
                 wps["cfg"].addr.eq(ctl_qpn), wps["cfg"].en.eq(1),
                 wps["cfg"].data.state.eq(ctl_req.state), wps["cfg"].data.mpr.eq(ctl_req.mpr),
                 wps["cfg"].data.max_wimm.eq(ctl_req.max_wimm),
+                wps["cfg"].data.timeout.eq(ctl_req.timeout),
+                wps["cfg"].data.retry_linear.eq(ctl_req.retry_linear),
+                wps["cfg"].data.retry_exp.eq(ctl_req.retry_exp),
             ]
         with m.Switch(ctl_state):
             with m.Case(CTL_IDLE):
                 with m.If(self.ctl.valid):
                     m.d.sync += [ctl_req.eq(self.ctl.payload), ctl_state.eq(CTL_HOLD)]
             with m.Case(CTL_HOLD):
-                with m.If(~a1_valid & (e_state == E_IDLE)):
+                with m.If(~a1_valid & (e_state == E_IDLE) & ~infer_busy & ~v1_valid):
                     m.d.sync += ctl_state.eq(CTL_DECIDE)
             with m.Case(CTL_DECIDE):
                 m.d.sync += [ctl_state.eq(CTL_RESP), ctl_errno.eq(P.Errno.OK), ctl_data.eq(0)]
                 with m.Switch(ctl_req.cmd):
                     with m.Case(RequesterCommand.CONFIG):
-                        m.d.sync += ackreq_every.eq(ctl_req.ackreq_every)
+                        m.d.sync += [ackreq_every.eq(ctl_req.ackreq_every),
+                                     infer_k.eq(ctl_req.infer_k)]
                     with m.Case(RequesterCommand.QP_READ):
                         with m.If(ctl_req.qpn >= cfg.qps):
                             m.d.sync += ctl_errno.eq(P.Errno.ENOENT)
@@ -830,12 +1148,19 @@ class Requester(wiring.Component):
                             m.d.sync += ctl_data.eq(Cat(
                                 Mux(c_ack.error, int(P.QpState.ERROR), c_cfg.state)[:3],
                                 C(0, 5), c_next, c_ack.una))
-                        with m.Else():
+                        with m.Elif(ctl_req.page == 1):
                             m.d.sync += ctl_data.eq(Cat(
                                 c_outstanding, C(0, 7 - sb),
                                 (c_sq.wimm - c_cq.wimm)[:8], c_cfg.mpr, C(0, 4),
                                 c_cfg.max_wimm, Value.cast(c_ack.err_status),
                                 C(0, 3), c_ack.err_psn))
+                        with m.Elif(ctl_req.page == 2):
+                            c_tmr = ctl_ports["tmr"].data
+                            m.d.sync += ctl_data.eq(Cat(
+                                c_tmr.armed, C(0, 7), c_tmr.retries,
+                                C(0, 24 - RETRY_COUNT_BITS), c_tmr.start))
+                        with m.Else():
+                            m.d.sync += ctl_errno.eq(P.Errno.EINVAL)
                     with m.Case(RequesterCommand.QP_WRITE):
                         with m.If(ctl_req.qpn >= cfg.qps):
                             m.d.sync += ctl_errno.eq(P.Errno.ENOENT)

@@ -229,7 +229,18 @@ class NicDriver(RegisterDriver):
 
     async def _write_requester(self, qpn, qp, state):
         await self.command("requester", cmd=RequesterCommand.QP_WRITE, qpn=qpn, state=state,
-                           psn=qp.sq_psn or 0, mpr=qp.mpr or 1, max_wimm=qp.max_wimm or 1)
+                           psn=qp.sq_psn or 0, mpr=qp.mpr or 1, max_wimm=qp.max_wimm or 1,
+                           timeout=qp.timeout, retry_linear=qp.retry_linear,
+                           retry_exp=qp.retry_exponential)
+
+    async def configure_requester(self, *, ackreq_every=0, infer_k=3):
+        """Requester settings (docs/requester.md, docs/recovery.md): ACK request every N
+        packets of a message (0: message ends only) and the SACK loss-inference threshold K
+        (0: off; a hole with K later PSNs acknowledged is resent at once)."""
+        if not 0 <= infer_k <= 15:
+            self._error(P.Errno.EINVAL, "requester", {"infer_k": infer_k})
+        await self.command("requester", cmd=RequesterCommand.CONFIG, ackreq_every=ackreq_every,
+                           infer_k=infer_k)
 
     async def connect_qp(self, qpn, *, ev_profile, remote_qpn, remote_mac, remote_ip, psn,
                          remote_psn, mpr, max_wimm, pd, ev_offset=0, **extra):

@@ -10,6 +10,13 @@ network simulations uses it as its requester.
 
 Timing is not modelled: the gateware does the same things in the same order per stream, but
 interleaves the streams in time. The rules are in ``docs/requester.md``.
+
+The retransmit timer of issue #6 (``docs/recovery.md``) is modelled as an ideal timer: time is
+:attr:`RequesterModel.now_units` (set it, or pass ``now_units`` to :meth:`~RequesterModel.pull`
+and :meth:`~RequesterModel.poll_timers`), and :meth:`~RequesterModel.poll_timers` expires every
+QP whose wait has passed at once, where the gateware's scanner notices it up to one scan
+period later. Timeout and inference walks are processed when the model is pulled, after the
+trims and ``retx`` requests queued before them.
 """
 
 from collections import deque
@@ -20,13 +27,18 @@ from hdl.interfaces import CompletionSide
 from hdl.packet.headers import PacketKind
 from hdl.transport.req_defs import (
     FATAL_NAK_STATUS,
+    INFER_K_DEFAULT,
     NAK_COUNTERS,
     QP_WRITE_STATES,
     REQUESTER_COUNTERS,
+    RETRY_COUNT_BITS,
     TIME_BITS,
-    TIME_SHIFT,
+    YOUNG_CAP_LOG2,
     RequesterCommand,
+    WalkKind,
     bitmap_psns,
+    retry_expiry,
+    timer_page,
     wr_packets,
     wr_refusal,
 )
@@ -80,6 +92,13 @@ class _Qp:
     wimm_in_flight: int = 0
     slots: deque = field(default_factory=deque)
     acked: set = field(default_factory=set)       #: SACKed PSNs in [una, next_psn)
+    timeout: int = 0            #: t: base timeout 1.024 us x 2**t
+    retry_linear: int = 0
+    retry_exp: int = 0
+    armed: bool = False         #: the retransmit timer runs
+    start: int = 0              #: its start time (units)
+    retries: int = 0            #: retries done since the last progress
+    infer_to: int = 0           #: PSNs before this were already inferred lost
 
     @property
     def effective_state(self):
@@ -113,9 +132,12 @@ class RequesterModel:
         self._queue = deque()           # posted WRs not yet taken (one queue: HOL blocking)
         self._current = None            # [qpn, slot, psn, remaining, index] being segmented
         self._retx = deque()            # (qpn, psn) waiting to be resent
+        self._walks = deque()           # [kind, qpn, psn, count, first] ranges to walk
+        self.now_units = 0              #: the time, in 1.024 us units
         self._ev = {}                   # (qpn, psn % window) -> EV it last went out on
         self.meta = {}                  # (qpn, psn % window) -> (send time, retransmitted)
         self.ackreq_every = 0
+        self.infer_k = INFER_K_DEFAULT
         self.completions = []
         self.feedback = []
         self.qp_errors = []
@@ -133,30 +155,43 @@ class RequesterModel:
             return P.Errno.EINVAL, 0
         if cmd == RequesterCommand.CONFIG:
             self.ackreq_every = get("ackreq_every")
+            self.infer_k = get("infer_k")
             return P.Errno.OK, 0
         qpn = get("qpn")
         if qpn >= self.config.qps:
             return P.Errno.ENOENT, 0
         qp = self._qps[qpn]
         if cmd == RequesterCommand.QP_READ:
-            if get("page") == 0:
+            page = get("page")
+            if page == 0:
                 return P.Errno.OK, (qp.effective_state | qp.next_psn << 8 | qp.una << 32)
+            if page == 2:
+                return P.Errno.OK, timer_page(armed=qp.armed, retries=qp.retries,
+                                              start=qp.start)
+            if page != 1:
+                return P.Errno.EINVAL, 0
             return P.Errno.OK, (len(qp.slots) | qp.wimm_in_flight << 8 | qp.mpr << 16
                                 | qp.max_wimm << 24 | qp.err_status << 32 | qp.err_psn << 40)
         state, mpr, max_wimm, psn = get("state"), get("mpr"), get("max_wimm"), get("psn")
+        timeout, linear, exp = get("timeout"), get("retry_linear"), get("retry_exp")
         if (state not in QP_WRITE_STATES or not 1 <= mpr <= self.config.mpr_units
-                or not 1 <= max_wimm <= self.config.max_wimm):
+                or not 1 <= max_wimm <= self.config.max_wimm
+                or timeout > P.LOCAL_ACK_TIMEOUT_MAX or linear > P.RETRY_LINEAR_MAX
+                or exp > P.RETRY_EXPONENTIAL_MAX):
             return P.Errno.EINVAL, 0
         if qp.slots:
             return P.Errno.EBUSY, 0
         self._qps[qpn] = _Qp(state=state, mpr=mpr, max_wimm=max_wimm, next_psn=psn,
-                             alloc_psn=psn, una=psn)
+                             alloc_psn=psn, una=psn, timeout=timeout, retry_linear=linear,
+                             retry_exp=exp, infer_to=psn)
         self._admit()
         return P.Errno.OK, 0
 
-    def qp_write(self, qpn, *, state=P.QpState.RTS, psn=0, mpr=1, max_wimm=1):
+    def qp_write(self, qpn, *, state=P.QpState.RTS, psn=0, mpr=1, max_wimm=1, timeout=0,
+                 retry_linear=0, retry_exp=0):
         return self.control(RequesterCommand.QP_WRITE, qpn=qpn, state=state, psn=psn, mpr=mpr,
-                            max_wimm=max_wimm)
+                            max_wimm=max_wimm, timeout=timeout, retry_linear=retry_linear,
+                            retry_exp=retry_exp)
 
     # -- work requests and sending -----------------------------------------------------------
 
@@ -174,16 +209,22 @@ class RequesterModel:
         """WRs posted but not yet taken (waiting for a slot, WIMM credit or the segmenter)."""
         return len(self._queue)
 
-    def pull(self, now_ns=0):
+    def pull(self, now_units=None):
         """The next send request (a path-select request dict), or ``None`` if nothing can be
-        sent now. Retransmissions go first."""
+        sent now. Retransmissions go first: trims and ``retx`` requests, then walks."""
+        if now_units is not None:
+            self.now_units = now_units
         self._admit()
         while self._retx:
             qpn, psn = self._retx.popleft()
-            request = self._retransmission(qpn, psn, now_ns)
+            request = self._retransmission(qpn, psn)
             if request is not None:
                 return request
             self.counters["retx_ignored"] += 1
+        while self._walks:
+            request = self._walk_step()
+            if request is not None:
+                return request
         while self._current is not None:
             qpn, slot, psn, remaining, index = self._current
             qp = self._qps[qpn]
@@ -198,8 +239,10 @@ class RequesterModel:
             every = self.ackreq_every
             ackreq = last or (every != 0 and index % every == every - 1)
             request = self._packet(qpn, slot, psn, ackreq=ackreq, retransmission=False)
+            if psn == qp.una:               # the oldest outstanding PSN: start the timer
+                qp.armed, qp.start, qp.retries = True, self.now_units, 0
             qp.next_psn = P.psn_add(psn, 1)
-            self.meta[(qpn, psn % self.window)] = (self._time(now_ns), False)
+            self.meta[(qpn, psn % self.window)] = (self._time(), False)
             self.counters["packets"] += 1
             if last:
                 self._current = None
@@ -209,10 +252,10 @@ class RequesterModel:
             return request
         return None
 
-    def pull_all(self, now_ns=0):
+    def pull_all(self, now_units=None):
         """Every send request that can go now."""
         out = []
-        while (request := self.pull(now_ns)) is not None:
+        while (request := self.pull(now_units)) is not None:
             out.append(request)
         return out
 
@@ -220,9 +263,65 @@ class RequesterModel:
         """The transmit side reports that PSN ``psn`` of QP ``qpn`` went out on EV ``ev``."""
         self._ev[(qpn, psn % self.window)] = ev
 
+    def last_ev(self, qpn, psn):
+        """The EV the transmit side last reported for PSN ``psn``'s window position."""
+        return self._ev.get((qpn, psn % self.window), 0)
+
     def retransmit(self, qpn, psn):
         """Ask for PSN ``psn`` of QP ``qpn`` to be resent (the retransmit timer's input)."""
         self._retx.append((qpn, psn))
+
+    # -- retransmit timer (issue #6) -----------------------------------------------------------
+
+    def timer(self, qpn):
+        """QP ``qpn``'s timer: ``{"armed", "start", "retries", "wait", "exhausted"}`` where
+        ``wait``/``exhausted`` describe its next expiry (:func:`retry_expiry`)."""
+        qp = self._qps[qpn]
+        wait, exhausted = retry_expiry(qp.timeout, qp.retry_linear, qp.retry_exp, qp.retries)
+        return {"armed": qp.armed, "start": qp.start, "retries": qp.retries, "wait": wait,
+                "exhausted": exhausted}
+
+    def poll_timers(self, now_units=None):
+        """Expire every armed QP whose wait has passed (at most once each). Returns
+        ``[(qpn, "timeout" | "exceeded")]``."""
+        if now_units is not None:
+            self.now_units = now_units
+        out = []
+        for qpn, qp in enumerate(self._qps):
+            if not self._live(qp) or qp.una == qp.next_psn:
+                qp.armed, qp.retries = False, 0
+                continue
+            if not qp.armed:
+                qp.armed, qp.start, qp.retries = True, self.now_units, 0
+                continue
+            wait, _ = retry_expiry(qp.timeout, qp.retry_linear, qp.retry_exp, qp.retries)
+            if (self.now_units - qp.start) % (1 << 32) >= wait:
+                out.append((qpn, self.expire(qpn)))
+        return out
+
+    def expire(self, qpn):
+        """One expiry of QP ``qpn``'s timer, as the scanner applies it: a TIMEOUT walk over
+        ``[una, next_psn)`` and one more retry, or, when the retries are exhausted, the QP goes
+        to ERROR with RETRY_EXC_ERR. Returns ``"timeout"``, ``"exceeded"`` or ``None`` (nothing
+        outstanding)."""
+        qp = self._qps[qpn]
+        if not self._live(qp) or qp.una == qp.next_psn:
+            return None
+        _, exhausted = retry_expiry(qp.timeout, qp.retry_linear, qp.retry_exp, qp.retries)
+        qp.armed, qp.start = True, self.now_units
+        if exhausted:
+            qp.error, qp.err_psn = True, qp.una
+            qp.err_status = P.CompletionStatus.RETRY_EXC_ERR
+            self.qp_errors.append({"qpn": qpn, "status": qp.err_status})
+            self.counters["retry_exceeded"] += 1
+            self._complete(qpn)
+            self._admit()
+            return "exceeded"
+        self._walks.append([WalkKind.TIMEOUT, qpn, qp.una,
+                            P.psn_diff(qp.next_psn, qp.una), True])
+        qp.retries = min(qp.retries + 1, (1 << RETRY_COUNT_BITS) - 1)
+        self.counters["timeouts"] += 1
+        return "timeout"
 
     # -- received ACKs and NAKs --------------------------------------------------------------
 
@@ -260,9 +359,13 @@ class RequesterModel:
         if advance:
             qp.acked = {p for p in qp.acked if P.psn_diff(p, new_una) >= 0}
             qp.una = new_una
+            qp.start, qp.retries = self.now_units, 0        # progress restarts the timer
         sack, new_bits = h.get("sack", 0), False
         lo = max(0, P.psn_diff(qp.una, cand))
         hi = min(self.config.sack_bits, max(0, P.psn_diff(qp.next_psn, cand)))
+        sacked = [i for i in range(lo, hi) if sack >> i & 1]
+        if self.infer_k and len(sacked) >= self.infer_k and not fatal:
+            self._infer(qpn, P.psn_add(cand, sacked[-self.infer_k]))
         for i in range(lo, hi):
             if sack >> i & 1:
                 p = P.psn_add(cand, i)
@@ -307,13 +410,56 @@ class RequesterModel:
 
     # -- internals ---------------------------------------------------------------------------
 
+    @staticmethod
+    def _live(qp):
+        return qp.state == P.QpState.RTS and not qp.error
+
+    def _infer(self, qpn, end):
+        """PSNs before ``end`` (the K-th highest SACKed one) not SACKed are lost; each PSN is
+        inferred at most once (``infer_to``)."""
+        qp = self._qps[qpn]
+        lower = qp.una
+        if (P.psn_diff(qp.infer_to, qp.una) >= 0
+                and P.psn_diff(qp.next_psn, qp.infer_to) >= 0):
+            lower = qp.infer_to
+        if P.psn_diff(end, lower) > 0:
+            self._walks.append([WalkKind.INFER, qpn, lower, P.psn_diff(end, lower), True])
+            qp.infer_to = end
+
+    def _walk_step(self):
+        """One PSN of the oldest walk: a retransmission with LOST feedback, or ``None``
+        (skipped and counted)."""
+        walk = self._walks[0]
+        kind, qpn, psn, count, first = walk
+        walk[2:5] = [P.psn_add(psn, 1), count - 1, False]
+        if count <= 1:
+            self._walks.popleft()
+        qp = self._qps[qpn]
+        key = (qpn, psn % self.window)
+        sent_time, retransmitted = self.meta.get(key, (0, False))
+        age = (self.now_units - sent_time) % (1 << TIME_BITS)
+        young = age < 1 << min(qp.timeout, YOUNG_CAP_LOG2)
+        if (kind == WalkKind.TIMEOUT and not first and young) or (
+                kind == WalkKind.INFER and retransmitted):
+            request = None
+        else:
+            request = self._retransmission(qpn, psn)
+        if request is None:
+            self.counters["walk_skipped"] += 1
+            return None
+        self.counters["timeout_retransmissions" if kind == WalkKind.TIMEOUT
+                      else "inferred_losses"] += 1
+        self.counters["lost_feedback"] += 1
+        self.feedback.append({"qpn": qpn, "ev": self._ev.get(key, 0),
+                              "kind": P.FeedbackKind.LOST})
+        return request
+
     def _bad(self):
         self.counters["bad_acks"] += 1
         return "dropped"
 
-    @staticmethod
-    def _time(now_ns):
-        return (now_ns >> TIME_SHIFT) & ((1 << TIME_BITS) - 1)
+    def _time(self):
+        return self.now_units & ((1 << TIME_BITS) - 1)
 
     def _admit(self):
         """Take WRs from the head of the queue while they fit (head-of-line blocking)."""
@@ -363,7 +509,7 @@ class RequesterModel:
             },
         }
 
-    def _retransmission(self, qpn, psn, now_ns):
+    def _retransmission(self, qpn, psn):
         qp = self._qps[qpn]
         if (qp.state != P.QpState.RTS or qp.error or P.psn_diff(psn, qp.una) < 0
                 or P.psn_diff(qp.next_psn, psn) <= 0 or psn in qp.acked):
@@ -371,7 +517,7 @@ class RequesterModel:
         slot = next(s for s in qp.slots if s.refused is None
                     and P.psn_diff(psn, s.first) >= 0 and P.psn_diff(s.end, psn) > 0)
         key = (qpn, psn % self.window)
-        self.meta[key] = (self._time(now_ns), True)
+        self.meta[key] = (self._time(), True)
         self.counters["retransmissions"] += 1
         return self._packet(qpn, slot, psn, ackreq=True, retransmission=True,
                             avoid_ev=self._ev.get(key, 0))
@@ -388,6 +534,8 @@ class RequesterModel:
                 status = P.CompletionStatus.SUCCESS
             elif not qp.error:
                 return
+            elif qp.err_status == P.CompletionStatus.RETRY_EXC_ERR:
+                status = qp.err_status          # every outstanding WR (issue #6)
             elif not qp.err_done and P.psn_diff(slot.end, qp.err_psn) > 0:
                 status, qp.err_done = qp.err_status, True
             else:

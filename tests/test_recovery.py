@@ -1,0 +1,462 @@
+"""Loss recovery in the requester (issue #6): retransmit timer, retry policy, exhaustion,
+timeout walks, SACK-inferred losses and LOST feedback (Amaranth simulator).
+
+The time input ``now_units`` is driven by the bench: frozen (``step`` 0) and jumped where a
+test compares with the reference model (then the gateware and the model see the same times),
+or advanced one unit per cycle where a test measures when the timer expires. Every stream
+runs with bubbles and backpressure (0.3/0.3) unless a test says otherwise.
+"""
+
+import random
+
+import pytest
+from amaranth.hdl import Elaboratable, Module, Signal
+from amaranth.sim import Simulator
+from test_requester import CONFIG, Bench, ack_header
+
+from hdl import protocol as P
+from hdl.transport.req_defs import (
+    REQUESTER_COUNTERS,
+    RETRY_COUNT_BITS,
+    RequesterCommand,
+    retry_expiry,
+    timer_page,
+)
+from hdl.transport.requester import retry_expiry_gateware
+from sim.tb.amsim import const_to_dict
+
+W = P.WrOpcode
+S = P.CompletionStatus
+LOST = P.FeedbackKind.LOST
+SCAN_UNITS = CONFIG.qps + 2         # one scan period (qps cycles at one unit per cycle) + V0/V1
+
+
+class TimedBench(Bench):
+    """:class:`Bench` with the time input: ``now`` advances by ``step`` units per cycle.
+    ``events`` records ``(counter, now)`` when ``timeouts`` or ``retry_exceeded`` counts, with
+    the time the gateware saw in the cycle it decided."""
+
+    WATCH = ("timeouts", "retry_exceeded")
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.now = 0
+        self.step = 0
+        self.events = []
+        self.sim.add_process(self.clock)
+
+    async def clock(self, ctx):
+        last = dict.fromkeys(self.WATCH, 0)
+        before = 0                  # the time of the previous cycle
+        counters = [self.dut.counters[name] for name in self.WATCH]
+        while True:
+            seen = self.now
+            ctx.set(self.dut.now_units, seen % (1 << 32))
+            # Sampled before this cycle's edge: a change counts a decision of the last cycle.
+            _, _, *values = await ctx.tick().sample(*counters)
+            for name, value in zip(self.WATCH, values, strict=True):
+                if value != last[name]:
+                    self.events.append((name, before))
+                    last[name] = value
+            before = seen
+            self.now += self.step
+
+    async def read_timer(self, ctx, qpn):
+        """QP_READ page 2 (the model's timer is ideal, so this is not compared with it)."""
+        self.ctl.send([{"cmd": RequesterCommand.QP_READ, "qpn": qpn, "page": 2}])
+        n = len(self.ctl_resp.items) + 1
+        await self.ctl_resp.wait(ctx, n)
+        got = self.ctl_resp.items[n - 1]
+        assert int(got.errno) == P.Errno.OK
+        return int(got.data)
+
+    async def next_event(self, ctx, timeout=2_000):
+        n = len(self.events)
+        await self.wait(ctx, lambda: len(self.events) > n, "a timer event", timeout)
+        return self.events[n]
+
+    async def settle(self, ctx):
+        """The model sees the gateware's time; its sends must come out of the gateware."""
+        self.model.now_units = self.now
+        await self.settle_sends(ctx)
+        await self.report_evs(ctx)
+
+    async def expire(self, ctx, qpn, at):
+        """Jump the frozen time to ``at``: the gateware's timer must expire once; the model
+        is told to expire at the same time. Returns the model's verdict."""
+        n = len(self.events)
+        self.now = at
+        event = await self.next_event(ctx)
+        await ctx.tick().repeat(40)
+        assert len(self.events) == n + 1, self.events[n:]
+        self.model.now_units = at
+        verdict = self.model.expire(qpn)
+        assert event == ({"timeout": "timeouts", "exceeded": "retry_exceeded"}[verdict], at)
+        await self.settle(ctx)
+        return verdict
+
+    def check_feedback(self, ctx):
+        """ACK-side feedback in model order; LOST feedback (merged in by turns) as a
+        multiset. At one ACK per cycle a LOST item makes the merge drop one (counted)."""
+        got = [const_to_dict(f) for f in self.feedback.items]
+        dropped = int(ctx.get(self.dut.counters.feedback_dropped))
+        assert len(got) + dropped == len(self.model.feedback)
+        want = iter(f for f in self.model.feedback if f["kind"] != LOST)
+        assert all(any(f == w for w in want) for f in got if f["kind"] != LOST)
+        if not dropped:
+            key = lambda f: (f["qpn"], f["ev"])         # noqa: E731
+            assert sorted(map(key, (f for f in got if f["kind"] == LOST))) == sorted(
+                map(key, (f for f in self.model.feedback if f["kind"] == LOST)))
+
+    async def check_all(self, ctx):
+        await self.completion.wait(ctx, len(self.model.completions))
+        await ctx.tick().repeat(50)
+        self.check_completions()
+        self.check_feedback(ctx)
+        self.check_counters(ctx)
+
+
+def qp_write(bench, ctx, qpn, *, psn=0, timeout=4, linear=0, exp=0, mpr=1):
+    return bench.control(ctx, RequesterCommand.QP_WRITE, qpn=qpn, state=P.QpState.RTS,
+                         psn=psn, mpr=mpr, max_wimm=2, timeout=timeout, retry_linear=linear,
+                         retry_exp=exp)
+
+
+def write_wr(qpn, wr_id, packets, *, remote_addr=0x4000):
+    return {"qpn": qpn, "opcode": W.RDMA_WRITE, "wr_id": wr_id,
+            "length": packets * CONFIG.mtu - 7, "remote_addr": remote_addr + wr_id * 0x10000,
+            "local_addr": 0x900000 + wr_id * 0x10000, "rkey": 0x77}
+
+
+def sack_of(cand, psns):
+    return sum(1 << P.psn_diff(p, cand) for p in psns)
+
+
+# -- the retry policy, one function ------------------------------------------------------------
+
+def test_retry_schedule_worked_example():
+    # t = 4 (16 units), L = 3, E = 2: the first send and 3 linear retries wait 16, then 32,
+    # 64, and the expiry after the second exponential retry ends the QP.
+    schedule = [retry_expiry(4, 3, 2, r) for r in range(6)]
+    assert schedule == [(16, False), (16, False), (16, False), (16, False), (32, False),
+                        (64, True)]
+    assert retry_expiry(0, 0, 0, 0) == (1, True)
+    assert retry_expiry(24, 0, 25, 60) == (1 << 30, False)         # capped; never exhausted
+    with pytest.raises(ValueError, match="Timeout exponent must be"):
+        retry_expiry(25, 0, 0, 0)
+
+
+class _RetryLogic(Elaboratable):
+    def __init__(self):
+        self.t, self.linear = Signal(5), Signal(3)
+        self.exp, self.retries = Signal(5), Signal(RETRY_COUNT_BITS)
+        self.exponent, self.exhausted = Signal(5), Signal()
+
+    def elaborate(self, platform):
+        m = Module()
+        exponent, exhausted = retry_expiry_gateware(self.t, self.linear, self.exp, self.retries)
+        m.d.comb += [self.exponent.eq(exponent), self.exhausted.eq(exhausted)]
+        return m
+
+
+def test_retry_logic_matches_retry_expiry():
+    dut = _RetryLogic()
+    rng = random.Random(5)
+    cases = [(t, lin, e, r) for t in (0, 1, 23, 24) for lin in (0, 3, 7) for e in (0, 1, 24, 25)
+             for r in (0, lin, lin + 1, lin + e, 63)]
+    cases += [(rng.randrange(25), rng.randrange(8), rng.randrange(26), rng.randrange(64))
+              for _ in range(600)]
+
+    async def testbench(ctx):
+        for t, lin, e, r in cases:
+            for signal, value in ((dut.t, t), (dut.linear, lin), (dut.exp, e),
+                                  (dut.retries, r)):
+                ctx.set(signal, value)
+            wait, exhausted = retry_expiry(t, lin, e, r)
+            assert (1 << ctx.get(dut.exponent), ctx.get(dut.exhausted)) == (wait, exhausted)
+
+    sim = Simulator(dut)
+    sim.add_testbench(testbench)
+    sim.run()
+
+
+# -- timer accuracy and the retry sequence (one unit per cycle, jumps over long waits) --------
+
+@pytest.mark.parametrize("linear, exp, expiries", [
+    (3, 2, None), (0, 0, None), (7, 0, None), (1, P.RETRY_INFINITE, 1 + 30 + 3)])
+def test_timer_expires_on_schedule(linear, exp, expiries):
+    bench = TimedBench(seed=61 + linear + exp)
+    qpn, t = 5, 5
+
+    async def testbench(ctx):
+        bench.now = 5_000
+        await qp_write(bench, ctx, qpn, psn=0xFFFFFF, timeout=t, linear=linear, exp=exp)
+        await bench.control(ctx, RequesterCommand.CONFIG, infer_k=0)
+        bench.post([write_wr(qpn, 1, 2)])
+        await bench.settle(ctx)
+        start = bench.now
+        assert await bench.read_timer(ctx, qpn) == timer_page(armed=1, retries=0, start=start)
+        bench.step = 1
+        count = expiries or linear + exp + 1
+        for retries in range(count):
+            wait, exhausted = retry_expiry(t, linear, exp, retries)
+            due = start + wait
+            if due - bench.now > 64:                # jump over most of a long wait
+                bench.now = due - 32
+            name, at = await bench.next_event(ctx)
+            slack = 6 if exhausted else 0           # the exceeded QP is applied by A1
+            assert due <= at <= due + SCAN_UNITS + slack, (retries, due, at)
+            assert name == ("retry_exceeded" if exhausted else "timeouts"), retries
+            start = at
+        bench.step = 0
+        await ctx.tick().repeat(100)
+        timeouts = count - (expiries is None)
+        assert int(ctx.get(bench.dut.counters.timeouts)) == timeouts
+        sends = [const_to_dict(p) for p in bench.send.items]
+        oldest = [p for p in sends if p["context"]["psn"] == 0xFFFFFF]
+        assert len(oldest) == 1 + timeouts          # the oldest PSN first, on every expiry
+        assert all(p["context"]["retransmission"] for p in oldest[1:])
+        if expiries is None:
+            await bench.qp_error.wait(ctx, 1)
+            assert const_to_dict(bench.qp_error.items[0]) == {
+                "qpn": qpn, "status": S.RETRY_EXC_ERR}
+            assert await bench.read_timer(ctx, qpn) & 1 == 0       # disarmed in ERROR
+        else:
+            assert not bench.qp_error.items
+            page = await bench.read_timer(ctx, qpn)
+            assert page & 1 and (page >> 8) & 0x3F == timeouts
+
+    bench.run(testbench)
+
+
+def test_progress_restarts_timer_and_resets_retries():
+    bench = TimedBench(seed=71)
+    qpn, t = 2, 4
+
+    async def testbench(ctx):
+        bench.now = 100
+        await qp_write(bench, ctx, qpn, psn=10, timeout=t, linear=0, exp=2)
+        bench.post([write_wr(qpn, 1, 4)])
+        await bench.settle(ctx)
+        start = bench.now
+        bench.step = 1
+        for retries in range(2):                    # two retries: the next expiry would end it
+            wait, exhausted = retry_expiry(t, 0, 2, retries)
+            name, at = await bench.next_event(ctx)
+            assert (name, not exhausted) == ("timeouts", True)
+            assert start + wait <= at <= start + wait + SCAN_UNITS
+            start = at
+        bench.step = 0
+        await bench.report_evs(ctx)
+        bench.rx.send([{"header": ack_header(qpn, 10), "first": 1, "last": 1}])
+        await bench.idle(ctx, bench.rx)
+        progress = bench.now
+        await ctx.tick().repeat(20)
+        assert await bench.read_timer(ctx, qpn) == timer_page(armed=1, retries=0,
+                                                              start=progress)
+        bench.step = 1
+        start = progress
+        for retries in range(3):                    # 16, 32, then 64 and ERROR
+            wait, exhausted = retry_expiry(t, 0, 2, retries)
+            name, at = await bench.next_event(ctx)
+            assert name == ("retry_exceeded" if exhausted else "timeouts")
+            assert start + wait <= at <= start + wait + SCAN_UNITS + 6 * exhausted
+            start = at
+        await bench.qp_error.wait(ctx, 1)
+
+    bench.run(testbench)
+
+
+# -- exhaustion --------------------------------------------------------------------------------
+
+def test_exhausted_retries_error_the_qp_and_complete_every_wr():
+    bench = TimedBench(seed=81)
+    qpn, other = 2, 6
+
+    async def testbench(ctx):
+        bench.now = 1_000
+        await qp_write(bench, ctx, qpn, psn=50, timeout=3, linear=1, exp=0)
+        await qp_write(bench, ctx, other, psn=7, timeout=20)
+        bench.post([write_wr(qpn, 0, 1), write_wr(qpn, 1, 3), write_wr(other, 9, 2),
+                    write_wr(qpn, 2, 2), write_wr(qpn, 3, 1)])
+        await bench.settle(ctx)
+        # WR 0 acknowledged, WR 1 half (PSN 51 of 51-53): the oldest is then 52.
+        await bench.receive(ctx, [ack_header(qpn, 51)])
+        assert await bench.expire(ctx, qpn, bench.now + 8) == "timeout"
+        assert any(p.context.psn == 52 and p.context.retransmission
+                   for p in bench.send.items)
+        assert await bench.expire(ctx, qpn, bench.now + 8) == "exceeded"
+        await bench.qp_error.wait(ctx, 1)
+        assert [const_to_dict(e) for e in bench.qp_error.items] == bench.model.qp_errors == [
+            {"qpn": qpn, "status": S.RETRY_EXC_ERR}]
+        sent_before = len(bench.send.items)
+        bench.post([write_wr(qpn, 4, 1)])           # after ERROR: flushed
+        bench.now += 1 << 10                        # nothing more for the QP
+        await ctx.tick().repeat(200)
+        await bench.settle(ctx)
+        assert len(bench.send.items) == sent_before
+        await bench.check_all(ctx)
+        assert [(c["wr_id"], c["status"]) for c in bench.model.completions
+                if c["qpn"] == qpn] == [
+            (0, S.SUCCESS), (1, S.RETRY_EXC_ERR), (2, S.RETRY_EXC_ERR), (3, S.RETRY_EXC_ERR),
+            (4, S.WR_FLUSH_ERR)]
+        await bench.control(ctx, RequesterCommand.QP_READ, qpn=qpn)
+        await bench.control(ctx, RequesterCommand.QP_READ, qpn=qpn, page=1)
+        # The other QP is untouched; the failed one can be written again once drained.
+        await bench.receive(ctx, [ack_header(other, 8)])
+        await qp_write(bench, ctx, qpn, psn=3)
+        await bench.check_all(ctx)
+
+    bench.run(testbench)
+
+
+# -- timeout walk ------------------------------------------------------------------------------
+
+def test_timeout_walk_resends_oldest_then_old_holes():
+    bench = TimedBench(seed=91)
+    qpn, t = 3, 4                                   # base timeout 16 units
+
+    async def testbench(ctx):
+        t0 = bench.now = 4_000
+        await qp_write(bench, ctx, qpn, psn=0xFFFFFE, timeout=t, linear=7, exp=25)
+        await bench.control(ctx, RequesterCommand.CONFIG, infer_k=0)
+        bench.post([write_wr(qpn, 1, 6)])           # PSNs -2..3 at t0
+        await bench.settle(ctx)
+        bench.now = t0 + 10
+        bench.post([write_wr(qpn, 2, 2)])           # PSNs 4, 5 at t0 + 10: young below
+        await bench.settle(ctx)
+        # PSN 0 and 3 SACKed (bit i: PSN cum + 1 + i).
+        cand = 0xFFFFFE
+        await bench.receive(ctx, [ack_header(qpn, P.psn_add(cand, -1),
+                                             sack=sack_of(cand, [0, 3]), ev=1)])
+        first = len(bench.send.items)
+        sent_on = {psn: bench.model.last_ev(qpn, psn) for psn in bench.model.outstanding(qpn)}
+        assert await bench.expire(ctx, qpn, t0 + 16) == "timeout"
+        resent = [const_to_dict(p) for p in bench.send.items[first:]]
+        assert [p["context"]["psn"] for p in resent][:1] == [0xFFFFFE]     # oldest first
+        assert sorted(p["context"]["psn"] for p in resent) == [1, 2, 0xFFFFFE, 0xFFFFFF]
+        originals = {p["context"]["psn"]: const_to_dict(p) for p in bench.send.items[:first]}
+        evs = {}
+        for p in resent:
+            psn = p["context"]["psn"]
+            want = dict(originals[psn]["context"], retransmission=1, ackreq=1)
+            assert p["context"] == want
+            ev = sent_on[psn]
+            assert (p["avoid_ev_valid"], p["avoid_ev"]) == (1, ev)
+            evs[(qpn, psn)] = ev
+        await bench.feedback.wait(ctx, len(bench.model.feedback))
+        lost = [const_to_dict(f) for f in bench.feedback.items if f.kind == LOST]
+        assert sorted(f["ev"] for f in lost) == sorted(evs.values())
+        # Second expiry: everything old by now (4 and 5 too) but the SACKed PSNs.
+        first = len(bench.send.items)
+        assert await bench.expire(ctx, qpn, t0 + 32) == "timeout"
+        assert sorted(p.context.psn for p in bench.send.items[first:]) == [
+            1, 2, 4, 5, 0xFFFFFE, 0xFFFFFF]
+        await bench.check_all(ctx)
+        assert int(ctx.get(bench.dut.counters.walk_skipped)) == 2 + 2 + 2
+
+    bench.run(testbench)
+
+
+# -- SACK inference ----------------------------------------------------------------------------
+
+def test_inferred_losses_resent_once_without_waiting():
+    bench = TimedBench(seed=101)
+    qpn, psn0 = 1, 0xFFFFF8
+
+    def at(i):
+        return P.psn_add(psn0, i)
+
+    async def sack_ack(ctx, sacked, **kw):
+        await bench.receive(ctx, [ack_header(qpn, at(-1), sack=sack_of(psn0, map(at, sacked)),
+                                             **kw)])
+        await bench.settle(ctx)
+
+    def resent_since(n):
+        return sorted(P.psn_diff(p.context.psn, psn0) for p in bench.send.items[n:])
+
+    async def testbench(ctx):
+        bench.now = 77
+        await qp_write(bench, ctx, qpn, psn=psn0, timeout=20, linear=0, exp=0)
+        bench.post([write_wr(qpn, 1, 14)])
+        await bench.settle(ctx)
+        n = len(bench.send.items)
+        await sack_ack(ctx, [2, 3], ev=2)                   # K = 3 by default: 2 later only
+        assert resent_since(n) == []
+        await sack_ack(ctx, [2, 3, 5], ev=3)                # 0, 1 have 3 later SACKed
+        assert resent_since(n) == [0, 1]
+        n = len(bench.send.items)
+        await sack_ack(ctx, [2, 3, 5], ev=3)                # the same SACK: nothing again
+        assert resent_since(n) == []
+        # PSN 9 trimmed and resent: an inference leaves it to the timer.
+        await bench.receive(ctx, [ack_header(qpn, at(-1), syndrome=P.nak_syndrome(
+            P.NakCode.TRIMMED), psn=at(9), sack=sack_of(psn0, map(at, [2, 3, 5])))])
+        await bench.settle(ctx)
+        n = len(bench.send.items)
+        await sack_ack(ctx, [2, 3, 5, 6, 8, 10, 11, 12])    # region [2, 10): 4 and 7
+        assert resent_since(n) == [4, 7]
+        # K = 0: no inference; K = 1: every hole below the highest SACKed PSN.
+        await bench.control(ctx, RequesterCommand.CONFIG, infer_k=0)
+        n = len(bench.send.items)
+        await sack_ack(ctx, [2, 3, 5, 6, 8, 10, 11, 12, 13])
+        assert resent_since(n) == []
+        await bench.control(ctx, RequesterCommand.CONFIG, infer_k=1)
+        await sack_ack(ctx, [2, 3, 5, 6, 8, 10, 11, 12, 13])
+        assert resent_since(n) == []                        # [10, 13): all SACKed
+        await bench.check_all(ctx)
+        assert bench.model.counters["inferred_losses"] == 4
+        assert int(ctx.get(bench.dut.counters.infer_dropped)) == 0
+
+    bench.run(testbench)
+
+
+def test_inference_keeps_up_with_back_to_back_acks():
+    """One ACK per cycle on one QP, each SACKing one more PSN: one inference per ACK (the
+    infer_to pointer forwarded between back-to-back ACKs), no drops, as the model."""
+    bench = TimedBench(seed=111, bubbles=0.0, backpressure=0.0)
+    qpns = (0, 7)
+
+    async def testbench(ctx):
+        for qpn in qpns:
+            await qp_write(bench, ctx, qpn, psn=qpn * 1000, timeout=20, mpr=1)
+        bench.post([write_wr(q, q, 20) for q in qpns])
+        await bench.settle(ctx)
+        await bench.control(ctx, RequesterCommand.CONFIG, infer_k=2)
+        headers = []
+        for qpn in qpns:
+            base = qpn * 1000                     # PSN base lost; base + 1 .. SACKed one by one
+            for i in range(1, 13):
+                sacked = [base + j for j in range(1, i + 2)]
+                headers.append(ack_header(qpn, base - 1, sack=sack_of(base, sacked), ev=i))
+        await bench.receive(ctx, headers)
+        await bench.settle(ctx)
+        await bench.check_all(ctx)
+        assert bench.model.counters["inferred_losses"] == 2
+        assert bench.model.counters["walk_skipped"] == 2 * 11
+
+    bench.run(testbench)
+
+
+# -- control -----------------------------------------------------------------------------------
+
+def test_timer_fields_are_checked():
+    bench = TimedBench(seed=121)
+
+    async def testbench(ctx):
+        for fields in ({"timeout": 25}, {"retry_exp": 26}, {"timeout": 24, "retry_exp": 25,
+                                                            "retry_linear": 7}):
+            await bench.control(ctx, RequesterCommand.QP_WRITE, qpn=4, state=P.QpState.RTS,
+                                mpr=1, max_wimm=1, **fields)
+        await bench.control(ctx, RequesterCommand.QP_READ, qpn=4, page=3)
+        assert [int(r.errno) for r in bench.ctl_resp.items] == [
+            P.Errno.EINVAL, P.Errno.EINVAL, P.Errno.OK, P.Errno.EINVAL]
+        assert await bench.read_timer(ctx, 4) == timer_page(armed=0, retries=0, start=0)
+
+    bench.run(testbench)
+
+
+def test_counter_names_are_appended():
+    assert REQUESTER_COUNTERS[:16][-1] == "feedback_dropped"
+    assert REQUESTER_COUNTERS[16:] == (
+        "timeouts", "retry_exceeded", "timeout_retransmissions", "inferred_losses",
+        "lost_feedback", "walk_skipped", "arm_dropped", "infer_dropped")
