@@ -104,8 +104,12 @@ def _build_dir(scn):
     return BUILD / "sim" / "rtl" / f"{scn.sim}-{key}"
 
 
-def run_scenario(scn, out, *, log=print):
-    """Run ``scn``; write every output into ``out``; return the report (a dict)."""
+def run_scenario(scn, out, *, log=print, build_dir=None, quick_build=False):
+    """Run ``scn``; write every output into ``out``; return the report (a dict).
+
+    ``build_dir``/``quick_build``: where the RTL simulator build lives (default
+    ``build/sim/rtl/<sim>-<hash>``) and whether Verilator compiles without optimisation
+    (tests: faster to build, slower to run)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for stale in ("result.json", "report.json"):
@@ -118,8 +122,9 @@ def run_scenario(scn, out, *, log=print):
         log(f"building two RTL NICs ({config.ports} ports, {config.data_width}-bit, "
             f"{scn.sim}); a cached build is reused")
         run_cocotb(lambda: NicPair(config), toplevel="nic_pair",
-                   test_module="sim.tb.cocotb_fabric", build_dir=_build_dir(scn), sim=scn.sim,
-                   waves=scn.waves, reuse=True,
+                   test_module="sim.tb.cocotb_fabric",
+                   build_dir=build_dir or _build_dir(scn), sim=scn.sim,
+                   waves=scn.waves, reuse=True, quick_build=quick_build,
                    export_key=source_key("nic_pair", config.to_dict()),
                    extra_env={"SCENARIO": json.dumps(scn.to_dict()), "OUT": out.resolve(),
                               "MRC_SIMULATOR": scn.sim})

@@ -34,7 +34,8 @@ class ScenarioError(ValueError):
 class Scenario:
     """Every parameter of one run. Times in microseconds of simulated time, sizes in bytes.
 
-    ``fail_at_us``/``recover_at_us`` of ``None`` mean "never". ``fail_kind`` ``blackhole``
+    ``fail_at_us``/``recover_at_us`` of ``None`` mean "never". ``fail_all`` fails every plane
+    alike (the retry-exhaustion case). ``fail_kind`` ``blackhole``
     drops every frame crossing the plane while it is down; ``flap`` alternates down and up
     every ``flap_period_us / 2``. ``baseline`` ``ecmp`` gives every QP one fixed EV (the
     profile in AUTO mode): the single-path baseline on the same fabric.
@@ -52,6 +53,7 @@ class Scenario:
     fail_at_us: float | None = 40.0
     recover_at_us: float | None = 140.0
     fail_kind: str = "blackhole"
+    fail_all: bool = False
     flap_period_us: float = 20.0
     loss: float = 0.0
     duplicate: float = 0.0
@@ -104,6 +106,7 @@ class Scenario:
             check("recover_at_us", self.recover_at_us > self.fail_at_us,
                   f"later than --fail-at ({self.fail_at_us} us)")
         check("fail_kind", self.fail_kind in ("blackhole", "flap"), "blackhole or flap")
+        check("fail_all", isinstance(self.fail_all, bool), "true or false")
         number("flap_period_us", 0.01, 1e9)
         for name in ("loss", "duplicate", "corrupt"):
             number(name, 0.0, 0.5)
@@ -129,7 +132,8 @@ class Scenario:
         """The failure as a dict, or ``None`` when no plane fails."""
         if self.fail_plane is None or self.fail_at_us is None:
             return None
-        return {"plane": self.fail_plane, "kind": self.fail_kind, "at_us": self.fail_at_us,
+        return {"plane": self.fail_plane, "all_planes": self.fail_all,
+                "kind": self.fail_kind, "at_us": self.fail_at_us,
                 "recover_at_us": self.recover_at_us,
                 "flap_period_us": self.flap_period_us if self.fail_kind == "flap" else None}
 

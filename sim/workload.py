@@ -45,14 +45,17 @@ def fabric_config_for(scenario, nic_config):
     failure = scenario.failure
     if failure is not None:
         recover = failure["recover_at_us"]
-        failures = (Failure(kind=failure["kind"], plane=failure["plane"],
-                            at_ns=failure["at_us"] * 1000.0,
-                            recover_ns=None if recover is None else recover * 1000.0,
-                            period_ns=(failure["flap_period_us"] or 0.0) * 1000.0),)
+        planes = range(nic_config.ports) if failure["all_planes"] else (failure["plane"],)
+        failures = tuple(Failure(kind=failure["kind"], plane=plane,
+                                 at_ns=failure["at_us"] * 1000.0,
+                                 recover_ns=None if recover is None else recover * 1000.0,
+                                 period_ns=(failure["flap_period_us"] or 0.0) * 1000.0)
+                         for plane in planes)
     return FabricConfig.for_nic(
         nic_config, paths_per_plane=scenario.paths, latency_ns=scenario.latency_us * 1000.0,
         queue_bytes=scenario.queue_bytes,
         ecn_threshold_bytes=min(scenario.ecn_threshold, scenario.queue_bytes),
         trim_threshold_bytes=min(scenario.trim_threshold, scenario.queue_bytes),
-        loss=scenario.loss, duplicate=scenario.duplicate, corrupt=scenario.corrupt,
+        loss=scenario.loss, burst_loss=scenario.extra.get("burst_loss", 0.0),
+        duplicate=scenario.duplicate, corrupt=scenario.corrupt,
         failures=failures, seed=scenario.seed)

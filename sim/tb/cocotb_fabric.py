@@ -117,6 +117,7 @@ class Side:
         await d.register_mr(slot=self.rkey_slot, rkey=self.rkey, pd=PD, base=MR_BASE,
                             length=SCENARIO.bytes + 4096)
         await d.configure_acks(ack_every=SCENARIO.ack_every, ack_delay=128, nak_interval=1024)
+        await d.configure_requester(infer_k=SCENARIO.infer_k)
         mode = P.EvMode.AUTO if SCENARIO.baseline == "ecmp" else None
         await d.ev_profile_online(0, profile, num_evs=SCENARIO.evs, min_active=2, mode=mode)
         for qpn in range(SCENARIO.qps):
@@ -124,16 +125,8 @@ class Side:
                                remote_mac=_mac(peer.endpoint.mac), remote_ip=_ip(peer.endpoint),
                                psn=PSN_BASE + qpn, remote_psn=PSN_BASE + qpn,
                                mpr=CONFIG.mpr_units, max_wimm=min(4, CONFIG.max_wimm), pd=PD,
-                               **timer_attributes())
-
-
-def timer_attributes():
-    """QP timer attributes, where the driver knows them (issue #6)."""
-    from sim.driver.nic import QpAttributes
-    names = QpAttributes.__dataclass_fields__
-    attrs = {"timeout": SCENARIO.timeout, "retry_linear": SCENARIO.retry_linear,
-             "retry_exponential": SCENARIO.retry_exponential}
-    return {k: v for k, v in attrs.items() if k in names}
+                               timeout=SCENARIO.timeout, retry_linear=SCENARIO.retry_linear,
+                               retry_exponential=SCENARIO.retry_exponential)
 
 
 async def control_plane(side, now_us, stop):
@@ -219,13 +212,29 @@ async def fabric_run(dut):
         return len(work[side.name]) + sum(
             1 for wr in work[peer] if wr["opcode"] == P.WrOpcode.RDMA_WRITE_WITH_IMM)
 
+    cq_layout = completion_layout(CONFIG)
+    requester_side = 0
+
+    def own_done(side):
+        """Every WR of ``side`` has completed (with any status)."""
+        return sum(1 for c in side.completions
+                   if unpack(cq_layout, c)["side"] == requester_side) >= len(work[side.name])
+
     finished = False
     report_every = max(1, int(20_000 / PERIOD_NS))      # progress every 20 us
     next_report = report_every
+    settle = None           # every WR completed (some with errors): responder side settles
+    check_every = 64
     while now_us() < SCENARIO.max_us:
         await RisingEdge(dut.clk)
         if all(len(s.completions) >= expected(s) for s in (a, b)):
             finished = True
+            break
+        if loop.cycle % check_every == 0 and settle is None and all(
+                own_done(s) for s in (a, b)):
+            settle = now_us() + 5.0
+        if settle is not None and now_us() >= settle:
+            finished = True         # nothing more will complete: errors explain the rest
             break
         if loop.cycle - start["cycle"] >= next_report:
             next_report += report_every

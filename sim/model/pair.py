@@ -1,0 +1,329 @@
+"""Two model NICs over a network: a :class:`~sim.scenario.Scenario` run in pure Python.
+
+:func:`run_model` brings up NIC ``a`` and NIC ``b`` (:class:`~sim.model.nic.ModelNic`) as the
+RTL loopback bench brings up its two RTL NICs (``sim/tb/cocotb_loopback.py``: addresses of
+:mod:`sim.defaults`, one memory region each, the GENERATED EV profile of
+``sim/data/default-ev-profile.json``, QP q of ``a`` connected to QP q of ``b``), posts the
+scenario's traffic and runs both NICs and the network event by event in simulated time. It
+returns the raw result dict the RTL bench also produces (keys in :func:`run_model`).
+
+The network is anything with the fabric's API (``send(src, plane, frame, now)``,
+``deliver(now) -> [(dst, plane, frame)]``, ``next_arrival()``; endpoints ``"a"`` and ``"b"``,
+times in ns). :class:`DelayNetwork` is a small stand-in: a fixed delay per plane, an optional
+failed plane and an optional trimming plane.
+"""
+
+import heapq
+import ipaddress
+import json
+import time
+
+from hdl import protocol as P
+from hdl.path.ev import load_profile_json
+from sim import packets as pk
+from sim.defaults import MR_BASE, MR_LENGTH, NIC_A, NIC_B
+from sim.env import REPO
+from sim.scenario import Scenario, nic_config_for
+from sim.workload import fabric_config_for
+from sim.workload import make_work as shared_make_work
+
+from .nic import ModelNic
+
+__all__ = ["run_model", "make_work", "bring_up", "DelayNetwork", "SIDES", "SRC_BASE",
+           "PSN_BASE", "PD", "default_network", "fabric_config"]
+
+SIDES = ("a", "b")
+ENDPOINTS = {"a": NIC_A, "b": NIC_B}
+MR_SLOTS = {"a": 1, "b": 2}
+SRC_BASE = 0x2000_0000          #: where each host keeps the bytes it sends
+PSN_BASE = 0xFFFF80             #: first PSN of QP q is PSN_BASE + q: runs wrap the 24-bit PSN
+PD = 1
+PROFILE_JSON = REPO / "sim" / "data" / "default-ev-profile.json"
+_PROGRESS_EVERY_NS = 50_000.0
+
+
+def rkey_of(side):
+    return 0xBEE0 | MR_SLOTS[side]
+
+
+def peer_of(side):
+    return "b" if side == "a" else "a"
+
+
+# ---------------------------------------------------------------------------------------------
+# A stand-in network
+# ---------------------------------------------------------------------------------------------
+
+class DelayNetwork:
+    """Frames from one endpoint to the other after a fixed delay per plane.
+
+    Parameters
+    ----------
+    planes : int
+    delay_ns : float or list of float
+        One delay for every plane, or one per plane.
+    fail_plane : int or None
+        A plane that drops every frame crossing it while it is down: from ``fail_at_ns`` to
+        ``recover_ns`` (``None``: forever); with ``flap_period_ns`` it is down only the first
+        half of each period in that interval. A frame is lost if the plane is down when it is
+        sent or when it would arrive.
+    trim_plane : int or None
+        A plane whose switch trims every ``trim_every``-th data frame (``sim.packets.trim``).
+
+    Members
+    -------
+    capture : list of ``(time_ns, src, plane, frame)``
+        Every frame handed to the network, dropped or not.
+    dropped, trimmed : int
+    """
+
+    def __init__(self, *, planes, delay_ns=1000.0, fail_plane=None, fail_at_ns=0.0,
+                 recover_ns=None, flap_period_ns=None, trim_plane=None, trim_every=1):
+        self.planes = planes
+        self.delays = list(delay_ns) if isinstance(delay_ns, (list, tuple)) \
+            else [float(delay_ns)] * planes
+        if len(self.delays) != planes:
+            raise ValueError(f"delay_ns must have {planes} entries, not {len(self.delays)}")
+        self.fail_plane, self.fail_at_ns, self.recover_ns = fail_plane, fail_at_ns, recover_ns
+        self.flap_period_ns = flap_period_ns
+        self.trim_plane, self.trim_every = trim_plane, trim_every
+        self.capture = []
+        self.dropped = 0
+        self.trimmed = 0
+        self._data_on_trim_plane = 0
+        self._queue = []
+        self._serial = 0
+
+    @classmethod
+    def from_scenario(cls, scn):
+        """The scenario's latency and plane failure (no loss, no queues, no trimming)."""
+        failure = scn.failure
+        kw = {}
+        if failure is not None:
+            kw = {"fail_plane": failure["plane"], "fail_at_ns": failure["at_us"] * 1e3,
+                  "recover_ns": None if failure["recover_at_us"] is None
+                  else failure["recover_at_us"] * 1e3,
+                  "flap_period_ns": None if failure["flap_period_us"] is None
+                  else failure["flap_period_us"] * 1e3}
+        return cls(planes=scn.planes, delay_ns=scn.latency_us * 1e3, **kw)
+
+    def _down(self, plane, t):
+        if plane != self.fail_plane or t < self.fail_at_ns:
+            return False
+        if self.recover_ns is not None and t >= self.recover_ns:
+            return False
+        if self.flap_period_ns:
+            return (t - self.fail_at_ns) % self.flap_period_ns < self.flap_period_ns / 2
+        return True
+
+    def send(self, src, plane, frame, now):
+        self.capture.append((now, src, plane, frame))
+        arrival = now + self.delays[plane]
+        if self._down(plane, now) or self._down(plane, arrival):
+            self.dropped += 1
+            return
+        if plane == self.trim_plane:
+            packet = pk.Ether(frame)
+            if pk.MDETH in packet:
+                self._data_on_trim_plane += 1
+                if self._data_on_trim_plane % self.trim_every == 0:
+                    frame = bytes(pk.trim(packet))
+                    self.trimmed += 1
+        self._serial += 1
+        heapq.heappush(self._queue, (arrival, self._serial, peer_of(src), plane, frame))
+
+    def deliver(self, now):
+        out = []
+        while self._queue and self._queue[0][0] <= now:
+            _, _, dst, plane, frame = heapq.heappop(self._queue)
+            out.append((dst, plane, frame))
+        return out
+
+    def next_arrival(self):
+        return self._queue[0][0] if self._queue else None
+
+
+def default_network(scn):
+    """The network of a run when none is given: ``sim.fabric.fabric_for_scenario(scn)`` if
+    the fabric package offers it, else a :class:`~sim.fabric.Fabric` configured here from the
+    scenario (:func:`fabric_config`), else :meth:`DelayNetwork.from_scenario`."""
+    try:
+        import sim.fabric as fabric
+    except ImportError:
+        return DelayNetwork.from_scenario(scn)
+    if hasattr(fabric, "fabric_for_scenario"):
+        return fabric.fabric_for_scenario(scn)
+    return fabric.Fabric(fabric_config(scn))
+
+
+def fabric_config(scn):
+    """The :class:`~sim.fabric.FabricConfig` of a scenario (:func:`sim.workload.fabric_config_for`,
+    shared with the RTL bench)."""
+    return fabric_config_for(scn, nic_config_for(scn))
+
+
+# ---------------------------------------------------------------------------------------------
+# Bring-up and traffic
+# ---------------------------------------------------------------------------------------------
+
+def _ip_int(config, endpoint):
+    if config.ip_version == 6:
+        return int(ipaddress.IPv6Address(endpoint.ipv6))
+    return int(ipaddress.IPv4Address(endpoint.ipv4))
+
+
+def _mac_int(text):
+    return int(text.replace(":", ""), 16)
+
+
+def make_work(scn):
+    """The work requests of a scenario: ``{side: [wr dict with "data" bytes]}``, from
+    :func:`sim.workload.make_work` (the RTL bench posts the same): ``scn.bytes`` from each side
+    when ``both_ways``, else from ``a`` only."""
+    return {side: shared_make_work(scn, side, rkey_of(peer_of(side)), SRC_BASE, MR_BASE)
+            if side == "a" or scn.both_ways else [] for side in SIDES}
+
+
+def bring_up(scn, config, work):
+    """Two :class:`ModelNic` configured for ``scn`` as the RTL bench configures its NICs."""
+    spec = load_profile_json(json.loads(PROFILE_JSON.read_text()))
+    nics = {side: ModelNic(config, name=side) for side in SIDES}
+    extra = scn.extra
+    for side, nic in nics.items():
+        peer = peer_of(side)
+        received = sum(wr["length"] for wr in work[peer])
+        sent = sum(wr["length"] for wr in work[side])
+        nic.set_local(mac=_mac_int(ENDPOINTS[side].mac), ip=_ip_int(config, ENDPOINTS[side]))
+        nic.register_mr(slot=MR_SLOTS[side], rkey=rkey_of(side), pd=PD, base=MR_BASE,
+                        length=max(MR_LENGTH, received))
+        nic.memory.add(SRC_BASE, max(1, sent))
+        for wr in work[side]:
+            nic.memory.write(wr["local_addr"], wr["data"])
+        nic.configure_requester(infer_k=scn.infer_k)
+        nic.configure_acks(ack_every=scn.ack_every, ack_delay=extra.get("ack_delay", 128),
+                           nak_interval=extra.get("nak_interval", 1024))
+        nic.ev_profile_online(0, spec.profile, num_evs=scn.evs,
+                              min_active=extra.get("min_active", min(2, scn.evs)),
+                              mode=P.EvMode.AUTO if scn.baseline == "ecmp" else None)
+        for qpn in range(scn.qps):
+            nic.connect_qp(qpn, ev_profile=0, ev_offset=qpn, remote_qpn=qpn,
+                           remote_mac=_mac_int(ENDPOINTS[peer].mac),
+                           remote_ip=_ip_int(config, ENDPOINTS[peer]), psn=PSN_BASE + qpn,
+                           remote_psn=PSN_BASE + qpn, mpr=config.mpr_units,
+                           max_wimm=min(4, config.max_wimm), pd=PD, timeout=scn.timeout,
+                           retry_linear=scn.retry_linear,
+                           retry_exponential=scn.retry_exponential)
+    return nics
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+# ---------------------------------------------------------------------------------------------
+
+def _expected(work):
+    """Completions each side must see: its own WRs plus the peer's WRITE_IMMs."""
+    return {side: len(work[side]) + sum(
+        wr["opcode"] == P.WrOpcode.RDMA_WRITE_WITH_IMM for wr in work[peer_of(side)])
+        for side in SIDES}
+
+
+def _mismatches(nics, work):
+    out = []
+    for side in SIDES:
+        memory = nics[peer_of(side)].memory
+        for wr in work[side]:
+            got = memory.read(wr["remote_addr"], wr["length"])
+            if got == wr["data"]:
+                continue
+            bad = 0 if got is None else next(
+                i for i, (x, y) in enumerate(zip(got, wr["data"], strict=True)) if x != y)
+            out.append({"side": side, "wr_id": wr["wr_id"], "first_bad_offset": bad})
+    return out
+
+
+def run_model(scenario, *, network=None, progress=None):
+    """Run ``scenario`` on two model NICs; return the raw result dict.
+
+    Parameters
+    ----------
+    scenario : Scenario
+    network : object with the fabric's API, optional
+        Every frame either NIC transmits goes through ``network.send`` (so its capture holds
+        the traffic). Default: :func:`default_network`.
+    progress : callable, optional
+        Called about every 50 us of simulated time with ``{"sim_ns", "completions",
+        "expected"}`` (per-side counts).
+
+    Returns
+    -------
+    dict
+        ``backend`` ("model"), ``sim_ns``, ``cycles``, ``wall_s``, ``finished``,
+        ``completions`` ``{side: [completion dicts in arrival order]}``, ``work`` ``{side:
+        [wr dicts without data]}``, ``memory_mismatches`` ``[{side, wr_id,
+        first_bad_offset}]``, ``counters`` ``{side: {block: {name: value}}}``, ``ev_events``
+        ``[{time_us, nic, profile, index, port, state}]``, ``first_send_ns``, ``done_ns``.
+    """
+    if not isinstance(scenario, Scenario):
+        raise TypeError(f"scenario must be a Scenario, not {scenario!r}")
+    started = time.monotonic()
+    config = nic_config_for(scenario)
+    work = make_work(scenario)
+    nics = bring_up(scenario, config, work)
+    network = default_network(scenario) if network is None else network
+    expected = _expected(work)
+    max_ns = scenario.max_us * 1e3
+    now = 0.0
+    first_send = None
+    next_progress = _PROGRESS_EVERY_NS
+
+    for side in SIDES:
+        for wr in work[side]:
+            nics[side].post(wr, now)
+
+    def finished():
+        return all(len(nics[s].completions) >= expected[s] for s in SIDES)
+
+    while not finished():
+        times = [t for t in (nics["a"].next_event_ns(), nics["b"].next_event_ns(),
+                             network.next_arrival()) if t is not None]
+        if not times:
+            break
+        now = max(now, min(times))
+        if now > max_ns:
+            now = max_ns
+            break
+        for dst, plane, frame in network.deliver(now):
+            nics[dst].receive(plane, frame, now)
+        for side in SIDES:
+            for plane, frame in nics[side].transmit(now):
+                if first_send is None:
+                    first_send = now
+                network.send(side, plane, frame, now)
+        if progress is not None and now >= next_progress:
+            next_progress = now + _PROGRESS_EVERY_NS
+            progress({"sim_ns": now, "expected": dict(expected),
+                      "completions": {s: len(nics[s].completions) for s in SIDES}})
+
+    done = finished()
+    times = [t for s in SIDES for t in nics[s].completion_times]
+    done_ns = max(times) if done and times else now
+    sim_ns = done_ns if done else now
+    events = sorted(({"time_us": e["time_ns"] / 1e3, "nic": side, "profile": e["profile"],
+                      "index": e["index"], "port": e["port"], "state": e["state"]}
+                     for side in SIDES for e in nics[side].ev_events),
+                    key=lambda e: (e["time_us"], e["nic"]))
+    return {
+        "backend": "model",
+        "sim_ns": float(sim_ns),
+        "cycles": int(sim_ns * config.clock_hz / 1e9),
+        "wall_s": time.monotonic() - started,
+        "finished": done,
+        "completions": {s: list(nics[s].completions) for s in SIDES},
+        "work": {s: [{k: v for k, v in wr.items() if k != "data"} for wr in work[s]]
+                 for s in SIDES},
+        "memory_mismatches": _mismatches(nics, work),
+        "counters": {s: nics[s].counters_snapshot() for s in SIDES},
+        "ev_events": events,
+        "first_send_ns": float(first_send if first_send is not None else 0.0),
+        "done_ns": float(done_ns),
+    }
