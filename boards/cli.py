@@ -4,6 +4,7 @@ Usage::
 
     python -m boards.cli bitstream --board ecpix5 [--seed 1]
     python -m boards.cli synth-report [--boards ecpix5,icebreaker] [--benches engine-w64-q256]
+    python -m boards.cli synth-report --scaling [--blocks requester] [--qps 64,256,1024]
     python -m boards.cli list
 """
 
@@ -34,8 +35,32 @@ def _bitstream(args):
 
 
 def _synth_report(args):
-    from .build import BENCH_CONFIGS, DEFAULT_BENCHES, BuildError, synth_report
+    from .build import (
+        BENCH_CONFIGS,
+        DEFAULT_BENCHES,
+        SCALING_BLOCKS,
+        SCALING_QPS,
+        BuildError,
+        scaling_report,
+        synth_report,
+    )
     from .tops import BOARDS
+    only_scaling = args.scaling and args.boards is None and args.benches is None
+    if args.scaling:
+        blocks = [b for b in (args.blocks or ",".join(SCALING_BLOCKS)).split(",") if b]
+        for block in blocks:
+            if block not in SCALING_BLOCKS:
+                return _fail(f"block must be one of {', '.join(SCALING_BLOCKS)}, not {block!r}")
+        try:
+            qps = [int(q) for q in args.qps.split(",")] if args.qps else list(SCALING_QPS)
+        except ValueError:
+            return _fail(f"qps must be comma-separated integers, not {args.qps!r}")
+        try:
+            scaling_report(blocks=blocks, qps=qps, out=args.out)
+        except BuildError as e:
+            return _fail(str(e))
+        if only_scaling:
+            return 0
     boards = [b for b in args.boards.split(",") if b] if args.boards is not None else ["ecpix5"]
     for board in boards:
         if board not in BOARDS:
@@ -50,7 +75,8 @@ def _synth_report(args):
                 return _fail(f"bench must be one of {', '.join(known)}, not {label!r}")
             benches.append((label, known[label]))
     try:
-        synth_report(boards=boards, benches=benches, out=args.out)
+        synth_report(boards=boards, benches=benches, out=args.out,
+                     bench_timeout=args.timeout * 60 if args.timeout else None)
     except BuildError as e:
         return _fail(str(e))
     return 0
@@ -85,6 +111,14 @@ def build_parser(parser=None):
     p.add_argument("--benches", help="comma-separated engine benches (default "
                                      "engine-w64-q256,engine-w128-q256; see `list`)")
     p.add_argument("--out", help="report path (default build/synth/report.json)")
+    p.add_argument("--timeout", type=float,
+                   help="minutes after which an engine bench build is stopped and recorded as "
+                        "incomplete (default: none)")
+    p.add_argument("--scaling", action="store_true",
+                   help="synthesize (Yosys only) the per-QP blocks at several QP counts; alone, "
+                        "it builds no board or bench")
+    p.add_argument("--blocks", help="scaling blocks (default requester,responder,path_select)")
+    p.add_argument("--qps", help="scaling QP counts (default 64,256,1024)")
     p.set_defaults(func=_synth_report)
     p = sub.add_parser("list", help="boards and engine benches")
     p.set_defaults(func=_list)

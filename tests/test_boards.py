@@ -5,7 +5,10 @@ Amaranth simulator, and every board top elaborated against its platform (no tool
 import random
 
 import pytest
-from amaranth import Fragment
+from amaranth import Fragment, Module
+from amaranth.lib import wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
 from scapy.layers.l2 import Ether
 
@@ -469,3 +472,95 @@ def test_report_reader_parses_nextpnr_output(tmp_path):
     path = report["critical_path"]["clk"]
     assert (path["from"], path["to"]) == ("a.b_FF.Q", "c.d_FF.DI")
     assert path["summary"] == "0.31 ns logic, 1.00 ns routing"
+
+
+class TinyTable(wiring.Component):
+    """A per-QP table the size of ``config.qps`` for the scaling flow's own test."""
+
+    def __init__(self, *, config):
+        self._qps = config.qps
+        super().__init__({"addr": In(config.qpn_bits), "data": In(36), "we": In(1),
+                          "q": Out(36)})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.table = table = Memory(shape=36, depth=self._qps, init=[])
+        write, read = table.write_port(), table.read_port()
+        m.d.comb += [write.addr.eq(self.addr), write.data.eq(self.data), write.en.eq(self.we),
+                     read.addr.eq(self.addr + 1), self.q.eq(read.data)]
+        return m
+
+
+def test_scaling_synth_maps_tables_and_merges_report(tmp_path, monkeypatch):
+    """A per-QP table lands in DP16KD at 1024 entries; the entry says synth only; the report
+    keeps earlier entries of other builds and replaces its own."""
+    import json
+
+    from boards import build as B
+    monkeypatch.setitem(B.SCALING_BLOCKS, "tiny", ("tests.test_boards", "TinyTable"))
+    out = tmp_path / "report.json"
+    out.write_text(json.dumps({"results": [{"kind": "board", "board": "ecpix5"},
+                                           {"kind": "scaling", "label": "tiny-q1024", "old": 1}]}))
+    monkeypatch.setattr(B, "BUILD", tmp_path)
+    document = B.scaling_report(blocks=["tiny"], qps=[1024], out=out, log=lambda _: None)
+    assert [e.get("board") or e.get("label") for e in document["results"]] == \
+        ["ecpix5", "tiny-q1024"]
+    entry = document["results"][1]
+    assert entry["stage"] == "synth" and entry["qps"] == 1024 and "old" not in entry
+    assert entry["memories"] == [{"memory": "top.table", "mapped": "DP16KD", "width": 36,
+                                  "depth": 1024, "kbits": 36.0, "dp16kd_estimate": 2}]
+    assert entry["resources"]["dp16kd"] == 2 and entry["fits"]
+    assert json.loads(out.read_text()) == document
+
+
+def test_scaling_memory_log_parser():
+    from boards.build import _yosys_memories
+    log = ("mapping memory top.qp_mem via $__TRELLIS_DPR16X4_\n"
+           "mapping memory top.big via $__DP16KD_\n"
+           "using FF mapping for memory top.regs\n"
+           "no valid mapping found for memory top.odd\n")
+    assert _yosys_memories(log) == [
+        {"memory": "top.qp_mem", "mapped": "TRELLIS_DPR16X4"},
+        {"memory": "top.big", "mapped": "DP16KD"},
+        {"memory": "top.regs", "mapped": "FF"}, {"memory": "top.odd", "mapped": "FF"}]
+
+
+def test_cli_scaling_rejects_bad_arguments(capsys):
+    from boards.cli import main
+    assert main(["synth-report", "--scaling", "--blocks", "nope"]) == 2
+    assert "block must be one of requester, responder, path_select" in capsys.readouterr().err
+    assert main(["synth-report", "--scaling", "--qps", "x"]) == 2
+    assert main(["synth-report", "--scaling", "--blocks", "responder", "--qps", "100"]) == 2
+    assert "NicConfig.qps" in capsys.readouterr().err
+
+
+def test_engine_pipeline_option():
+    from hdl.packet.engine import PacketEngine
+    config = NicConfig(ports=2)
+    with pytest.raises(TypeError, match="pipeline must be a bool, not 1"):
+        PacketEngine(config, pipeline=1)
+    fragment = Fragment.get(PacketEngine(config), None)
+    names = {name for _, name, _ in fragment.subfragments}
+    assert {"rx_slice", "tx_slice"} <= names
+    names = {name for _, name, _ in Fragment.get(PacketEngine(config, pipeline=False),
+                                              None).subfragments}
+    assert not {"rx_slice", "tx_slice"} & names
+
+
+def test_partial_report_of_a_stopped_build(tmp_path):
+    """A bench build stopped by its timeout is recorded as incomplete, with the utilisation and
+    the last fmax estimate nextpnr logged."""
+    from boards.build import _partial_report
+    (tmp_path / "top.tim").write_text(
+        "Info: Device utilisation:\n"
+        "Info: \t          TRELLIS_COMB:   37826/  83640    45%\n"
+        "Info: \t              DP16KD:       6/    208     2%\n"
+        "Info: Max frequency for clock 'clk': 58.09 MHz (FAIL at 125.00 MHz)\n"
+        "Info: Routing..\n"
+        "Info:     312000 |   106846     204737 |  490   500 |     94137|       3.13    1628.73|\n")
+    report = _partial_report(tmp_path, 40 * 60)
+    assert report["complete"] is False
+    assert report["resources"] == {"lut": {"used": 37826, "available": 83640},
+                                   "bram": {"used": 6, "available": 208}}
+    assert report["fmax"] == {"clk": {"achieved_mhz_estimate": 58.09, "constraint_mhz": 125.0}}
+    assert "stopped after 40 min during routing (94137 overused wires left)" in report["note"]

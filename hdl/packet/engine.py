@@ -4,8 +4,13 @@ The NIC top (:mod:`hdl.nic`) puts the transport blocks between ``rx_packets`` an
 ``tx_packets``; the engine alone is what the packet-level tests, ``mrc-nic replay`` and the
 packet benchmarks drive::
 
-    rx[0..P-1] ─► PortArbiter ─► Parser ─► rx_packets        (to the transport blocks)
-    tx[0..P-1] ◄─ PortDemux  ◄─ HeaderBuilder ◄─ tx_packets  (from the transport blocks)
+    rx[0..P-1] ─► PortArbiter ─► [slice] ─► Parser ─► rx_packets     (to the transport blocks)
+    tx[0..P-1] ◄─ PortDemux  ◄─ [slice] ◄─ HeaderBuilder ◄─ tx_packets (from the transport blocks)
+
+The ``[slice]`` stages (:class:`~hdl.packet.slice.RegisterSlice`, with ``pipeline=True``, the
+default) cut the combinational paths from the arbiter's grant multiplexer into the parser's
+admission logic and from the builder's output stage into the demux and the ports' ``ready``:
+without them that chain limited the engine to 75 MHz on the ECP5 (``docs/boards.md``).
 
 The receive path checks every frame (docs/parser.md) and drops bad ones whole with a counted
 reason; the transmit path builds complete frames with lengths, checksums and ICRC
@@ -22,6 +27,7 @@ from .builder import HeaderBuilder
 from .headers import DropReason, net_beat_layout, packet_beat_layout
 from .parser import Parser
 from .ports import PortArbiter, PortDemux
+from .slice import RegisterSlice
 
 __all__ = ["PacketEngine"]
 
@@ -33,6 +39,11 @@ class PacketEngine(wiring.Component):
     ----------
     config : NicConfig
         Build parameters (``docs/configuration.md``); defaults to ``NicConfig()``.
+    pipeline : bool
+        Register slices between the port arbiter and the parser and between the header builder
+        and the port demux (default ``True``): one more cycle of latency on each path, the
+        same throughput (one beat per cycle) and the same behaviour otherwise; about
+        2 x (W + W/8 + 6) flip-flops per slice.
 
     Members
     -------
@@ -56,12 +67,15 @@ class PacketEngine(wiring.Component):
         DSCP code point of trimmed packets (a control register in the NIC top).
     """
 
-    def __init__(self, config=None):
+    def __init__(self, config=None, *, pipeline=True):
         with validating(self):
             config = NicConfig() if config is None else config
             if not isinstance(config, NicConfig):
                 raise TypeError(f"config must be a NicConfig, not {config!r}")
+            if not isinstance(pipeline, bool):
+                raise TypeError(f"pipeline must be a bool, not {pipeline!r}")
         self._config = config
+        self._pipeline = pipeline
         beat = stream.Signature(net_beat_layout(config.data_width))
         packet = stream.Signature(packet_beat_layout(config))
         super().__init__({
@@ -81,6 +95,20 @@ class PacketEngine(wiring.Component):
     def config(self):
         return self._config
 
+    @property
+    def pipeline(self):
+        return self._pipeline
+
+    def _sliced(self, m, name, source, sink):
+        """Connect ``source`` to ``sink``, through a register slice when pipelined."""
+        if self._pipeline:
+            shape = source.signature.members["payload"].shape
+            m.submodules[name] = stage = RegisterSlice(shape=shape)
+            wiring.connect(m, source, stage.i)
+            wiring.connect(m, stage.o, sink)
+        else:
+            wiring.connect(m, source, sink)
+
     def elaborate(self, platform):
         m = Module()
         config = self._config
@@ -91,7 +119,7 @@ class PacketEngine(wiring.Component):
         m.submodules.parser = parser = Parser(config=config)
         for port in range(config.ports):
             wiring.connect(m, wiring.flipped(self.rx[port]), arbiter.i[port])
-        wiring.connect(m, arbiter.o, parser.i)
+        self._sliced(m, "rx_slice", arbiter.o, parser.i)
         wiring.connect(m, parser.o, wiring.flipped(self.rx_packets))
         m.d.comb += [
             parser.trim_dscp.eq(self.trim_dscp),
@@ -104,7 +132,7 @@ class PacketEngine(wiring.Component):
         m.submodules.builder = builder = HeaderBuilder(config=config)
         m.submodules.tx_demux = demux = PortDemux(**ports)
         wiring.connect(m, wiring.flipped(self.tx_packets), builder.i)
-        wiring.connect(m, builder.o, demux.i)
+        self._sliced(m, "tx_slice", builder.o, demux.i)
         for port in range(config.ports):
             wiring.connect(m, demux.o[port], wiring.flipped(self.tx[port]))
         m.d.comb += [
