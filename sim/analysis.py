@@ -108,10 +108,16 @@ def analyse(fabric, scn, config, *, end_ns):
         if r.outcome == "dropped-failure" and r.sent_ns >= at_ns - rtt:
             key = (r.src, dqpn, psn)
             lost.setdefault(key, r.sent_ns)
+    delivered_before = {}   # (src, dqpn, psn) -> earliest send of a copy that arrived
     for r, (dqpn, psn, _, _) in data:
         key = (r.src, dqpn, psn)
+        if r.outcome == "delivered":
+            delivered_before.setdefault(key, r.sent_ns)
         if key in lost and r.sent_ns > lost[key] and key not in resent:
             resent[key] = r.sent_ns
+    # A lost copy of a PSN another copy had already carried needs no resend.
+    for key in [k for k in lost if k not in resent and delivered_before.get(k, lost[k]) < lost[k]]:
+        del lost[key]
     unresent = len(lost) - len(resent)
     timeout_us = 1.024 * (1 << scn.timeout)
     after = (max(resent.values()) - at_ns) / 1000 if resent else 0.0

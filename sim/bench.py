@@ -6,6 +6,11 @@ simulated cycles per second of the NIC top under Icarus and Verilator.
 
 ``path`` (``build/bench/path.json``, ``sim/bench_path.py``): path-select decisions per cycle
 with all 256 QPs active, and block RAM per 256 EVs.
+
+``fabric`` (``build/bench/fabric.json`` and ``recovery.json``, ``sim/bench_fabric.py``): two
+RTL NICs over the multi-plane fabric: efficiency, plane failure, MRC against the single-path
+baseline, random loss, and the two-NIC system's simulated cycles per second
+(``docs/performance.md``).
 """
 
 import json
@@ -24,10 +29,32 @@ def register(subparsers):
     p.add_argument("--sims", default="icarus,verilator", help="simulators, comma-separated")
     p.add_argument("--count", type=int, default=40, help="packets per measurement")
     p.add_argument("--out", type=Path, default=BUILD / "bench" / "packet.json")
+    p.add_argument("--only", choices=("packet", "path", "fabric"), action="append",
+                   help="run only these benchmarks (repeatable; default: all)")
+    p.add_argument("--fabric-sims", default="verilator,icarus",
+                   help="simulators whose two-NIC cycles/s the fabric benchmark measures")
     p.set_defaults(func=run)
 
 
 def run(args):
+    only = set(args.only or ("packet", "path", "fabric"))
+    if "packet" in only:
+        status = _packet(args)
+        if status:
+            return status
+    if "path" in only:
+        from . import bench_path
+        print("bench: path select, 256 QPs, one request per cycle ...", flush=True)
+        path = bench_path.run(args.out.parent)
+        print(f"  {path['decisions_per_cycle']:.3f} decisions/cycle; wrote "
+              f"{args.out.parent / 'path.json'}")
+    if "fabric" in only:
+        from . import bench_fabric
+        bench_fabric.run(args.out.parent, sims=tuple(args.fabric_sims.split(",")))
+    return 0
+
+
+def _packet(args):
     from hdl.config import NicConfig
     from hdl.packet.engine import PacketEngine
     from sim.tb.runner import CocotbFailure, run_cocotb
@@ -65,9 +92,4 @@ def run(args):
         "benchmark": "packet engines", "machine": platform.node(),
         "python": platform.python_version(), "results": results}, indent=2) + "\n")
     print(f"wrote {args.out}")
-    from . import bench_path
-    print("bench: path select, 256 QPs, one request per cycle ...", flush=True)
-    path = bench_path.run(args.out.parent)
-    print(f"  {path['decisions_per_cycle']:.3f} decisions/cycle; wrote "
-          f"{args.out.parent / 'path.json'}")
     return 0

@@ -27,6 +27,17 @@ from .scenario import scenario
 __all__ = ["run", "ENTRIES"]
 
 ENTRIES = ("clean", "plane-failure", "timeout-only", "ecmp", "mrc-8qp", "loss1")
+#: Per-entry changes to the named scenarios: transfers long enough that the first and last
+#: round trips weigh little, and a failure in the middle with a recovery (goodput before,
+#: during and after).
+SIZES = {
+    "clean": {"bytes": 512 << 10},
+    "plane-failure": {"bytes": 384 << 10, "fail_at_us": 100.0, "recover_at_us": 300.0},
+    "timeout-only": {"bytes": 384 << 10, "fail_at_us": 100.0, "recover_at_us": 300.0},
+    "ecmp": {"bytes": 256 << 10},
+    "mrc-8qp": {"bytes": 256 << 10},
+    "loss1": {"bytes": 512 << 10},
+}
 
 
 def _figures(report):
@@ -48,7 +59,7 @@ def run(out_dir=None, *, entries=ENTRIES, sims=("verilator",), log=print, **over
     results = {}
     for name in entries:
         log(f"bench: scenario {name} (RTL, verilator) ...")
-        scn = scenario(name, **overrides).replace(name=name)
+        scn = scenario(name, **{**SIZES.get(name, {}), **overrides}).replace(name=name)
         report = run_scenario(scn, out_dir / "fabric" / name, log=log)
         results[name] = _figures(report)
         log(f"  goodput {report['goodput_gbps']:.3f} Gb/s, efficiency {report['efficiency']:.3f},"

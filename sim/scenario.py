@@ -59,13 +59,13 @@ class Scenario:
     duplicate: float = 0.0
     corrupt: float = 0.0
     trim_threshold: int = 0
-    ecn_threshold: int = 16 * 1024
-    queue_bytes: int = 64 * 1024
+    ecn_threshold: int = 4 * 1024
+    queue_bytes: int = 16 * 1024
     latency_us: float = 1.0
-    timeout: int = 5
+    timeout: int = 7
     retry_linear: int = P.RETRY_LINEAR_MAX
     retry_exponential: int = P.RETRY_INFINITE
-    infer_k: int = 3
+    infer_k: int = 12
     ack_every: int = 4
     seed: int = 1
     backend: str = "rtl"
@@ -180,8 +180,8 @@ SCENARIOS = {
     "mrc-8qp": Scenario(name="mrc-8qp", qps=8, fail_plane=None, fail_at_us=None,
                         recover_at_us=None),
     "congestion": Scenario(name="congestion", fail_plane=None, fail_at_us=None,
-                           recover_at_us=None, trim_threshold=24 * 1024,
-                           ecn_threshold=8 * 1024),
+                           recover_at_us=None, trim_threshold=8 * 1024,
+                           ecn_threshold=2 * 1024),
 }
 
 

@@ -1,7 +1,7 @@
 """Two model NICs over a network: a :class:`~sim.scenario.Scenario` run in pure Python.
 
 :func:`run_model` brings up NIC ``a`` and NIC ``b`` (:class:`~sim.model.nic.ModelNic`) as the
-RTL loopback bench brings up its two RTL NICs (``sim/tb/cocotb_loopback.py``: addresses of
+RTL bench brings up its two RTL NICs (``sim/tb/cocotb_fabric.py``: addresses of
 :mod:`sim.defaults`, one memory region each, the GENERATED EV profile of
 ``sim/data/default-ev-profile.json``, QP q of ``a`` connected to QP q of ``b``), posts the
 scenario's traffic and runs both NICs and the network event by event in simulated time. It

@@ -55,6 +55,10 @@ PD = 1
 SRC_BASE = 0x2000_0000
 PSN_BASE = 0xFFFF80         # the 24-bit PSN wraps during the run (as in sim/model/pair.py)
 PROBE_INTERVAL_US = 10.0
+#: Random bubbles on every input stream and backpressure on every output (tests set them
+#: through the scenario's ``extra``; measurements run without).
+BUBBLES = float(SCENARIO.extra.get("bubbles", 0.0))
+BACKPRESSURE = float(SCENARIO.extra.get("backpressure", 0.0))
 POLL_CYCLES = 500
 
 
@@ -78,18 +82,18 @@ class Side:
         self.memory = RegionMemory()
         self.memory.add(SRC_BASE, max(SCENARIO.bytes, 1) + 4096)
         self.memory.add(MR_BASE, max(SCENARIO.bytes, 1) + 4096)
-        self.mem = MemoryAgent(dut, f"{name}_", CONFIG, self.memory, loop,
-                               seed=rng.randrange(1 << 30))
-        self.wr = Source(dut, f"{name}_wr", seed=rng.randrange(1 << 30))
+        self.mem = MemoryAgent(dut, f"{name}_", CONFIG, self.memory, loop, idle=BUBBLES,
+                               backpressure=BACKPRESSURE, seed=rng.randrange(1 << 30))
+        self.wr = Source(dut, f"{name}_wr", idle=BUBBLES, seed=rng.randrange(1 << 30))
         self.completions = []
         self.completion_times = []
         self.cq = Sink(dut, f"{name}_completion", self._completion,
-                       seed=rng.randrange(1 << 30))
+                       backpressure=BACKPRESSURE, seed=rng.randrange(1 << 30))
         layout = net_beat_layout(W)
-        self.rx = [FrameSource(dut, f"{name}_rx__{p}", layout, seed=rng.randrange(1 << 30))
-                   for p in range(CONFIG.ports)]
+        self.rx = [FrameSource(dut, f"{name}_rx__{p}", layout, idle=BUBBLES,
+                               seed=rng.randrange(1 << 30)) for p in range(CONFIG.ports)]
         self.tx = [FrameSink(dut, f"{name}_tx__{p}", layout,
-                             self._transmit(p, fabric, clock_of),
+                             self._transmit(p, fabric, clock_of), backpressure=BACKPRESSURE,
                              seed=rng.randrange(1 << 30)) for p in range(CONFIG.ports)]
         self.loop = loop
         self.bus = CocotbBus(dut, f"{name}_bus__", dut.clk)
