@@ -11,7 +11,7 @@ from hdl.packet.layouts import BTH, IMMDT, MDETH, RETH
 from .fabric.frames import parse
 from .scenario import line_rate_gbps
 
-__all__ = ["analyse", "data_info", "base_rtt_ns"]
+__all__ = ["analyse", "data_info", "base_rtt_ns", "loaded_rtt_ns"]
 
 _IMM = frozenset(int(op) for op in P.IMMEDIATE_OPCODES)
 _BTH, _RETH, _IMMDT = BTH.size, RETH.size, IMMDT.size
@@ -52,6 +52,22 @@ def base_rtt_ns(fabric_config, mtu_frame_bytes, ack_frame_bytes=110):
     rate = fabric_config.plane_rate_gbps(0)
     return (2 * fabric_config.path_latency_ns(0)
             + (mtu_frame_bytes + ack_frame_bytes) * 8 / rate)
+
+
+def loaded_rtt_ns(records, lo_ns, hi_ns):
+    """The round trip traffic actually saw in [lo, hi): the median one-way delay of the data
+    frames delivered in that window plus the median one-way delay of the other delivered
+    frames (ACKs, NAKs) in it, queueing included. ``None`` when either kind is missing."""
+    data, acks = [], []
+    for r in records:
+        if r.arrival_ns is None or not lo_ns <= r.sent_ns < hi_ns:
+            continue
+        (data if parse(r.frame).is_data else acks).append(r.arrival_ns - r.sent_ns)
+    if not data or not acks:
+        return None
+    data.sort()
+    acks.sort()
+    return data[len(data) // 2] + acks[len(acks) // 2]
 
 
 def _window_goodput(stats, lo_ns, hi_ns, directions, line_rate):
@@ -119,28 +135,35 @@ def analyse(fabric, scn, config, *, end_ns):
     for key in [k for k in lost if k not in resent and delivered_before.get(k, lost[k]) < lost[k]]:
         del lost[key]
     unresent = len(lost) - len(resent)
+    # The loaded round trip just before the failure (the queues the traffic kept full).
+    loaded = loaded_rtt_ns(records, max(0.0, at_ns - 4 * rtt), at_ns) or rtt
     timeout_us = 1.024 * (1 << scn.timeout)
     after = (max(resent.values()) - at_ns) / 1000 if resent else 0.0
+    line = line_rate_gbps(config)
+    goodput = {
+        "before": _window_goodput(stats, 0.0, min(at_ns, end_ns), directions, line),
+        "during": _window_goodput(stats, at_ns, min(down_until, end_ns), directions, line),
+        "after": _window_goodput(stats, recover_ns, end_ns, directions, line)
+        if recover_ns is not None and recover_ns < end_ns else None,
+    }
+    # During the failure against the healthy fabric before it (the ideal is (P - 1) / P).
+    if goodput["before"] and goodput["during"] and goodput["before"]["goodput_gbps"]:
+        goodput["during_over_before"] = round(
+            goodput["during"]["goodput_gbps"] / goodput["before"]["goodput_gbps"], 4)
     out["failure"] = {
         "plane": plane, "kind": failure["kind"], "at_us": failure["at_us"],
         "recover_at_us": failure["recover_at_us"],
         "base_rtt_us": round(rtt / 1000, 3),
         "dead_plane_abandoned_after_us": round((last_on_dead - at_ns) / 1000, 3),
         "dead_plane_abandoned_after_rtts": round((last_on_dead - at_ns) / rtt, 2),
+        "loaded_rtt_us": round(loaded / 1000, 3),
+        "dead_plane_abandoned_after_loaded_rtts": round((last_on_dead - at_ns) / loaded, 2),
         "lost_psns": len(lost),
         "lost_psns_never_resent": unresent,
         "all_lost_resent_after_us": round(after, 3) if not unresent else None,
         "timeout_us": round(timeout_us, 3),
         "all_lost_resent_after_timeouts": round(after / timeout_us, 3) if not unresent
         else None,
-        "goodput": {
-            "before": _window_goodput(stats, 0.0, min(at_ns, end_ns), directions,
-                                      line_rate_gbps(config)),
-            "during": _window_goodput(stats, at_ns, min(down_until, end_ns), directions,
-                                      line_rate_gbps(config)),
-            "after": _window_goodput(stats, recover_ns, end_ns, directions,
-                                     line_rate_gbps(config)) if recover_ns is not None
-            and recover_ns < end_ns else None,
-        },
+        "goodput": goodput,
     }
     return out

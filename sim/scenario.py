@@ -65,8 +65,11 @@ class Scenario:
     timeout: int = 7
     retry_linear: int = P.RETRY_LINEAR_MAX
     retry_exponential: int = P.RETRY_INFINITE
-    infer_k: int = 12
+    infer_k: int = 8
+    fate: int = 1
     ack_every: int = 4
+    ack_delay: int = 128
+    coalesce_gaps: int = 0
     seed: int = 1
     backend: str = "rtl"
     baseline: str | None = None
@@ -118,7 +121,10 @@ class Scenario:
         integer("retry_linear", 0, P.RETRY_LINEAR_MAX)
         integer("retry_exponential", 0, P.RETRY_EXPONENTIAL_MAX)
         integer("infer_k", 0, 15)
+        integer("fate", 0, 1)
         integer("ack_every", 1, 255)
+        integer("ack_delay", 1, (1 << 32) - 1)
+        integer("coalesce_gaps", 0, 1)
         integer("seed", 0, (1 << 31) - 1)
         check("backend", self.backend in ("rtl", "model"), "rtl or model")
         check("baseline", self.baseline in (None, "ecmp"), "ecmp (or absent)")
@@ -163,6 +169,10 @@ def nic_config_for(scn):
 def line_rate_gbps(config):
     """The NIC engine's line rate: one datapath beat per cycle."""
     return config.data_width * config.clock_hz / 1e9
+
+
+#: How often the control plane probes every ASSUMED_BAD EV (RTL bench and model run).
+PROBE_INTERVAL_US = 10.0
 
 
 #: Named scenarios (``--scenario NAME``); flags given with them override their values.

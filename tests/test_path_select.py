@@ -9,6 +9,7 @@ throughput.
 
 import math
 import random
+from collections import Counter
 
 import pytest
 from amaranth.hdl import unsigned
@@ -413,6 +414,60 @@ def test_failover_no_data_on_a_dead_port_once_its_loss_feedback_is_in():
     assert any(d["port"] == 2 for d in before[:30])
     assert after and all(d["port"] != 2 for d in after)
     assert [e["port"] for e in bench.events.as_dicts()] == [3] * 8
+
+
+def test_port_fate_sharing_one_loss_abandons_the_whole_port_floor_permitting():
+    """A LOST that turns an EV of a fate-sharing profile ASSUMED_BAD sweeps every EV on that
+    port (this profile and every other fate-sharing one); a profile without fate sharing is
+    untouched, the floor holds, and a second port's loss queues behind the first sweep."""
+    bench = Bench(NicConfig(qps=16, ev_profiles=4, evs_per_profile=64, ports=8), seed=11,
+                  event_depth=128,
+                  profiles={0: udp_profile(), 1: udp_profile(), 2: udp_profile()})
+    qpns = (0, 1, 2, 3)
+
+    async def script(bench, ctx):
+        await bench.commands(ctx, bring_up_commands(0, 64, ports=8, min_active=8, fate=1,
+                                                    qpns=qpns))
+        await bench.commands(ctx, bring_up_commands(1, 16, ports=8, fate=1, qpns=(5,)))
+        await bench.commands(ctx, bring_up_commands(2, 16, ports=8, qpns=(6,)))
+        await bench.command(ctx, command(PathCommand.PROFILE_READ, profile=0))
+        # Port 3 (EV 2 and every 8th after it) and port 6 lose one packet each, back to back.
+        await bench.feedback(ctx, [(0, 2, FeedbackKind.LOST), (1, 13, FeedbackKind.LOST)])
+        for _ in range(2 * 4 * 64 + 32):            # two sweeps over 4 x 64 entries
+            await ctx.tick()
+        await bench.command(ctx, command(PathCommand.PROFILE_READ, profile=0))
+        await bench.requests(ctx, [{"qpn": n % 4} for n in range(200)])
+        # A loss on a profile without fate sharing marks that EV only.
+        await bench.feedback(ctx, [(6, 4, FeedbackKind.LOST)])
+        for _ in range(300):
+            await ctx.tick()
+        # Down to the floor: port 1's sweep marks EVs until 8 remain usable.
+        for port_ev in (0, 1, 3, 4, 6, 7):
+            await bench.feedback(ctx, [(0, port_ev, FeedbackKind.LOST)])
+            for _ in range(300):
+                await ctx.tick()
+        await bench.command(ctx, command(PathCommand.PROFILE_READ, profile=0))
+
+    bench.run(script)
+    # The model sweeps at once, the hardware after the feedback already queued: the same
+    # events, in another interleaving.
+    bench.check(events=False)
+    events = bench.events.as_dicts()
+    key = sorted
+    assert key(map(str, events)) == key(str(e.as_dict()) for e in bench.model.pop_events())
+    # Profile 0: 8 EVs on port 3 and 8 on port 6; profile 1: 2 on each; profile 2: none.
+    marked = Counter((e["profile"], e["port"]) for e in events[:20]
+                     if e["state"] == EvState.ASSUMED_BAD)
+    assert marked == {(0, 3): 8, (0, 6): 8, (1, 3): 2, (1, 6): 2}
+    reads = [got for cmd, got, _ in bench.responses if cmd["cmd"] == PathCommand.PROFILE_READ]
+    assert reads[0][1] >> 7 & 1 == 1               # fate sharing reported
+    assert reads[0][1] >> 48 == 64 and reads[1][1] >> 48 == 48
+    assert all(d["port"] not in (2, 5) for d in bench.decisions.as_dicts())
+    assert events[20:21] == [e for e in events if e["profile"] == 2] == [
+        {"profile": 2, "index": 4, "port": 5, "state": EvState.ASSUMED_BAD, "probe_ok": 0}]
+    assert reads[2][1] >> 48 == 8                   # the floor
+    # Seven ports swept (port 8 hit the floor); the triggering EVs are not counted.
+    assert bench.counters["fate_sweeps"] == 7 and bench.counters["fate_marked"] == 63
 
 
 def test_profile_state_machine_and_command_checks():

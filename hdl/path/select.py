@@ -91,10 +91,10 @@ def entry_read_data(*, state, port, penalty):
 
 
 def profile_read_data(*, state, mode, adaptive, recovery, populated, num_evs, min_active,
-                      usable):
+                      usable, fate=0):
     """The ``data`` word of a PROFILE_READ response (16-bit lanes from bit 16 up)."""
     return (int(state) | int(mode) << 2 | adaptive << 4 | int(recovery) << 5 | populated << 6
-            | num_evs << 16 | min_active << 32 | usable << 48)
+            | fate << 7 | num_evs << 16 | min_active << 32 | usable << 48)
 
 
 def path_command_layout(config):
@@ -113,6 +113,7 @@ def path_command_layout(config):
         "min_active": unsigned(COUNT_BITS),
         "adaptive": unsigned(1),
         "recovery": unsigned(1),
+        "fate": unsigned(1),
         "state": unsigned(3),
         "port": unsigned(EV_PORT_BITS),
         "qpn": unsigned(config.qpn_bits),
@@ -154,11 +155,12 @@ class _Op(enum.IntEnum, shape=4):
     SET_STATE = 7
     READ = 8
     BAD_KIND = 9
+    FATE = 10                   # the port fate-sharing sweep visits one EV
 
 
 COUNTERS = ("decisions", "no_path", "feedback_acked", "feedback_ecn", "feedback_trimmed",
             "feedback_lost", "feedback_probe_ok", "feedback_ignored", "state_changes",
-            "events_dropped")
+            "events_dropped", "fate_sweeps", "fate_marked")
 
 
 def _first_set(vector, width):
@@ -327,6 +329,7 @@ class PathSelect(wiring.Component):
         p_min = [Signal(COUNT_BITS, name=f"profile{p}_min_active") for p in range(n_profiles)]
         p_adaptive = [Signal(name=f"profile{p}_adaptive") for p in range(n_profiles)]
         p_recovery = [Signal(name=f"profile{p}_recovery") for p in range(n_profiles)]
+        p_fate = [Signal(name=f"profile{p}_fate") for p in range(n_profiles)]
         # good: GOOD and written; denied: DENIED and written; ASSUMED_BAD = written & ~good &
         # ~denied; high: penalty >= PENALTY_HIGH. Written bits are cleared by PROFILE_SET.
         p_good = [Signal(n_evs, name=f"profile{p}_good") for p in range(n_profiles)]
@@ -523,6 +526,31 @@ class PathSelect(wiring.Component):
             with m.If(timer == (1 << self._decay_shift) - 1):
                 m.d.sync += sweep_active.eq(1)
 
+        # Port fate sharing: a LOST that turns an EV of a fate-sharing profile ASSUMED_BAD
+        # marks its port pending; the sweep then visits every entry once per pending port
+        # (one per free engine slot, after feedback, before the decay sweep) and turns the
+        # GOOD EVs on that port ASSUMED_BAD, floor permitting.
+        fate_pending = Signal(1 << EV_PORT_BITS)
+        fate_active = Signal()
+        fate_port = Signal(EV_PORT_BITS)
+        fate_index = Signal(range(self.entry_words))
+        fate_grant = Signal()
+        fate_trigger = Signal()
+        fate_trigger_port = Signal(EV_PORT_BITS)
+        with m.If(fate_grant):
+            m.d.sync += fate_index.eq(fate_index + 1)
+            with m.If(fate_index == self.entry_words - 1):
+                m.d.sync += [fate_active.eq(0), fate_index.eq(0)]
+        next_found, next_port = _first_set(fate_pending, 1 << EV_PORT_BITS)
+        cleared = Signal.like(fate_pending)
+        m.d.comb += cleared.eq(fate_pending)
+        with m.If(~fate_active & next_found):
+            m.d.comb += cleared.bit_select(next_port, 1).eq(0)
+            m.d.sync += [fate_active.eq(1), fate_port.eq(next_port), fate_index.eq(0),
+                         self.fate_sweeps.eq(self.fate_sweeps + 1)]
+        m.d.sync += fate_pending.eq(
+            cleared | Mux(fate_trigger, C(1, 1 << EV_PORT_BITS) << fate_trigger_port, 0))
+
         e1_valid = Signal()
         e1_op = Signal(_Op)
         e1_profile = Signal(profile_bits)
@@ -539,6 +567,11 @@ class PathSelect(wiring.Component):
                 e1_op.eq(Mux(f1.kind <= FeedbackKind.PROBE_OK, f1.kind, _Op.BAD_KIND)),
                 e1_profile.eq(qp_fb_rd.data.profile), e1_index.eq(f1.ev),
                 e1_bound.eq(qp_fb_rd.data.bound),
+            ]
+        with m.Elif(fate_active):
+            m.d.comb += [
+                fate_grant.eq(1), e1_valid.eq(1), e1_op.eq(_Op.FATE), e1_bound.eq(1),
+                e1_profile.eq(fate_index[index_bits:]), e1_index.eq(fate_index[:index_bits]),
             ]
         with m.Elif(sweep_active):
             m.d.comb += [
@@ -567,6 +600,7 @@ class PathSelect(wiring.Component):
         e2_num = _choose(m, p_num, e2_profile, "e2_num_evs")
         e2_min = _choose(m, p_min, e2_profile, "e2_min_active")
         e2_recovery = _choose(m, p_recovery, e2_profile, "e2_recovery")
+        e2_fate = _choose(m, p_fate, e2_profile, "e2_fate")
         e2_good_count = _choose(m, p_good_count, e2_profile, "e2_good_count")
         cur_good = _choose(m, p_good, e2_profile, "e2_good").bit_select(e2_index, 1)
         cur_written = _choose(m, p_written, e2_profile, "e2_written").bit_select(e2_index, 1)
@@ -616,9 +650,17 @@ class PathSelect(wiring.Component):
                         # The floor: only if ev_min_active usable EVs remain afterwards.
                         with m.If(e2_good_count > e2_min):
                             m.d.comb += [new_good.eq(0), event_valid.eq(1),
-                                         event.state.eq(EvState.ASSUMED_BAD)]
+                                         event.state.eq(EvState.ASSUMED_BAD),
+                                         fate_trigger.eq(e2_fate),
+                                         fate_trigger_port.eq(cur_port)]
                         with m.Else():
                             m.d.comb += new_penalty.eq(add_penalty(PENALTY_LOST))
+                with m.Case(_Op.FATE):
+                    with m.If(fb_applies & e2_fate & cur_good & (cur_port == fate_port)
+                              & (e2_good_count > e2_min)):
+                        m.d.comb += [commit.eq(1), new_good.eq(0), event_valid.eq(1),
+                                     event.state.eq(EvState.ASSUMED_BAD)]
+                        m.d.sync += self.fate_marked.eq(self.fate_marked + 1)
                 with m.Case(_Op.PROBE_OK):
                     with m.If(fb_applies & cur_assumed_bad):
                         m.d.comb += [event_valid.eq(1), event.state.eq(EvState.ASSUMED_BAD)]
@@ -705,6 +747,7 @@ class PathSelect(wiring.Component):
         c_min = _choose(m, p_min, cmd.profile, "cmd_min_active")
         c_adaptive = _choose(m, p_adaptive, cmd.profile, "cmd_adaptive")
         c_recovery = _choose(m, p_recovery, cmd.profile, "cmd_recovery")
+        c_fate = _choose(m, p_fate, cmd.profile, "cmd_fate")
         c_good_count = _choose(m, p_good_count, cmd.profile, "cmd_good_count")
         c_good = _choose(m, p_good, cmd.profile, "cmd_good")
         c_written = _choose(m, p_written, cmd.profile, "cmd_written")
@@ -779,6 +822,7 @@ class PathSelect(wiring.Component):
                                         p_min[p].eq(cmd.min_active),
                                         p_adaptive[p].eq(cmd.adaptive),
                                         p_recovery[p].eq(cmd.recovery),
+                                        p_fate[p].eq(cmd.fate),
                                     ]
                             m.d.comb += clear_profile.eq(1)
                             respond(Errno.OK)
@@ -862,7 +906,8 @@ class PathSelect(wiring.Component):
                             respond(Errno.ENOENT)
                         with m.Else():
                             respond(Errno.OK, Cat(
-                                c_state, c_mode, c_adaptive, c_recovery, populated, C(0, 9),
+                                c_state, c_mode, c_adaptive, c_recovery, populated, c_fate,
+                                C(0, 8),
                                 c_num, C(0, 16 - COUNT_BITS), c_min, C(0, 16 - COUNT_BITS),
                                 c_good_count))
                     with m.Default():

@@ -88,6 +88,10 @@ def responder_command_layout(config):
         "ack_every": unsigned(8),
         "ack_delay": unsigned(32),
         "nak_interval": unsigned(32),
+        # 1: an out-of-order arrival is ACKed like an in-order one (every ack_every packets
+        # or after ack_delay), not at once: fewer ACKs under spraying, the SACK bitmap
+        # still carries every arrival. 0 (reset): at once.
+        "coalesce_gaps": unsigned(1),
     })
 
 

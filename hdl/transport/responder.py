@@ -257,6 +257,7 @@ class Responder(wiring.Component):
         ack_every = Signal(8, init=DEFAULT_ACK_EVERY)
         ack_delay = Signal(32, init=DEFAULT_ACK_DELAY)
         nak_interval = Signal(32, init=DEFAULT_NAK_INTERVAL)
+        coalesce_gaps = Signal()
 
         FIRST, BEAT, CONT, TIMER, CTL = range(5)
         e_valid = Signal()
@@ -475,7 +476,8 @@ class Responder(wiring.Component):
         gap = (distance != 0) | (advance > 1) | e_cont
         count_next = qp.ack_count + 1
         ack_now = Signal()
-        m.d.comb += ack_now.eq(h.bth.ackreq | ce | gap | (count_next >= ack_every) |
+        m.d.comb += ack_now.eq(h.bth.ackreq | ce | (gap & ~coalesce_gaps) |
+                               (count_next >= ack_every) |
                                ((qp.ack_count == 0) & ~timer_room))
         start_timer = placed & ~ack_now & (qp.ack_count == 0)
 
@@ -576,7 +578,8 @@ class Responder(wiring.Component):
                     m.d.comb += resp.errno.eq(P.Errno.EINVAL)
                 with m.Elif(is_ctl & e_fire):
                     m.d.sync += [ack_every.eq(cmd.ack_every), ack_delay.eq(cmd.ack_delay),
-                                 nak_interval.eq(cmd.nak_interval)]
+                                 nak_interval.eq(cmd.nak_interval),
+                                 coalesce_gaps.eq(cmd.coalesce_gaps)]
         m.d.comb += [
             mr_wp.addr.eq(cmd.slot[:mr_bits]),
             mr_wp.data.valid.eq(cmd.valid), mr_wp.data.rkey.eq(cmd.rkey),

@@ -94,9 +94,11 @@ class NicDriver(RegisterDriver):
     async def set_trim_dscp(self, dscp):
         await self.configure("settings", trim_dscp=dscp)
 
-    async def configure_acks(self, *, ack_every=4, ack_delay=128, nak_interval=1024):
+    async def configure_acks(self, *, ack_every=4, ack_delay=128, nak_interval=1024,
+                             coalesce_gaps=False):
         await self.command("responder", cmd=ResponderCommand.CONFIG, ack_every=ack_every,
-                           ack_delay=ack_delay, nak_interval=nak_interval)
+                           ack_delay=ack_delay, nak_interval=nak_interval,
+                           coalesce_gaps=int(coalesce_gaps))
 
     # -- EV profiles --------------------------------------------------------------------------
 
@@ -117,16 +119,18 @@ class NicDriver(RegisterDriver):
                            ev_mode=profile.mode)
 
     async def ev_profile_online(self, profile_id, profile, *, num_evs, min_active=1,
-                                adaptive=False, recovery=ProbeRecovery.AUTO, evs=None,
-                                mode=None):
+                                adaptive=False, recovery=ProbeRecovery.AUTO, fate=False,
+                                evs=None, mode=None):
         """Define, fill and take ONLINE an EV profile: GENERATED profiles generate their
         ``num_evs`` entries in hardware; EXPLICIT ones get ``evs`` ((bytes, port) pairs;
-        default: the generated entries written explicitly)."""
+        default: the generated entries written explicitly). ``fate``: port fate sharing (a
+        loss that turns one EV ASSUMED_BAD turns every GOOD EV on its port ASSUMED_BAD,
+        floor permitting; docs/path-select.md)."""
         mode = profile.mode if mode is None else mode
         await self.define_ev_profile(profile_id, profile)
         await self.command("path", cmd=PathCommand.PROFILE_SET, profile=profile_id, mode=mode,
                            num_evs=num_evs, min_active=min_active, adaptive=int(adaptive),
-                           recovery=recovery)
+                           recovery=recovery, fate=int(fate))
         await self.command("path", cmd=PathCommand.PROFILE_STATE, profile=profile_id,
                            state=P.ProfileState.OFFLINE)
         if mode != P.EvMode.GENERATED:

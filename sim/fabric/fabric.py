@@ -213,6 +213,12 @@ class Fabric:
         self._next_ns = heap[0][0] / 1000 if heap else math.inf
         return out
 
+    def plane_up(self, plane, start_ns, end_ns):
+        """True when no whole-plane failure (either direction) is down at any instant of
+        [start_ns, end_ns]: what a probe round trip on that plane would see."""
+        return not any(f.path is None and f.down_during(start_ns, end_ns)
+                       for direction in self._failures for f in direction[plane])
+
     def next_arrival(self):
         """Arrival time (ns) of the next frame in flight, or None."""
         return self._heap[0][0] / 1000 if self._heap else None

@@ -214,13 +214,15 @@ class ModelNic:
     def deregister_mr(self, *, slot):
         self._check(self.responder.mr_write(slot, valid=0), "responder", {"slot": slot})
 
-    def configure_acks(self, *, ack_every=4, ack_delay=128, nak_interval=1024):
+    def configure_acks(self, *, ack_every=4, ack_delay=128, nak_interval=1024,
+                       coalesce_gaps=False):
         self._check(self.responder.configure(ack_every=ack_every, ack_delay=ack_delay,
-                                             nak_interval=nak_interval), "responder",
+                                             nak_interval=nak_interval,
+                                             coalesce_gaps=coalesce_gaps), "responder",
                     {"ack_every": ack_every})
 
     def ev_profile_online(self, profile_id, profile, *, num_evs, min_active=1, adaptive=False,
-                          recovery=ProbeRecovery.AUTO, evs=None, mode=None):
+                          recovery=ProbeRecovery.AUTO, fate=False, evs=None, mode=None):
         """Define, fill and take ONLINE an EV profile, as the driver does: GENERATED
         profiles generate their entries; EXPLICIT and AUTO ones get ``evs`` ((bytes, port)
         pairs; default: the generated entries written explicitly)."""
@@ -229,7 +231,8 @@ class ModelNic:
         mode = profile.mode if mode is None else P.EvMode(mode)
         self.expander.profiles[profile_id] = profile
         self._path(cmd=PathCommand.PROFILE_SET, profile=profile_id, mode=mode, num_evs=num_evs,
-                   min_active=min_active, adaptive=int(adaptive), recovery=recovery)
+                   min_active=min_active, adaptive=int(adaptive), recovery=recovery,
+                   fate=int(fate))
         self._path(cmd=PathCommand.PROFILE_STATE, profile=profile_id,
                    state=P.ProfileState.OFFLINE)
         if mode != P.EvMode.GENERATED:
@@ -516,6 +519,21 @@ class ModelNic:
             self._req_feedback += 1
             self.path.feedback(item["qpn"], item["ev"], item["kind"])
         self._collect_events()
+
+    def assumed_bad(self, profile_id=0):
+        """``[(index, port)]`` of the profile's ASSUMED_BAD EVs (what a controller probes)."""
+        profile = self.path.profiles[profile_id]
+        return [(index, entry.port) for index, entry in enumerate(profile.entries[
+            :profile.num_evs]) if entry.written and entry.state == P.EvState.ASSUMED_BAD]
+
+    def probe_answered(self, qpn, ev, now_ns):
+        """A probe on EV ``ev`` (bound through ``qpn``) was answered at ``now_ns``: PROBE_OK
+        feedback, as the RTL's probe requester gives it (the model has no probe frames)."""
+        self._run_until(now_ns, inclusive=False)
+        self._time = max(self._time, now_ns)
+        self.path.feedback(qpn, ev, P.FeedbackKind.PROBE_OK)
+        self._collect_events()
+        self._idle = False
 
     def _collect_events(self):
         for event in self.path.pop_events():

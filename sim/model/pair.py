@@ -23,7 +23,7 @@ from hdl.path.ev import load_profile_json
 from sim import packets as pk
 from sim.defaults import MR_BASE, MR_LENGTH, NIC_A, NIC_B
 from sim.env import REPO
-from sim.scenario import Scenario, nic_config_for
+from sim.scenario import PROBE_INTERVAL_US, Scenario, nic_config_for
 from sim.workload import fabric_config_for
 from sim.workload import make_work as shared_make_work
 
@@ -116,6 +116,9 @@ class DelayNetwork:
             return (t - self.fail_at_ns) % self.flap_period_ns < self.flap_period_ns / 2
         return True
 
+    def plane_up(self, plane, start_ns, end_ns):
+        return not (self._down(plane, start_ns) or self._down(plane, end_ns))
+
     def send(self, src, plane, frame, now):
         self.capture.append((now, src, plane, frame))
         arrival = now + self.delays[plane]
@@ -200,10 +203,12 @@ def bring_up(scn, config, work):
         for wr in work[side]:
             nic.memory.write(wr["local_addr"], wr["data"])
         nic.configure_requester(infer_k=scn.infer_k)
-        nic.configure_acks(ack_every=scn.ack_every, ack_delay=extra.get("ack_delay", 128),
-                           nak_interval=extra.get("nak_interval", 1024))
+        nic.configure_acks(ack_every=scn.ack_every, ack_delay=scn.ack_delay,
+                           nak_interval=extra.get("nak_interval", 1024),
+                           coalesce_gaps=bool(scn.coalesce_gaps))
         nic.ev_profile_online(0, spec.profile, num_evs=scn.evs,
                               min_active=extra.get("min_active", min(2, scn.evs)),
+                              fate=bool(scn.fate),
                               mode=P.EvMode.AUTO if scn.baseline == "ecmp" else None)
         for qpn in range(scn.qps):
             nic.connect_qp(qpn, ev_profile=0, ev_offset=qpn, remote_qpn=qpn,
@@ -283,15 +288,36 @@ def run_model(scenario, *, network=None, progress=None):
     def finished():
         return all(len(nics[s].completions) >= expected[s] for s in SIDES)
 
+    # The control plane stand-in: every PROBE_INTERVAL_US each side probes its ASSUMED_BAD
+    # EVs; a probe is answered one base round trip later if its plane stayed up meanwhile
+    # (the RTL bench sends real probe frames; the model has none).
+    probe_rtt = 2 * scenario.latency_us * 1e3 + 2000.0
+    next_probe = PROBE_INTERVAL_US * 1e3
+    answers = []                        # (time, side, ev)
+
+    def control_plane(now):
+        nonlocal next_probe
+        for item in [a for a in answers if a[0] <= now]:
+            answers.remove(item)
+            nics[item[1]].probe_answered(0, item[2], item[0])
+        if now >= next_probe:
+            next_probe = now + PROBE_INTERVAL_US * 1e3
+            for side in SIDES:
+                for index, port in nics[side].assumed_bad():
+                    if network.plane_up(port - 1, now, now + probe_rtt):
+                        answers.append((now + probe_rtt, side, index))
+
     while not finished():
         times = [t for t in (nics["a"].next_event_ns(), nics["b"].next_event_ns(),
-                             network.next_arrival()) if t is not None]
+                             network.next_arrival(), next_probe,
+                             *(a[0] for a in answers)) if t is not None]
         if not times:
             break
         now = max(now, min(times))
         if now > max_ns:
             now = max_ns
             break
+        control_plane(now)
         for dst, plane, frame in network.deliver(now):
             nics[dst].receive(plane, frame, now)
         for side in SIDES:

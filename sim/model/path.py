@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from hdl.config import NicConfig
 from hdl.path import ev as evlib
 from hdl.path.select import (
+    COUNTERS,
     PENALTY_ACKED,
     PENALTY_ECN,
     PENALTY_HIGH,
@@ -121,6 +122,7 @@ class _Profile:
         self.min_active = 0
         self.adaptive = False
         self.recovery = ProbeRecovery.AUTO
+        self.fate = False
         self.entries = [_Entry() for _ in range(evs)]
 
     def clear(self):
@@ -173,7 +175,7 @@ class Event:
 
 
 COMMAND_FIELDS = ("cmd", "profile", "index", "mode", "num_evs", "min_active", "adaptive",
-                  "recovery", "state", "port", "qpn", "offset", "value")
+                  "recovery", "fate", "state", "port", "qpn", "offset", "value")
 
 
 def command(cmd, **fields):
@@ -208,10 +210,7 @@ class PathModel:
         self.profiles = [_Profile(config.evs_per_profile) for _ in range(config.ev_profiles)]
         self.bindings = {}                      # qpn -> [profile, pointer]
         self.events = deque()
-        self.counters = dict.fromkeys((
-            "decisions", "no_path", "feedback_acked", "feedback_ecn", "feedback_trimmed",
-            "feedback_lost", "feedback_probe_ok", "feedback_ignored", "state_changes",
-            "events_dropped"), 0)
+        self.counters = dict.fromkeys(COUNTERS, 0)
 
     # -- events ------------------------------------------------------------------------------
 
@@ -310,6 +309,8 @@ class PathModel:
             if entry.state == EvState.GOOD:
                 if profile.usable > profile.min_active:
                     self._set_state(number, ev, EvState.ASSUMED_BAD)
+                    if profile.fate:
+                        self.fate_sweep(entry.port)
                 else:
                     entry.penalty = min(PENALTY_MAX, entry.penalty + PENALTY_LOST)
         elif kind == FeedbackKind.PROBE_OK:
@@ -318,6 +319,20 @@ class PathModel:
                     self._set_state(number, ev, EvState.GOOD)
                 else:
                     self._event(number, ev, EvState.ASSUMED_BAD, probe_ok=1)
+
+    def fate_sweep(self, port):
+        """Port fate sharing: every GOOD EV on ``port`` in every ONLINE profile that shares
+        fate goes ASSUMED_BAD, floor permitting, in (profile, index) order, as the hardware's
+        sweep visits them."""
+        self.counters["fate_sweeps"] += 1
+        for number, profile in enumerate(self.profiles):
+            if not profile.fate or profile.state != ProfileState.ONLINE:
+                continue
+            for index, entry in enumerate(profile.entries[:profile.num_evs]):
+                if (entry.written and entry.state == EvState.GOOD and entry.port == port
+                        and profile.usable > profile.min_active):
+                    self._set_state(number, index, EvState.ASSUMED_BAD)
+                    self.counters["fate_marked"] += 1
 
     def decay_tick(self):
         """One decay sweep: every penalty halves."""
@@ -360,6 +375,7 @@ class PathModel:
         profile.min_active = cmd["min_active"]
         profile.adaptive = bool(cmd["adaptive"])
         profile.recovery = ProbeRecovery(cmd["recovery"])
+        profile.fate = bool(cmd["fate"])
         profile.clear()
         return Errno.OK
 
@@ -473,7 +489,8 @@ class PathModel:
         return Errno.OK, profile_read_data(
             state=profile.state, mode=profile.mode, adaptive=int(profile.adaptive),
             recovery=profile.recovery, populated=int(profile.populated),
-            num_evs=profile.num_evs, min_active=profile.min_active, usable=profile.usable)
+            num_evs=profile.num_evs, min_active=profile.min_active, usable=profile.usable,
+            fate=int(profile.fate))
 
     # -- conveniences ------------------------------------------------------------------------
 
@@ -502,13 +519,13 @@ def udp_ev(number, ev_bits=8):
 
 
 def bring_up_commands(profile, num_evs, *, ports, mode=EvMode.EXPLICIT, min_active=0,
-                      adaptive=0, recovery=ProbeRecovery.AUTO, states=None, qpns=(),
+                      adaptive=0, recovery=ProbeRecovery.AUTO, fate=0, states=None, qpns=(),
                       offsets=None, ev_bits=8):
     """The commands that set up ``profile`` with ``num_evs`` EVs of :func:`udp_profile`
     (EXPLICIT/AUTO: EV k is ``udp_ev(k)`` on port ``k % ports + 1``, state ``states[k]``,
     default GOOD), take it ONLINE and bind ``qpns`` (rotation offsets ``offsets``)."""
     cmds = [command(PathCommand.PROFILE_SET, profile=profile, mode=mode, num_evs=num_evs,
-                    min_active=min_active, adaptive=adaptive, recovery=recovery),
+                    min_active=min_active, adaptive=adaptive, recovery=recovery, fate=fate),
             command(PathCommand.PROFILE_STATE, profile=profile, state=ProfileState.OFFLINE)]
     if mode != EvMode.GENERATED:
         for index in range(num_evs):

@@ -130,6 +130,7 @@ class ResponderModel:
         self.ack_every = DEFAULT_ACK_EVERY
         self.ack_delay = DEFAULT_ACK_DELAY
         self.nak_interval = DEFAULT_NAK_INTERVAL
+        self.coalesce_gaps = False
         self.counters = dict.fromkeys(RESPONDER_COUNTERS, 0)
         self._timers = deque()      # (deadline_cycle, qpn, header, arrival_ns), FIFO order
 
@@ -167,10 +168,11 @@ class ResponderModel:
         self.mrs[slot] = _Mr(int(bool(valid)), rkey, pd, base, length)
         return P.Errno.OK
 
-    def configure(self, *, ack_every, ack_delay, nak_interval):
+    def configure(self, *, ack_every, ack_delay, nak_interval, coalesce_gaps=False):
         if not 1 <= ack_every <= 255:
             return P.Errno.EINVAL
         self.ack_every, self.ack_delay, self.nak_interval = ack_every, ack_delay, nak_interval
+        self.coalesce_gaps = bool(coalesce_gaps)
         return P.Errno.OK
 
     def command(self, cmd):
@@ -192,7 +194,8 @@ class ResponderModel:
                                  pd=get("pd", 0), base=get("base", 0),
                                  length=get("length", 0)), 0
         return self.configure(ack_every=get("ack_every", 0), ack_delay=get("ack_delay", 0),
-                              nak_interval=get("nak_interval", 0)), 0
+                              nak_interval=get("nak_interval", 0),
+                              coalesce_gaps=get("coalesce_gaps", 0)), 0
 
     # -- packets ---------------------------------------------------------------------------------
 
@@ -250,7 +253,8 @@ class ResponderModel:
         while more:
             _, more = self._step(qp, bth["dqpn"], result)
 
-        immediate = bool(bth["ackreq"]) or (h["tclass"] & 3) == P.ECN_CE or gap
+        immediate = (bool(bth["ackreq"]) or (h["tclass"] & 3) == P.ECN_CE
+                     or (gap and not self.coalesce_gaps))
         if not immediate:
             if qp.ack_count + 1 >= self.ack_every:
                 immediate = True

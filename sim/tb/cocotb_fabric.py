@@ -32,7 +32,7 @@ from sim.defaults import MR_BASE, NIC_A, NIC_B
 from sim.driver.nic import NicDriver
 from sim.env import REPO
 from sim.fabric import Fabric
-from sim.scenario import Scenario, nic_config_for
+from sim.scenario import PROBE_INTERVAL_US, Scenario, nic_config_for
 from sim.tb.cocotb_host import CocotbBus
 from sim.tb.harness import (
     CycleLoop,
@@ -54,7 +54,6 @@ PERIOD_NS = 1e9 / CONFIG.clock_hz
 PD = 1
 SRC_BASE = 0x2000_0000
 PSN_BASE = 0xFFFF80         # the 24-bit PSN wraps during the run (as in sim/model/pair.py)
-PROBE_INTERVAL_US = 10.0
 #: Random bubbles on every input stream and backpressure on every output (tests set them
 #: through the scenario's ``extra``; measurements run without).
 BUBBLES = float(SCENARIO.extra.get("bubbles", 0.0))
@@ -120,10 +119,12 @@ class Side:
         await d.set_local(mac=_mac(self.endpoint.mac), ip=_ip(self.endpoint))
         await d.register_mr(slot=self.rkey_slot, rkey=self.rkey, pd=PD, base=MR_BASE,
                             length=SCENARIO.bytes + 4096)
-        await d.configure_acks(ack_every=SCENARIO.ack_every, ack_delay=128, nak_interval=1024)
+        await d.configure_acks(ack_every=SCENARIO.ack_every, ack_delay=SCENARIO.ack_delay,
+                               nak_interval=1024, coalesce_gaps=bool(SCENARIO.coalesce_gaps))
         await d.configure_requester(infer_k=SCENARIO.infer_k)
         mode = P.EvMode.AUTO if SCENARIO.baseline == "ecmp" else None
-        await d.ev_profile_online(0, profile, num_evs=SCENARIO.evs, min_active=2, mode=mode)
+        await d.ev_profile_online(0, profile, num_evs=SCENARIO.evs, min_active=2, mode=mode,
+                                  fate=bool(SCENARIO.fate))
         for qpn in range(SCENARIO.qps):
             await d.connect_qp(qpn, ev_profile=0, ev_offset=qpn, remote_qpn=qpn,
                                remote_mac=_mac(peer.endpoint.mac), remote_ip=_ip(peer.endpoint),
