@@ -55,8 +55,10 @@ $(VENV)/.setup-stamp: pyproject.toml
 	$(PY) -m sim.toolcheck
 	touch $@
 
+# Two workers, one test file each at a time: a file's Verilator build and its runs stay in
+# one process (files never share a build folder).
 test: venv
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 sim: venv
 	$(VENV)/bin/mrc-nic sim

@@ -85,15 +85,48 @@ def test_two_nics_survive(name, build_dir, tmp_path):
         # The dead plane's EVs went ASSUMED_BAD (floor permitting) on both NICs.
         bad_ports = {e["port"] for e in report["ev_events"] if e["state"] == "ASSUMED_BAD"}
         assert bad_ports == {2}, report["ev_events"]       # EV ports count from 1
-    if name in ("duplicates", "blackhole"):
-        # The reference-model NICs run the same scenario over the same fabric and agree on
-        # what matters: every WR and its status, the bytes, the new packets sent.
-        model = run_scenario(RUNS[name].replace(backend="model"), tmp_path / f"{name}-model",
-                             log=lambda *_: None)
-        _assert_clean(model)
-        for key in ("bytes_delivered", "messages_completed", "packets_sent",
-                    "completions_in_order"):
-            assert model[key] == report[key], key
+    if name == "blackhole":
+        # Port fate sharing: the first loss on plane 1 took all of its EVs on each NIC.
+        for side in counters.values():
+            assert side["path_counters"]["fate_sweeps"] >= 1
+        per_nic = {(e["nic"], e["index"]) for e in report["ev_events"]
+                   if e["state"] == "ASSUMED_BAD"}
+        assert len(per_nic) == 2 * RUNS[name].evs // RUNS[name].planes
+    # The reference-model NICs run the same scenario over the same fabric and agree.
+    model = run_scenario(RUNS[name].replace(backend="model"), tmp_path / f"{name}-model",
+                         log=lambda *_: None)
+    _assert_clean(model)
+    _agree(report, model, tmp_path / name, tmp_path / f"{name}-model")
+
+
+#: What the model and the RTL must share on every run (docs/model.md, "Agreement"): exactly
+#: the bytes, the messages, the new packets, completion order, and every completion per QP
+#: and side (WR id, status, opcode, length, immediate); within tolerance the recovery
+#: counters, which depend on the cycle timing of ACKs and timers (the model has no pipeline
+#: latencies): both zero or both non-zero, and within a factor of 3 plus 8.
+EXACT = ("bytes_delivered", "bytes_lost", "messages_completed", "packets_sent",
+         "completions_in_order")
+TOLERANT = ("retransmissions", "timeouts")
+
+
+def _completions(folder):
+    result = json.loads((folder / "result.json").read_text())
+    out = {}
+    for side, items in result["completions"].items():
+        for c in items:
+            key = (side, c["side"], c["qpn"])
+            out.setdefault(key, []).append(
+                tuple(c.get(k) for k in ("wr_id", "status", "opcode", "byte_len", "imm")))
+    return out
+
+
+def _agree(rtl, model, rtl_dir, model_dir):
+    for key in EXACT:
+        assert model[key] == rtl[key], (key, rtl[key], model[key])
+    assert _completions(rtl_dir) == _completions(model_dir)
+    for key in TOLERANT:
+        a, b = rtl[key], model[key]
+        assert (a == 0) == (b == 0) and max(a, b) <= 3 * min(a, b) + 8, (key, a, b)
 
 
 def test_retries_exhausted_error_every_work_request(build_dir, tmp_path):

@@ -470,6 +470,31 @@ def test_port_fate_sharing_one_loss_abandons_the_whole_port_floor_permitting():
     assert bench.counters["fate_sweeps"] == 7 and bench.counters["fate_marked"] == 63
 
 
+def test_selection_waits_for_a_lost_and_its_fate_sweep():
+    """A retransmission presented right after its LOST is decided only once the LOST and the
+    sweep it starts are applied: no decision lands on the lost EV's port (the requester sends
+    the LOST first; docs/path-select.md)."""
+    bench = Bench(WIDE, seed=12, bubbles=0.0, backpressure=0.3, event_depth=64)
+    qpns = (0, 1, 2, 3)
+
+    async def script(bench, ctx):
+        # Each QP's rotation starts on a port-3 EV the sweep reaches late.
+        await bench.commands(ctx, bring_up_commands(0, 64, ports=8, min_active=8, fate=1,
+                                                    qpns=qpns, offsets=(58, 50, 42, 34)))
+        bench.feedback_in.send([{"qpn": 0, "ev": 2, "kind": FeedbackKind.LOST}])
+        while not bench.feedback_in.idle:
+            await ctx.tick()
+        bench.requests_in.send([{"qpn": n % 4, "avoid_ev_valid": 1, "avoid_ev": 2, "probe": 0,
+                                 "ev": 0, "context": n} for n in range(64)])
+        await bench.decisions.wait(ctx, 64)
+
+    bench.run(script)
+    decisions = bench.decisions.as_dicts()
+    assert len(decisions) == 64 and all(d["port"] != 2 for d in decisions)
+    assert sorted(d["context"] for d in decisions) == list(range(64))   # each decided once
+    assert {e["port"] for e in bench.events.as_dicts()} == {3}
+
+
 def test_profile_state_machine_and_command_checks():
     """Table-driven: every transition from every state, and each command's refusals, as the
     model answers them (which test_path_model checks against the rules)."""

@@ -395,13 +395,16 @@ class PathSelect(wiring.Component):
         s2_ready = ~s2_valid | self.o.ready
         s1_fire = s1_valid & s2_ready
         s1_ready = ~s1_valid | s2_ready
+        fate_hold = Signal()            # driven by the entry engine below
         m.d.comb += [
-            self.i.ready.eq(s1_ready & ~sel_hold),
+            self.i.ready.eq(s1_ready & ~sel_hold & ~fate_hold),
             qp_sel_rd.addr.eq(self.i.payload.qpn),
             qp_sel_rd.en.eq(self.i.ready),
         ]
-        with m.If(self.i.ready):
-            m.d.sync += [s1_valid.eq(self.i.valid), s1_req.eq(self.i.payload)]
+        # s1 empties when its request moves on even while new ones are held (sel_hold,
+        # fate_hold): else the held cycle would decide the same request twice.
+        with m.If(s1_ready):
+            m.d.sync += [s1_valid.eq(self.i.valid & self.i.ready), s1_req.eq(self.i.payload)]
             if s1_context is not None:
                 m.d.sync += s1_context.eq(self.i.payload.context)
 
@@ -553,6 +556,8 @@ class PathSelect(wiring.Component):
 
         e1_valid = Signal()
         e1_op = Signal(_Op)
+        e2_valid = Signal()
+        e2_op = Signal(_Op)
         e1_profile = Signal(profile_bits)
         e1_index = Signal(index_bits)
         e1_bound = Signal()
@@ -583,8 +588,6 @@ class PathSelect(wiring.Component):
             entry_rd.en.eq(1),
         ]
 
-        e2_valid = Signal()
-        e2_op = Signal(_Op)
         e2_profile = Signal(profile_bits)
         e2_index = Signal(index_bits)
         e2_bound = Signal()
@@ -714,6 +717,16 @@ class PathSelect(wiring.Component):
                     m.d.sync += p_low_count[p].eq(p_low_count[p] + 1)
                 with m.Elif(~new_low & old_low):
                     m.d.sync += p_low_count[p].eq(p_low_count[p] - 1)
+
+        # Selection waits while a LOST is on its way through the engine and while a fate
+        # sweep is pending or running: a decision taken then (typically the retransmission
+        # the LOST came with; the requester sends the LOST first) must not pick an EV the
+        # LOST or the sweep is about to take out.
+        # (Registered stages only: a ready that depended on another stream's valid in the
+        # same cycle would make a combinational path between the two inputs.)
+        m.d.comb += fate_hold.eq(
+            (f1_valid & (f1.kind == FeedbackKind.LOST))
+            | (e2_valid & (e2_op == _Op.LOST)) | fate_active | fate_pending.any())
 
         state_changed = commit & cur_written & (e2_op != _Op.WRITE) & (
             (new_good != cur_good) | (new_denied != cur_denied))

@@ -566,6 +566,7 @@ class Requester(wiring.Component):
         r2_psn = Signal(_PSN)
         r2_slot = Signal(sb)
         r2_ev = Signal(cfg.ev_index_bits)
+        r2_walk = Signal()
         r2_emit = Signal()
         r1_advance = Signal()
         r0_take = Signal()
@@ -629,7 +630,7 @@ class Requester(wiring.Component):
             wr_send_port.en.eq(r2_load),
         ]
         with m.If(r2_load):
-            m.d.sync += [r2_valid.eq(1), r2_qpn.eq(r1_qpn), r2_psn.eq(r1_psn),
+            m.d.sync += [r2_valid.eq(1), r2_qpn.eq(r1_qpn), r2_psn.eq(r1_psn), r2_walk.eq(r1_walk),
                          r2_slot.eq(r_ports["meta"].data.slot), r2_ev.eq(r_ports["ev"].data)]
         with m.Elif(r2_emit):
             m.d.sync += r2_valid.eq(0)
@@ -650,8 +651,13 @@ class Requester(wiring.Component):
                                  P.Opcode.RDMA_WRITE_LAST),
                        P.Opcode.RDMA_WRITE_MIDDLE)))
 
+        # A walker resend leaves only after its LOST feedback has left `feedback`, so path
+        # select applies the LOST (and any fate sweep) before it picks the resend's EV.
+        lost_outstanding = (lost_fifo.level != 0) | (
+            fb_valid & (fb_out.kind == P.FeedbackKind.LOST))
+        r2_hold = r2_walk & lost_outstanding
         m.d.comb += [
-            r2_emit.eq(out_load & r2_valid),
+            r2_emit.eq(out_load & r2_valid & ~r2_hold),
             s2_emit.eq(out_load & ~r2_valid & s2_can),
         ]
         ctx = out.context

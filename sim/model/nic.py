@@ -412,6 +412,8 @@ class ModelNic:
             return
         while (request := self.requester.pull(self._units(when))) is not None:
             self._timer_dirty = True
+            # A resend's LOST feedback reaches path select before the resend does (RTL).
+            self._collect_requester()
             decision = self.path.select(request["qpn"], avoid_ev=request["avoid_ev"]
                                         if request["avoid_ev_valid"] else None,
                                         context=request["context"])
