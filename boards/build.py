@@ -68,7 +68,7 @@ def _platform_build(platform, top, build_dir, *, seed, allow_timing_fail, family
     options = dict(name="top", build_dir=str(build_dir), do_program=False,
                    nextpnr_opts=nextpnr, script_after_read=RENAME_WORKAROUND,
                    ecppack_opts="--compress" if family == "ecp5" else "")
-    for stale in ("report.json", "top.tim"):
+    for stale in ("report.json", "top.tim", "top.bit", "top.bin"):
         (build_dir / stale).unlink(missing_ok=True)
     start = time.monotonic()
     try:
@@ -135,6 +135,9 @@ def build_board(name, *, out_root=None, seed=SEED, allow_timing_fail=False):
     family = "ice40" if name == "icebreaker" else "ecp5"
     seconds, report = _platform_build(platform, board.top(name), out_root / name, seed=seed,
                                       allow_timing_fail=allow_timing_fail, family=family)
+    bitstream = out_root / name / ("top.bin" if family == "ice40" else "top.bit")
+    if not bitstream.exists() or bitstream.stat().st_size == 0:
+        raise BuildError(f"the tools exited normally but wrote no {bitstream}")
     report.update(kind="board", board=name, description=board.description,
                   device=f"{platform.device}-{getattr(platform, 'speed', '')}"
                          f"{platform.package}",

@@ -206,10 +206,13 @@ class Ice40Selftest(wiring.Component):
     kill : ``In(2)``
     counters : ``Out(data.ArrayLayout(32, 6))``, in :data:`ICE40_COUNTERS` order
     heartbeat, error : ``Out(1)``
+    killed_planes : ``Out(2)``
+        The planes being killed now: ``kill``, and with ``auto_kill`` plane 1 during every
+        fourth report period (for boards without a button, the ECPIX-5 CI top).
     """
 
     def __init__(self, *, clock_hz=12_000_000, report_period=None, baud=115200,
-                 delays=(8, 20), loss_rate=8, trim_rate=8):
+                 delays=(8, 20), loss_rate=8, trim_rate=8, auto_kill=False):
         with validating(self):
             if round(clock_hz / baud) < 2:
                 raise ValueError(f"baud must be at most clock_hz / 2, not {baud!r}")
@@ -218,6 +221,7 @@ class Ice40Selftest(wiring.Component):
         self._delays = delays
         self._loss_rate = loss_rate
         self._trim_rate = trim_rate
+        self._auto_kill = auto_kill
         from amaranth.lib import data
         super().__init__({
             "uart_tx": Out(1, init=1),
@@ -225,6 +229,7 @@ class Ice40Selftest(wiring.Component):
             "counters": Out(data.ArrayLayout(32, len(ICE40_COUNTERS))),
             "heartbeat": Out(1),
             "error": Out(1),
+            "killed_planes": Out(2),
         })
 
     def elaborate(self, platform):
@@ -251,12 +256,16 @@ class Ice40Selftest(wiring.Component):
         m.d.comb += [
             reporter.values.eq(self.counters),
             self.uart_tx.eq(uart.tx),
-            fabric.kill.eq(self.kill),
             fabric.loss_rate.eq(self._loss_rate),
             fabric.trim_rate.eq(self._trim_rate),
         ]
+        periods = Signal(2)
         with m.If(reporter.tick):
-            m.d.sync += self.heartbeat.eq(~self.heartbeat)
+            m.d.sync += [self.heartbeat.eq(~self.heartbeat), periods.eq(periods + 1)]
+        # Registered, as in the engine self-test: the kill inputs stay off the fabric's paths.
+        kill = Signal(2)
+        m.d.sync += kill.eq(self.kill | Cat(C(0, 1), (periods == 3) & self._auto_kill))
+        m.d.comb += [fabric.kill.eq(kill), self.killed_planes.eq(kill)]
         with m.If(checker.bad != 0):
             m.d.sync += self.error.eq(1)
         return m

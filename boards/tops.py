@@ -21,7 +21,8 @@ from hdl.util import validating
 from .selftest import SelfTest
 
 __all__ = [
-    "BOARDS", "Board", "selftest_config", "SelfTestTop", "EngineBench", "EngineBenchPlatform",
+    "BOARDS", "Board", "selftest_config", "SelfTestTop", "NetworkSelftestTop", "EngineBench",
+    "EngineBenchPlatform",
 ]
 
 
@@ -95,6 +96,34 @@ class SelfTestTop(Elaboratable):
             for n, pin in enumerate(kills):
                 m.d.sync += sync_kill[n].eq(Cat(pin, sync_kill[n][0]))
                 m.d.comb += selftest.kill[n].eq(sync_kill[n][1])
+        return m
+
+
+class NetworkSelftestTop(Elaboratable):
+    """The network-level self-test (:class:`~boards.ice40.Ice40Selftest`: frame source,
+    impaired fabric, port arbiter, frame checker, UART report; no packet engines) on the
+    ECPIX-5, the CI bitstream (``ecpix5-ci``, docs/boards.md).
+
+    RGB LED 0: heartbeat (green); 2: error (red) or no error (green); 3: plane 1 killed (red),
+    else blue. The ECPIX-5 has no user button: plane 1 is killed during every fourth report
+    period.
+    """
+
+    def elaborate(self, platform):
+        from .ice40 import Ice40Selftest
+        m = Module()
+        m.submodules.selftest = selftest = Ice40Selftest(
+            clock_hz=int(platform.default_clk_frequency), auto_kill=True)
+        leds = [platform.request("rgb_led", n, dir="-") for n in range(4)]
+        killed = selftest.killed_planes[1]
+        m.d.comb += [
+            output_pin(m, platform.request("uart", 0, dir="-").tx).eq(selftest.uart_tx),
+            output_pin(m, leds[0].g).eq(selftest.heartbeat),
+            output_pin(m, leds[2].r).eq(selftest.error),
+            output_pin(m, leds[2].g).eq(~selftest.error),
+            output_pin(m, leds[3].r).eq(killed),
+            output_pin(m, leds[3].b).eq(~killed),
+        ]
         return m
 
 
@@ -179,6 +208,9 @@ def _ice40_top(board):
 BOARDS = {
     "ecpix5": Board("ecpix5", ECPIX585Platform, SelfTestTop,
                     "LambdaConcept ECPIX-5 85F (LFE5UM5G-85F-8BG554), self-test at 100 MHz"),
+    "ecpix5-ci": Board("ecpix5-ci", ECPIX585Platform, lambda name: NetworkSelftestTop(),
+                       "LambdaConcept ECPIX-5 85F (LFE5UM5G-85F-8BG554), network-level "
+                       "self-test (no packet engines) at 100 MHz, the CI bitstream"),
     "versa": Board("versa", VersaECP5Platform, SelfTestTop,
                    "Lattice Versa ECP5 (LFE5UM-45F-8BG381), self-test at 100 MHz"),
     "ulx3s": Board("ulx3s", ULX3S_85F_Platform, SelfTestTop,

@@ -409,6 +409,37 @@ def test_ice40_selftest_passes_in_simulation():
     assert len(frame_template()) == S.SELFTEST_STACK_BYTES
 
 
+def test_ci_top_selftest_passes_with_auto_kill():
+    """The CI bitstream's gateware (``ecpix5-ci``: the network-level self-test with the
+    ECPIX-5's automatic kill schedule; here with a short report period): plane 1 is killed
+    during the fourth period only, and every frame is accounted for with none bad."""
+    period = 400
+    dut = Ice40Selftest(clock_hz=1_000_000, report_period=period, baud=250_000, loss_rate=40,
+                        trim_rate=40, auto_kill=True)
+    result = {}
+    killed_at = []
+
+    async def bench(ctx):
+        for cycle in range(5 * period + 200):
+            await ctx.tick()
+            if ctx.get(dut.killed_planes):
+                killed_at.append(cycle)
+        counters = ctx.get(dut.counters)
+        result.update(zip(ICE40_COUNTERS, (int(counters[n]) for n in range(6)), strict=True))
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    sim.add_testbench(bench)
+    sim.run()
+    # One period in four, from a report tick (the first tick is at reset, so the first kill
+    # period starts at the third tick); the kill register follows the tick by a cycle.
+    assert killed_at and 2 * period <= killed_at[0] <= 2 * period + 5
+    assert len(killed_at) == period and killed_at[-1] - killed_at[0] == period - 1
+    done = result["received"] + result["trimmed"] + result["lost"] + result["killed"]
+    assert result["bad"] == 0 and result["killed"] > 0 and result["trimmed"] > 0
+    assert 0 <= result["sent"] - done <= 3
+
+
 # ---------------------------------------------------------------------------------------------
 # Board tops
 # ---------------------------------------------------------------------------------------------

@@ -37,36 +37,71 @@ def crc_beats(buffer, start, stop, lanes):
         yield data, keep, base // lanes == first_beat, min(max(base + lanes, start), stop)
 
 
-async def feed_message(ctx, dut, rng, buffer, start, stop, bubbles=0.0):
-    """Feed ``buffer[start:stop]`` with random bubbles, checking ``crc`` around every beat.
+class Pipe:
+    """Drives the unit one cycle at a time and checks ``crc``/``match`` against the model.
 
-    Until the message's first beat ``crc`` must hold the previous value; from then on, after
-    each beat it must be ``zlib.crc32(init_bytes + buffer[start:fed_until])``.
+    ``expected[n]`` is the CRC of the message after the beats taken by the first ``n`` enabled
+    clock edges; after ``n`` enabled edges ``crc`` must be ``expected[n - 2]`` and ``match``
+    must say whether ``expected[n - 1]`` is the residue (``CRC32.LATENCY`` = 3 stages: a beat
+    taken at edge ``j`` shows in ``crc`` after edge ``j + 2``).
     """
-    lanes = len(dut.keep)
-    expected = ctx.get(dut.crc)
-    started = False
-    for data, keep, first, fed_until in crc_beats(buffer, start, stop, lanes):
-        while rng.random() < bubbles:
-            # A bubble carries garbage, which must be ignored.
-            ctx.set(dut.valid, 0)
+
+    def __init__(self, ctx, dut, rng, *, stalls=0.0):
+        self.ctx, self.dut, self.rng, self.stalls = ctx, dut, rng, stalls
+        self.lanes = len(dut.keep)
+        self.message = None                      # bytes of the current message, or None
+        self.expected = [zlib.crc32(dut.init_bytes)] * 2
+
+    def check(self):
+        assert self.ctx.get(self.dut.crc) == self.expected[-3 if len(self.expected) > 2 else 0]
+        assert self.ctx.get(self.dut.state) == self.ctx.get(self.dut.crc) ^ 0xFFFFFFFF
+        if self.dut.residue is not None:
+            assert self.ctx.get(self.dut.match) == (self.expected[-2] == self.dut.residue)
+
+    async def cycle(self, valid, first=0, keep=0, data=0):
+        """One enabled cycle (after any random disabled ones) with these inputs."""
+        ctx, dut, rng = self.ctx, self.dut, self.rng
+        while rng.random() < self.stalls:
+            # A disabled cycle, with garbage on every input: nothing moves.
+            ctx.set(dut.en, 0)
+            ctx.set(dut.valid, rng.getrandbits(1))
             ctx.set(dut.first, rng.getrandbits(1))
-            ctx.set(dut.keep, rng.getrandbits(lanes))
-            ctx.set(dut.data, rng.getrandbits(8 * lanes))
+            ctx.set(dut.keep, rng.getrandbits(self.lanes))
+            ctx.set(dut.data, rng.getrandbits(8 * self.lanes))
             await ctx.tick()
-            assert ctx.get(dut.crc) == expected
-        ctx.set(dut.valid, 1)
-        ctx.set(dut.first, first)
-        ctx.set(dut.keep, keep)
-        ctx.set(dut.data, data)
-        assert ctx.get(dut.crc) == expected, "crc must be registered, not combinational"
+            self.check()
+        ctx.set(dut.en, 1)
+        ctx.set(dut.valid, valid)
+        ctx.set(dut.first, first if valid else rng.getrandbits(1))
+        ctx.set(dut.keep, keep if valid else rng.getrandbits(self.lanes))
+        ctx.set(dut.data, data if valid else rng.getrandbits(8 * self.lanes))
+        self.check()                             # registered: the inputs change nothing yet
         await ctx.tick()
-        started |= first
-        if started:
-            expected = zlib.crc32(dut.init_bytes + buffer[start:fed_until])
-        assert ctx.get(dut.crc) == expected, f"after byte {fed_until} of {start}..{stop}"
-        assert ctx.get(dut.state) == expected ^ 0xFFFFFFFF
-    ctx.set(dut.valid, 0)
+        current = self.expected[-1]
+        if valid:
+            kept = bytes((data >> 8 * lane) & 0xFF for lane in range(self.lanes)
+                         if keep >> lane & 1)
+            if first:
+                self.message = kept
+            elif self.message is not None:
+                self.message += kept
+            if self.message is not None:
+                current = zlib.crc32(self.dut.init_bytes + self.message)
+        self.expected.append(current)
+        self.check()
+
+    async def flush(self):
+        for _ in range(CRC32.LATENCY):
+            await self.cycle(0)
+
+
+async def feed_message(pipe, buffer, start, stop, bubbles=0.0):
+    """Feed ``buffer[start:stop]`` (whole beats of the buffer, see :func:`crc_beats`) with
+    random bubbles, the model checking ``crc`` after every cycle."""
+    for data, keep, first, _fed_until in crc_beats(buffer, start, stop, pipe.lanes):
+        while pipe.rng.random() < bubbles:
+            await pipe.cycle(0)                  # a bubble carries garbage, to be ignored
+        await pipe.cycle(1, first, keep, data)
 
 
 def run(dut, testbench):
@@ -81,18 +116,39 @@ def run(dut, testbench):
 @pytest.mark.parametrize("init_bytes", [b"", ICRC_INIT], ids=["no_init", "icrc_init"])
 @pytest.mark.parametrize("data_width,messages", [(64, 150), (128, 150), (8, 20), (256, 40)])
 def test_random_messages_match_zlib(data_width, messages, init_bytes):
-    """Back-to-back messages of 1..300 bytes, any start lane, random bubbles: zlib's CRC."""
+    """Back-to-back messages of 1..300 bytes, any start lane, random bubbles and disabled
+    cycles: zlib's CRC, three enabled cycles later."""
     dut = CRC32(data_width=data_width, init_bytes=init_bytes)
     lanes = data_width // 8
     rng = random.Random(f"crc-{data_width}-{init_bytes.hex()}")
 
     async def testbench(ctx):
         assert ctx.get(dut.crc) == zlib.crc32(init_bytes), "reset value is the empty message"
+        pipe = Pipe(ctx, dut, rng, stalls=0.2)
         for _ in range(messages):
             length = rng.randint(1, 300)
             start = rng.randrange(lanes)
             buffer = rng.randbytes(start + length + rng.randrange(lanes))
-            await feed_message(ctx, dut, rng, buffer, start, start + length, bubbles=0.3)
+            await feed_message(pipe, buffer, start, start + length, bubbles=0.3)
+        await pipe.flush()
+
+    run(dut, testbench)
+
+
+@pytest.mark.parametrize("data_width", [64, 256])
+def test_back_to_back_full_rate(data_width):
+    """Messages back to back with no bubble and ``en`` always high (II = 1), ending on every
+    lane, including one-beat messages right after a partial last beat."""
+    dut = CRC32(data_width=data_width, init_bytes=ICRC_INIT)
+    lanes = data_width // 8
+    rng = random.Random(f"b2b-{data_width}")
+
+    async def testbench(ctx):
+        pipe = Pipe(ctx, dut, rng)
+        for n in range(3 * lanes):
+            length = 1 + (n * 5) % (3 * lanes)
+            await feed_message(pipe, rng.randbytes(length), 0, length)
+        await pipe.flush()
 
     run(dut, testbench)
 
@@ -105,10 +161,12 @@ def test_every_start_and_end_lane(data_width):
     rng = random.Random(data_width)
 
     async def testbench(ctx):
+        pipe = Pipe(ctx, dut, rng)
         for start in range(lanes):
             for stop in range(start + 1, lanes + 1):
                 buffer = rng.randbytes(lanes)
-                await feed_message(ctx, dut, rng, buffer, start, stop)
+                await feed_message(pipe, buffer, start, stop)
+        await pipe.flush()
 
     run(dut, testbench)
 
@@ -124,6 +182,8 @@ def test_empty_keep():
             ctx.set(dut.keep, keep)
             ctx.set(dut.data, data)
             await ctx.tick()
+            ctx.set(dut.valid, 0)
+            await ctx.tick().repeat(CRC32.LATENCY - 1)
             return ctx.get(dut.crc)
 
         message = b"RoCEv2!"
@@ -131,6 +191,36 @@ def test_empty_keep():
             zlib.crc32(ICRC_INIT + message)
         assert await beat(0, 0x00, 0x0123456789ABCDEF) == zlib.crc32(ICRC_INIT + message)
         assert await beat(1, 0x00, 0x0123456789ABCDEF) == zlib.crc32(ICRC_INIT)
+
+    run(dut, testbench)
+
+
+@pytest.mark.parametrize("data_width", [64, 128])
+def test_residue_match(data_width):
+    """``match``: a message followed by its own CRC (little-endian) gives the residue, one
+    cycle before ``crc`` shows it; corrupted messages do not."""
+    residue = zlib.crc32(zlib.crc32(b"").to_bytes(4, "little"))
+    dut = CRC32(data_width=data_width, init_bytes=ICRC_INIT, residue=residue)
+    lanes = data_width // 8
+    rng = random.Random(f"residue-{data_width}")
+
+    async def testbench(ctx):
+        pipe = Pipe(ctx, dut, rng, stalls=0.2)
+        matches = 0
+        for n in range(60):
+            start = rng.randrange(lanes)
+            body = rng.randbytes(rng.randint(1, 100))
+            message = body + icrc_bytes(zlib.crc32(ICRC_INIT + body))
+            if n % 3 == 0:
+                message = bytearray(message)
+                message[rng.randrange(len(message))] ^= 1 << rng.randrange(8)
+            else:
+                matches += 1
+            buffer = rng.randbytes(start) + bytes(message) + rng.randbytes(rng.randrange(lanes))
+            await feed_message(pipe, buffer, start, start + len(message), bubbles=0.2)
+            await pipe.flush()
+            assert ctx.get(dut.match) == (n % 3 != 0)
+        assert matches == 40
 
     run(dut, testbench)
 
@@ -180,12 +270,14 @@ def test_icrc_matches_scapy(data_width, ip_version):
     rng = random.Random(f"icrc-{data_width}-{ip_version}")
 
     async def testbench(ctx):
+        pipe = Pipe(ctx, dut, rng, stalls=0.2)
         for _ in range(12):
             frame = roce_frame(rng, ip_version)
             masked = mask_invariant_fields(frame, ip_version)
             # Whole frame on the beats, as the parser sees it; the CRC covers IP .. payload.
-            await feed_message(ctx, dut, rng, masked, ETHERNET_HEADER_BYTES, len(frame) - 4,
+            await feed_message(pipe, masked, ETHERNET_HEADER_BYTES, len(frame) - 4,
                                bubbles=0.3)
+            await pipe.flush()
             assert icrc_bytes(ctx.get(dut.crc)) == frame[-4:]
 
     run(dut, testbench)
@@ -208,6 +300,8 @@ def test_icrc_bytes_is_little_endian():
     ({"data_width": 520}, ValueError, r"Data width must be a multiple of 8 .*, not 520"),
     ({"init_bytes": "\xff"}, TypeError, r"Initial bytes must be a bytes object, not '\xff'"),
     ({"init_bytes": None}, TypeError, r"Initial bytes must be a bytes object, not None"),
+    ({"residue": -1}, ValueError, r"Residue must be None or an integer .*, not -1"),
+    ({"residue": 1 << 32}, ValueError, r"Residue must be None or an integer .*, not 4294967296"),
 ])
 def test_parameter_validation(kwargs, error, message):
     with pytest.raises(error, match=message):
@@ -218,3 +312,4 @@ def test_properties():
     dut = CRC32(data_width=128, init_bytes=bytearray(ICRC_INIT))
     assert (dut.data_width, dut.init_bytes) == (128, ICRC_INIT)
     assert (len(dut.data), len(dut.keep), len(dut.crc)) == (128, 16, 32)
+    assert dut.residue is None and CRC32(residue=0x1234).residue == 0x1234

@@ -191,7 +191,7 @@ class HeaderBuilder(wiring.Component):
     packets of any size leave with no idle cycle between frames when the input keeps up (at
     W = 256, runs of frames of at most three beats may lose about one cycle per two frames).
     The input runs up to 16 beats ahead into a payload FIFO, then waits while header beats are
-    emitted. Latency, builder idle: 11 cycles from the clock edge that takes a packet's first
+    emitted. Latency, builder idle: 13 cycles from the clock edge that takes a packet's first
     input beat to the edge that hands its first frame beat to a ready ``o``.
 
     Parameters
@@ -425,7 +425,7 @@ class HeaderBuilder(wiring.Component):
         c_hdr = Signal(hdr_layout)
         c_der = Signal(derived_layout)
 
-        advance = Signal()                          # the whole beat pipeline moves
+        advance = Signal(init=1)                    # the whole beat pipeline moves (a register)
         n_release = Signal()                        # N moves to C
         i_to_n = Signal()
         m.d.comb += [
@@ -468,7 +468,7 @@ class HeaderBuilder(wiring.Component):
                 n_der.eq(Mux(cap_age == _DERIVE_CYCLES, derived, cap_der)),
             ]
 
-        # --- Beat pipeline P0 (control) .. P5 (ICRC), all moving on `advance` -----------------
+        # --- Beat pipeline P0 (control) .. P7 (ICRC), all moving on `advance` -----------------
 
         HDR, MERGE, PAY, FLUSH = range(4)
         ctl_layout = data.StructLayout({
@@ -594,9 +594,17 @@ class HeaderBuilder(wiring.Component):
         p4_data = Signal(width)
         p4_crc_data = Signal(width)
         p4_crc_keep = Signal(lanes)
-        # P5: the frame beat, the CRC including it.
+        # P5, P6: the frame beat while the CRC unit's data stage and loop take it (the unit
+        # moves on `advance` too, so its stages stay in step with these).
         p5 = Signal(ctl_layout)
         p5_data = Signal(width)
+        p6 = Signal(ctl_layout)
+        p6_data = Signal(width)
+        # P7: the frame beat, the CRC (its fold stage) including it; whether its ICRC spills
+        # into an extra beat, decoded a stage early.
+        p7 = Signal(ctl_layout)
+        p7_data = Signal(width)
+        p7_spills = Signal()
 
         m.d.comb += n_release.eq(advance & p1.valid & p1.start)
 
@@ -643,7 +651,8 @@ class HeaderBuilder(wiring.Component):
 
         m.submodules.icrc = crc = CRC32(data_width=width, init_bytes=ICRC_INIT_BYTES)
         m.d.comb += [
-            crc.valid.eq(advance & p4.valid & p4.crc_valid),
+            crc.en.eq(advance),
+            crc.valid.eq(p4.valid & p4.crc_valid),
             crc.first.eq(p4.crc_first),
             crc.data.eq(p4_crc_data),
             crc.keep.eq(p4_crc_keep),
@@ -666,6 +675,11 @@ class HeaderBuilder(wiring.Component):
                 p4_crc_keep.eq(crc_keep),
                 p5.eq(p4),
                 p5_data.eq(p4_data),
+                p6.eq(p5),
+                p6_data.eq(p5_data),
+                p7.eq(p6),
+                p7_data.eq(p6_data),
+                p7_spills.eq(p6.last & (p6.count > lanes - 4)),
             ]
             with m.If(p3.valid & ((p3.type == MERGE) | (p3.type == PAY))):
                 m.d.sync += carry.eq(p3_rot)
@@ -678,17 +692,17 @@ class HeaderBuilder(wiring.Component):
         spill_data = Signal(width)
         for lane in range(lanes):
             byte = slice(8 * lane, 8 * lane + 8)
-            m.d.comb += with_icrc[byte].eq(p5_data[byte])
+            m.d.comb += with_icrc[byte].eq(p7_data[byte])
             for j in range(min(4, lane + 1)):
-                with m.If(p5.count == lane - j):
+                with m.If(p7.count == lane - j):
                     m.d.comb += with_icrc[byte].eq(icrc_byte[j])
             for count in range(max(lanes - 3, lane + 1), lanes + 1):
                 j = lane + lanes - count
                 if j < 4:
-                    with m.If(p5.count == count):
+                    with m.If(p7.count == count):
                         m.d.comb += spill_data[byte].eq(icrc_byte[j])
 
-        spills = p5.last & (p5.count > lanes - 4)
+        spills = p7_spills
         spill_pending = Signal()
         beat_layout = net_beat_layout(width, tagged=True)
         out_beat = Signal(beat_layout)
@@ -696,32 +710,29 @@ class HeaderBuilder(wiring.Component):
         out_write = Signal()
         out_ready = Signal()
         m.d.comb += [
-            out_beat.port.eq(p5.port),
+            out_beat.port.eq(p7.port),
             out_beat.keep.eq(_keep_mask(out_count, lanes)),
         ]
         with m.If(spill_pending):
             m.d.comb += [
                 out_beat.data.eq(spill_data),
-                out_count.eq(p5.count + 4 - lanes),
+                out_count.eq(p7.count + 4 - lanes),
                 out_beat.last.eq(1),
             ]
-        with m.Elif(p5.last):
+        with m.Elif(p7.last):
             m.d.comb += [
                 out_beat.data.eq(with_icrc),
-                out_count.eq(Mux(spills, lanes, p5.count + 4)),
+                out_count.eq(Mux(spills, lanes, p7.count + 4)),
                 out_beat.last.eq(~spills),
-                out_beat.first.eq(p5.start),
+                out_beat.first.eq(p7.start),
             ]
         with m.Else():
             m.d.comb += [
-                out_beat.data.eq(p5_data),
+                out_beat.data.eq(p7_data),
                 out_count.eq(lanes),
-                out_beat.first.eq(p5.start),
+                out_beat.first.eq(p7.start),
             ]
-        m.d.comb += [
-            out_write.eq(p5.valid & out_ready),
-            advance.eq((~p5.valid | out_ready) & ~(p5.valid & spills & ~spill_pending)),
-        ]
+        m.d.comb += out_write.eq(p7.valid & out_ready)
         with m.If(out_write):
             m.d.sync += spill_pending.eq(spills & ~spill_pending)
 
@@ -730,13 +741,25 @@ class HeaderBuilder(wiring.Component):
         skid_valid = Signal()
         skid = Signal(beat_layout)
         m.d.comb += out_ready.eq(~skid_valid)
-        with m.If(self.o.ready | ~self.o.valid):
+        o_free = self.o.ready | ~self.o.valid
+        with m.If(o_free):
             with m.If(skid_valid):
                 m.d.sync += [self.o.payload.eq(skid), self.o.valid.eq(1), skid_valid.eq(0)]
             with m.Else():
                 m.d.sync += [self.o.payload.eq(out_beat), self.o.valid.eq(out_write)]
         with m.Elif(out_write):
             m.d.sync += [skid.eq(out_beat), skid_valid.eq(1)]
+
+        # `advance` enables every pipeline register, the CRC unit and the payload FIFO's read:
+        # it is a register, computed a cycle ahead from the next values of the four registers
+        # it depends on, so the wide fan-out starts at a flip-flop. It always equals
+        # `(~p7.valid | out_ready) & ~(p7.valid & spills & ~spill_pending)`.
+        next_p7_valid = Mux(advance, p6.valid, p7.valid)
+        next_spills = Mux(advance, p6.last & (p6.count > lanes - 4), p7_spills)
+        next_pending = Mux(out_write, spills & ~spill_pending, spill_pending)
+        next_skid_valid = ~o_free & (skid_valid | out_write)
+        m.d.sync += advance.eq((~next_p7_valid | ~next_skid_valid) &
+                               ~(next_p7_valid & next_spills & ~next_pending))
 
         return m
 

@@ -86,10 +86,28 @@ def _advance_state(state, data):
     return state
 
 
+def _zero_advance(count):
+    """State-only matrix (32 rows over the state bits) advancing over ``count`` zero bytes."""
+    return [row & _STATE_MASK for row in _update_matrices(count)[count]]
+
+
+def _invert(rows):
+    """Inverse of a 32 x 32 matrix over GF(2) (rows as bit masks), by Gauss-Jordan."""
+    # Augmented rows: the matrix in the low 32 bits, the identity above them.
+    work = [row | 1 << (_STATE_BITS + bit) for bit, row in enumerate(rows)]
+    for col in range(_STATE_BITS):
+        pivot = next(r for r in range(col, _STATE_BITS) if work[r] >> col & 1)
+        work[col], work[pivot] = work[pivot], work[col]
+        for r in range(_STATE_BITS):
+            if r != col and work[r] >> col & 1:
+                work[r] ^= work[col]
+    return [row >> _STATE_BITS for row in work]
+
+
 # --- Gateware --------------------------------------------------------------------------------
 
 class CRC32(wiring.Component):
-    """CRC-32 (as :func:`zlib.crc32`) over network beats, one beat per cycle.
+    """CRC-32 (as :func:`zlib.crc32`) over network beats, one beat per cycle, pipelined.
 
     A message starts on a beat with ``first`` set and continues over the following valid beats.
     ``crc`` is the finalized CRC of ``init_bytes`` followed by every valid byte of the message
@@ -101,28 +119,39 @@ class CRC32(wiring.Component):
     * on a ``first`` beat the run may start and end at any lane (a parser can start the CRC
       at a header that begins mid-beat); an all-zero ``keep`` starts an empty message;
     * on any other beat the run must start at lane 0 and may end at any lane (a partial last
-      beat); an all-zero ``keep`` leaves the CRC unchanged.
+      beat); an all-zero ``keep`` leaves the CRC unchanged;
+    * a beat whose run ends before the last lane ends the message: until the next ``first``
+      beat, only beats with an all-zero ``keep`` may follow.
 
     Any other ``keep`` pattern leaves ``crc`` undefined until the next ``first`` beat. Data in
     lanes that are not kept is ignored.
 
-    Timing: fully pipelined, one beat per cycle (II = 1) with no stalls, and one cycle of
-    latency: ``crc`` is a register, and a beat taken at one clock edge is reflected in ``crc``
-    from that edge on. While ``valid`` is low, ``crc`` holds. After reset, ``crc`` is the CRC
-    of the empty message, ``zlib.crc32(init_bytes)``.
+    Timing: one beat per cycle (II = 1), no stalls, three pipeline stages that move on every
+    cycle with ``en`` high (``en`` is a clock enable for the whole unit, so a stalling pipeline
+    can keep it in step with its own stages; tie it high otherwise). A beat taken in an
+    enabled cycle (``valid`` and ``en``) shows in ``match`` after the second enabled clock edge
+    from that cycle on (counting the one that takes it) and in ``crc`` after the third: with
+    ``en`` always high, ``match`` two cycles and ``crc`` three cycles after the beat is at the
+    inputs. Both hold while no beat is taken. After reset, ``crc`` is the CRC of the empty
+    message, ``zlib.crc32(init_bytes)``.
 
-    Implementation: ``W/8 + 1`` GF(2) update matrices, one per number of lanes fed from lane 0,
-    are derived at elaboration time; every output bit of each is one XOR tree, and a mux on the
-    end of the ``keep`` run selects among them, so the depth is one XOR tree and one mux
-    whatever the width. Data and state terms are separate trees summed after the mux, so the
-    path from ``data`` is only as deep as a data-only tree. A leading offset on a ``first``
-    beat needs no matrix of its own: by linearity the zeroed lanes before the run add nothing
-    to the data term, and the state term is a constant, the initial state advanced over the
-    length of the run, selected by the run's start and end.
+    Implementation (``L = W/8`` lanes, ``Z`` the GF(2) matrix advancing the CRC state over one
+    zero byte, ``B`` the data matrix of a full beat):
 
-    Cost grows with ``W**2``. Measured on an ECP5-85F, speed grade 8, with registered inputs:
-    about 3,000 LUT4 and 128 to 132 MHz at ``W = 64``; about 7,200 LUT4 and 83 to 87 MHz at
-    ``W = 128``.
+    1. *Data stage*, no feedback: ``term = B * (data with the lanes outside the run zeroed)``,
+       and on a ``first`` beat whose run starts at lane ``s`` also ``xor Z^(L-s) * init``. Only
+       the full-beat data matrix is needed: a partial beat is a full beat with zero bytes
+       after its end, to be undone in stage 3.
+    2. *Loop*: ``T = Z^L * T xor term`` (``T = term`` on a ``first`` beat): one fixed 32 x 32
+       matrix and one XOR per bit, whatever the byte count, so the state feedback is two or
+       three LUT levels.
+    3. *Fold*: ``crc = ~(Z^-k * T)``, where ``k`` is the number of lanes after the run's end
+       in the last beat (0 for a full beat): the zero bytes stage 1 added are taken back out.
+       ``match`` compares ``T`` with the constant ``Z^k * ~residue`` instead, which needs no
+       fold (a parser checking an ICRC residue gets its answer a cycle earlier).
+
+    Cost grows with ``W**2`` in the data stage and with ``W`` in the fold (``L - 1`` state
+    matrices). Figures: ``docs/boards.md``.
 
     Parameters
     ----------
@@ -131,24 +160,35 @@ class CRC32(wiring.Component):
     init_bytes : bytes
         Constant prefix folded into the initial state at elaboration time, costing no cycles.
         The RoCEv2 ICRC uses eight ``0xFF`` bytes (standing in for the InfiniBand LRH).
+    residue : int or None
+        The finalized CRC ``match`` looks for (a receiver's check of a message followed by its
+        own CRC); ``None``: ``match`` stays 0.
 
     Members
     -------
     valid : ``In(1)``
-        A beat is present. No backpressure: every valid beat is taken.
+        A beat is present. No backpressure: every valid beat is taken (when ``en`` is high).
     first : ``In(1)``
         This beat starts a new message (the CRC restarts from ``init_bytes``).
     data : ``In(data_width)``
         Beat data, lane 0 in the least significant byte.
     keep : ``In(data_width // 8)``
         Valid lanes of the beat; see above.
+    en : ``In(1, init=1)``
+        Clock enable of every stage.
     crc : ``Out(32)``
-        Finalized CRC of the message so far (registered).
+        Finalized CRC of the message so far (registered, three stages).
     state : ``Out(32)``
         The CRC register before the final XOR, ``crc ^ 0xFFFFFFFF``.
+    match : ``Out(1)``
+        ``crc`` will equal ``residue`` once the fold stage has moved (combinational from the
+        loop register; two stages).
     """
 
-    def __init__(self, *, data_width=64, init_bytes=b""):
+    #: Enabled cycles from a beat at the inputs to ``crc`` (``match``: one fewer).
+    LATENCY = 3
+
+    def __init__(self, *, data_width=64, init_bytes=b"", residue=None):
         if not isinstance(data_width, int) or isinstance(data_width, bool):
             raise TypeError(f"Data width must be an integer, not {data_width!r}")
         if not 8 <= data_width <= 512 or data_width % 8 != 0:
@@ -156,17 +196,24 @@ class CRC32(wiring.Component):
                              f"not {data_width!r}")
         if not isinstance(init_bytes, bytes | bytearray):
             raise TypeError(f"Initial bytes must be a bytes object, not {init_bytes!r}")
+        if residue is not None and (not isinstance(residue, int) or isinstance(residue, bool)
+                                    or not 0 <= residue <= _STATE_MASK):
+            raise ValueError(f"Residue must be None or an integer from 0 to 0xFFFFFFFF, "
+                             f"not {residue!r}")
         self._data_width = data_width
         self._init_bytes = bytes(init_bytes)
         self._init_state = _advance_state(_STATE_MASK, self._init_bytes)
+        self._residue = residue
 
         super().__init__({
             "valid": In(1),
             "first": In(1),
             "data":  In(data_width),
             "keep":  In(data_width // 8),
+            "en":    In(1, init=1),
             "crc":   Out(32, init=self._init_state ^ _STATE_MASK),
             "state": Out(32),
+            "match": Out(1),
         })
 
     @property
@@ -177,18 +224,27 @@ class CRC32(wiring.Component):
     def init_bytes(self):
         return self._init_bytes
 
+    @property
+    def residue(self):
+        return self._residue
+
     def elaborate(self, platform):
         m = Module()
 
         lanes = self._data_width // 8
-        matrices = _update_matrices(lanes)
+        full = _update_matrices(lanes)[lanes]
+        loop_rows = [row & _STATE_MASK for row in full]           # Z^L
+        data_rows = [row >> _STATE_BITS for row in full]          # B
+        zero = [_zero_advance(count) for count in range(lanes + 1)]
+        # Z^(L-s) * init for a first beat's run starting at lane s (s = L: an empty run).
+        first_init = [_apply(zero[lanes - start], self._init_state) for start in range(lanes + 1)]
 
         m.d.comb += self.state.eq(~self.crc)
 
-        # End (one past the last valid lane) and start of the `keep` run. The later assignment
-        # wins, so `run_end` ends at the highest set lane and `run_start` at the lowest.
-        run_end = Signal(range(lanes + 1))
-        run_start = Signal(range(lanes))
+        # Start and end of the `keep` run (the later assignment wins, so `run_end` is one past
+        # the highest set lane and `run_start` the lowest); both `lanes` for an empty run.
+        run_end = Signal(range(lanes + 1), init=lanes)
+        run_start = Signal(range(lanes + 1), init=lanes)
         for lane in range(lanes):
             with m.If(self.keep[lane]):
                 m.d.comb += run_end.eq(lane + 1)
@@ -196,35 +252,58 @@ class CRC32(wiring.Component):
             with m.If(self.keep[lane]):
                 m.d.comb += run_start.eq(lane)
 
-        # Lanes outside the run are zeroed: those after its end are beyond the selected matrix
-        # anyway, and those before its start (first beat only) are zero bytes fed from state
-        # zero, which leave the state zero, so one matrix per run end serves every run start.
         kept_data = Signal(self._data_width)
         m.d.comb += kept_data.eq(Cat(self.data.word_select(lane, 8) &
                                      self.keep[lane].replicate(8) for lane in range(lanes)))
 
-        # The initial state advanced over `count` zero bytes, for count = 0 .. lanes.
-        init_advanced = [_apply(rows, self._init_state) for rows in matrices]
+        # --- Stage 1: the data term (no feedback) --------------------------------------------
+        # Its registers load on every enabled cycle; only `p_valid` says whether they hold a
+        # beat, so the wide registers have no enable but `en`.
+        p_valid = Signal()
+        p_first = Signal()
+        p_tail = Signal(range(lanes))       # lanes after the run's end (0: the beat was full)
+        p_term = Signal(_STATE_BITS)
+        start_term = Signal(_STATE_BITS)
+        with m.If(self.first):
+            m.d.comb += start_term.eq(Array(C(v, _STATE_BITS) for v in first_init)[run_start])
+        with m.If(self.en):
+            m.d.sync += [
+                p_valid.eq(self.valid & (self.first | self.keep.any())),
+                p_first.eq(self.first),
+                p_tail.eq(lanes - run_end),
+                p_term.eq(Cat((kept_data & row).xor() for row in data_rows) ^ start_term),
+            ]
 
-        # The data and state terms are summed after the mux, so the path from `data` is as
-        # shallow as a data-only XOR tree. A switch rather than a mux so that the simulator
-        # only evaluates the selected matrix.
-        data_part = Signal(_STATE_BITS)
-        state_part = Signal(_STATE_BITS)
-        with m.Switch(run_end):
-            for end, rows in enumerate(matrices):
-                with m.Case(end):
-                    m.d.comb += data_part.eq(
-                        Cat((kept_data & (row >> _STATE_BITS)).xor() for row in rows))
-                    with m.If(self.first):
-                        m.d.comb += state_part.eq(Array(
-                            C(init_advanced[max(end - start, 0)], _STATE_BITS)
-                            for start in range(lanes))[run_start])
-                    with m.Else():
-                        m.d.comb += state_part.eq(
-                            Cat((self.state & (row & _STATE_MASK)).xor() for row in rows))
+        # --- Stage 2: the loop ---------------------------------------------------------------
+        loop = Signal(_STATE_BITS, init=self._init_state)
+        tail = Signal(range(lanes))
+        advanced = Signal(_STATE_BITS)
+        m.d.comb += advanced.eq(Cat((loop & row).xor() for row in loop_rows))
+        with m.If(self.en & p_valid):
+            m.d.sync += [
+                loop.eq(Mux(p_first, 0, advanced) ^ p_term),
+                tail.eq(p_tail),
+            ]
 
-        with m.If(self.valid):
-            m.d.sync += self.crc.eq(~(data_part ^ state_part))
+        # --- Stage 3: fold (take the zero bytes after a partial beat back out) ----------------
+        folded = Signal(_STATE_BITS)
+        # A switch rather than a mux so that the simulator only evaluates the selected matrix.
+        with m.Switch(tail):
+            for count in range(lanes):
+                with m.Case(count):
+                    if count == 0:
+                        m.d.comb += folded.eq(loop)
+                    else:
+                        rows = _invert(zero[count])
+                        m.d.comb += folded.eq(Cat((loop & row).xor() for row in rows))
+        with m.If(self.en):
+            m.d.sync += self.crc.eq(~folded)
+
+        if self._residue is not None:
+            # crc == residue  <=>  Z^-k * T == ~residue  <=>  T == Z^k * ~residue.
+            target = self._residue ^ _STATE_MASK
+            expected = Array(C(_apply(zero[count], target), _STATE_BITS)
+                             for count in range(lanes))
+            m.d.comb += self.match.eq(loop == expected[tail])
 
         return m

@@ -301,7 +301,8 @@ class Parser(wiring.Component):
         # the shortest frames leave no cycle to spare, so that width reads the RAM directly.
         m.submodules.fifo = fifo = PacketFifo(width=W, depth=self._fifo_depth,
                                               registered_read=W <= 128)
-        m.submodules.crc = crc = CRC32(data_width=W, init_bytes=ICRC_INIT_BYTES)
+        m.submodules.crc = crc = CRC32(data_width=W, init_bytes=ICRC_INIT_BYTES,
+                                       residue=ICRC_RESIDUE)
         ptr_bits = fifo.ptr_bits
 
         entry_layout = data.StructLayout({
@@ -620,12 +621,14 @@ class Parser(wiring.Component):
         kind_probe = d1_kind == PacketKind.PROBE
 
         d2_valid = Signal()
-        d2_crc_ok = Signal()
         d2_hdr = Signal(header_layout)
         d2m = Module()
         m.submodules.d2 = EnableInserter(d1_valid)(d2m)
         m.d.sync += d2_valid.eq(d1_valid)
-        d2m.d.sync += d2_crc_ok.eq(crc.crc == ICRC_RESIDUE)
+        # The ICRC verdict: the CRC unit's `match` is for the frame's last beat while the frame
+        # is in D2 (s2 feeds the unit the cycle after s1; its data stage and loop take two
+        # more), and the next frame's beats reach the loop only after that.
+        d2_crc_ok = crc.match
 
         # Check bits known from field values alone.
         def v4_field(window_, name):
