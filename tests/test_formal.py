@@ -15,10 +15,15 @@ from hdl.formal.responder_props import ResponderProperties
 from hdl.formal.responder_props import formal_config as responder_config
 from sim.formal import FormalError, run_formal, run_proof
 
+#: Seconds a proof may take. The runs take 1-3 minutes alone; `make test` runs two test files
+#: at once and a Verilator build may share the core, so the limit leaves a wide margin (a run
+#: that hits it fails with TIMEOUT, never passes).
+SOLVER_TIMEOUT = 1200
+
 
 def test_harness_proves_a_true_property_by_induction(tmp_path):
     result = run_formal(SerialCounter(), name="counter", mode="prove", depth=4,
-                        directory=tmp_path)
+                        directory=tmp_path, timeout=SOLVER_TIMEOUT)
     assert result.status == "PASS", result.summary()
 
 
@@ -26,7 +31,7 @@ def test_harness_catches_a_counter_that_moves_backwards(tmp_path):
     """A PASS means something: the same check on a mutated counter fails, and the result
     names the failing assertion."""
     result = run_formal(SerialCounter(backwards_bug=True), name="mutant", mode="bmc",
-                        depth=40, directory=tmp_path)
+                        depth=40, directory=tmp_path, timeout=SOLVER_TIMEOUT)
     assert result.status == "FAIL", result.summary()
     assert any("examples.py" in failure for failure in result.failures)
 
@@ -54,7 +59,8 @@ def test_responder_places_a_psn_at_most_once(tmp_path):
     is ``python -m sim.formal responder_placed_once`` (docs/formal.md: its solver time
     varies from 30 s to more than 10 minutes)."""
     result = run_formal(ResponderProperties(config=responder_config(), check="placed_once"),
-                        name="responder_placed_once", mode="bmc", depth=5, directory=tmp_path)
+                        name="responder_placed_once", mode="bmc", depth=5, directory=tmp_path,
+                        timeout=SOLVER_TIMEOUT)
     assert result.status == "PASS", result.summary()
 
 
@@ -63,7 +69,7 @@ def test_responder_placement_is_reachable(tmp_path):
     step 4): the PASS above covers runs that place packets."""
     result = run_formal(ResponderProperties(config=responder_config(), check="never_placed"),
                         name="responder_never_placed", mode="bmc", depth=5,
-                        directory=tmp_path)
+                        directory=tmp_path, timeout=SOLVER_TIMEOUT)
     assert result.status == "FAIL", result.summary()
     assert any("responder_props.py" in failure for failure in result.failures)
 
@@ -72,5 +78,6 @@ def test_requester_new_psns_consecutive_and_inside_window(tmp_path):
     """BMC: new PSNs of a QP are consecutive and inside una + mpr x 128 (depth 7: the first
     packet after a QP_WRITE and a WR leaves at step 6)."""
     result = run_formal(RequesterProperties(config=requester_config(), check="window"),
-                        name="requester_window", mode="bmc", depth=7, directory=tmp_path)
+                        name="requester_window", mode="bmc", depth=7, directory=tmp_path,
+                        timeout=SOLVER_TIMEOUT)
     assert result.status == "PASS", result.summary()
