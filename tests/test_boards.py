@@ -385,15 +385,18 @@ def test_selftest_rejects_bad_parameters():
         S.SelfTest(config=config, loss_rate=300)
 
 
-def test_ice40_selftest_passes_in_simulation():
-    dut = Ice40Selftest(clock_hz=1_000_000, report_period=1000, baud=250_000, loss_rate=40,
-                        trim_rate=40)
+def run_network_selftest(dut, cycles, *, kill=None, on_cycle=None):
+    """Run ``Ice40Selftest`` for ``cycles`` (``kill`` driven on its kill input,
+    ``on_cycle(ctx, cycle)`` after each tick); return its counters by name."""
     result = {}
 
     async def bench(ctx):
-        ctx.set(dut.kill, 0b01)
-        for _ in range(1500):
+        if kill is not None:
+            ctx.set(dut.kill, kill)
+        for cycle in range(cycles):
             await ctx.tick()
+            if on_cycle is not None:
+                on_cycle(ctx, cycle)
         counters = ctx.get(dut.counters)
         result.update(zip(ICE40_COUNTERS, (int(counters[n]) for n in range(6)), strict=True))
 
@@ -401,6 +404,13 @@ def test_ice40_selftest_passes_in_simulation():
     sim.add_clock(1e-6)
     sim.add_testbench(bench)
     sim.run()
+    return result
+
+
+def test_ice40_selftest_passes_in_simulation():
+    dut = Ice40Selftest(clock_hz=1_000_000, report_period=1000, baud=250_000, loss_rate=40,
+                        trim_rate=40)
+    result = run_network_selftest(dut, 1500, kill=0b01)
     done = result["received"] + result["trimmed"] + result["lost"] + result["killed"]
     assert result["bad"] == 0 and result["trimmed"] > 0 and result["lost"] > 0
     assert result["killed"] >= result["sent"] // 2 - 1
@@ -416,21 +426,13 @@ def test_ci_top_selftest_passes_with_auto_kill():
     period = 400
     dut = Ice40Selftest(clock_hz=1_000_000, report_period=period, baud=250_000, loss_rate=40,
                         trim_rate=40, auto_kill=True)
-    result = {}
     killed_at = []
 
-    async def bench(ctx):
-        for cycle in range(5 * period + 200):
-            await ctx.tick()
-            if ctx.get(dut.killed_planes):
-                killed_at.append(cycle)
-        counters = ctx.get(dut.counters)
-        result.update(zip(ICE40_COUNTERS, (int(counters[n]) for n in range(6)), strict=True))
+    def watch(ctx, cycle):
+        if ctx.get(dut.killed_planes):
+            killed_at.append(cycle)
 
-    sim = Simulator(dut)
-    sim.add_clock(1e-6)
-    sim.add_testbench(bench)
-    sim.run()
+    result = run_network_selftest(dut, 5 * period + 200, on_cycle=watch)
     # One period in four, from a report tick (the first tick is at reset, so the first kill
     # period starts at the third tick); the kill register follows the tick by a cycle.
     assert killed_at and 2 * period <= killed_at[0] <= 2 * period + 5

@@ -122,6 +122,26 @@ def qp_write(bench, ctx, qpn, *, psn=0, timeout=4, linear=0, exp=0, mpr=1):
                          retry_exp=exp)
 
 
+async def expect_expiries(bench, ctx, start, t, linear, exp, retries, *, jump=False):
+    """Wait for the expiries of ``retries`` (a range of retry counts), each within one scan
+    period of ``retry_expiry`` after the previous one (6 cycles more for the exhausting one,
+    applied by A1); ``jump`` skips the simulated time of long waits. Returns the time of the
+    last expiry and whether each one exhausted the retries."""
+    exhausted_flags = []
+    for r in retries:
+        wait, exhausted = retry_expiry(t, linear, exp, r)
+        due = start + wait
+        if jump and due - bench.now > 64:           # jump over most of a long wait
+            bench.now = due - 32
+        name, at = await bench.next_event(ctx)
+        slack = 6 if exhausted else 0
+        assert due <= at <= due + SCAN_UNITS + slack, (r, due, at)
+        assert name == ("retry_exceeded" if exhausted else "timeouts"), r
+        exhausted_flags.append(exhausted)
+        start = at
+    return start, exhausted_flags
+
+
 def write_wr(qpn, wr_id, packets, *, remote_addr=0x4000):
     return {"qpn": qpn, "opcode": W.RDMA_WRITE, "wr_id": wr_id,
             "length": packets * CONFIG.mtu - 7, "remote_addr": remote_addr + wr_id * 0x10000,
@@ -198,16 +218,7 @@ def test_timer_expires_on_schedule(linear, exp, expiries):
         assert await bench.read_timer(ctx, qpn) == timer_page(armed=1, retries=0, start=start)
         bench.step = 1
         count = expiries or linear + exp + 1
-        for retries in range(count):
-            wait, exhausted = retry_expiry(t, linear, exp, retries)
-            due = start + wait
-            if due - bench.now > 64:                # jump over most of a long wait
-                bench.now = due - 32
-            name, at = await bench.next_event(ctx)
-            slack = 6 if exhausted else 0           # the exceeded QP is applied by A1
-            assert due <= at <= due + SCAN_UNITS + slack, (retries, due, at)
-            assert name == ("retry_exceeded" if exhausted else "timeouts"), retries
-            start = at
+        await expect_expiries(bench, ctx, start, t, linear, exp, range(count), jump=True)
         bench.step = 0
         await ctx.tick().repeat(100)
         timeouts = count - (expiries is None)
@@ -240,12 +251,9 @@ def test_progress_restarts_timer_and_resets_retries():
         await bench.settle(ctx)
         start = bench.now
         bench.step = 1
-        for retries in range(2):                    # two retries: the next expiry would end it
-            wait, exhausted = retry_expiry(t, 0, 2, retries)
-            name, at = await bench.next_event(ctx)
-            assert (name, not exhausted) == ("timeouts", True)
-            assert start + wait <= at <= start + wait + SCAN_UNITS
-            start = at
+        # Two retries: the next expiry would end it.
+        _, exhausted = await expect_expiries(bench, ctx, start, t, 0, 2, range(2))
+        assert not any(exhausted)
         bench.step = 0
         await bench.report_evs(ctx)
         bench.rx.send([{"header": ack_header(qpn, 10), "first": 1, "last": 1}])
@@ -255,13 +263,8 @@ def test_progress_restarts_timer_and_resets_retries():
         assert await bench.read_timer(ctx, qpn) == timer_page(armed=1, retries=0,
                                                               start=progress)
         bench.step = 1
-        start = progress
-        for retries in range(3):                    # 16, 32, then 64 and ERROR
-            wait, exhausted = retry_expiry(t, 0, 2, retries)
-            name, at = await bench.next_event(ctx)
-            assert name == ("retry_exceeded" if exhausted else "timeouts")
-            assert start + wait <= at <= start + wait + SCAN_UNITS + 6 * exhausted
-            start = at
+        # 16, 32, then 64 and ERROR.
+        await expect_expiries(bench, ctx, progress, t, 0, 2, range(3))
         await bench.qp_error.wait(ctx, 1)
 
     bench.run(testbench)
