@@ -533,7 +533,8 @@ class PathSelect(wiring.Component):
         # marks its port pending; the sweep then visits every entry once per pending port
         # (one per free engine slot, after feedback, before the decay sweep) and turns the
         # GOOD EVs on that port ASSUMED_BAD, floor permitting.
-        fate_pending = Signal(1 << EV_PORT_BITS)
+        fate_ports = cfg.ports + 1             # ports count from 1 (bit 0 stays clear)
+        fate_pending = Signal(fate_ports)
         fate_active = Signal()
         fate_port = Signal(EV_PORT_BITS)
         fate_index = Signal(range(self.entry_words))
@@ -544,7 +545,7 @@ class PathSelect(wiring.Component):
             m.d.sync += fate_index.eq(fate_index + 1)
             with m.If(fate_index == self.entry_words - 1):
                 m.d.sync += [fate_active.eq(0), fate_index.eq(0)]
-        next_found, next_port = _first_set(fate_pending, 1 << EV_PORT_BITS)
+        next_found, next_port = _first_set(fate_pending, fate_ports)
         cleared = Signal.like(fate_pending)
         m.d.comb += cleared.eq(fate_pending)
         with m.If(~fate_active & next_found):
@@ -552,7 +553,7 @@ class PathSelect(wiring.Component):
             m.d.sync += [fate_active.eq(1), fate_port.eq(next_port), fate_index.eq(0),
                          self.fate_sweeps.eq(self.fate_sweeps + 1)]
         m.d.sync += fate_pending.eq(
-            cleared | Mux(fate_trigger, C(1, 1 << EV_PORT_BITS) << fate_trigger_port, 0))
+            cleared | Mux(fate_trigger, (C(1, fate_ports) << fate_trigger_port)[:fate_ports], 0))
 
         e1_valid = Signal()
         e1_op = Signal(_Op)
