@@ -67,6 +67,7 @@ class Scenario:
     retry_exponential: int = P.RETRY_INFINITE
     infer_k: int = 8
     fate: int = 1
+    cc: int = 1
     ack_every: int = 4
     ack_delay: int = 128
     coalesce_gaps: int = 0
@@ -122,6 +123,7 @@ class Scenario:
         integer("retry_exponential", 0, P.RETRY_EXPONENTIAL_MAX)
         integer("infer_k", 0, 15)
         integer("fate", 0, 1)
+        integer("cc", 0, 1)
         integer("ack_every", 1, 255)
         integer("ack_delay", 1, (1 << 32) - 1)
         integer("coalesce_gaps", 0, 1)

@@ -17,7 +17,7 @@ from amaranth.sim import Simulator
 from hdl import protocol as P
 from hdl.config import NicConfig
 from hdl.packet.headers import PacketKind
-from hdl.transport.req_defs import REQUESTER_COUNTERS, RequesterCommand
+from hdl.transport.req_defs import CC_MIN_WINDOW, REQUESTER_COUNTERS, RequesterCommand
 from hdl.transport.requester import Requester, block_ram_bits
 from sim.model.requester import RequesterModel
 from sim.tb.amsim import StreamCollector, StreamDriver, const_to_dict
@@ -364,6 +364,69 @@ def test_window_and_slot_limits_match_model():
         bench.check_completions()
         bench.check_counters(ctx)
         assert [c["wr_id"] for c in bench.model.completions] == [1, 2, 3]
+
+    bench.run(testbench)
+
+
+def test_ecn_window_matches_model():
+    """CONFIG cc: a CE echo for a PSN sent after the last decrease takes 1/8 off the PSNs in
+    flight, a second one in the same window does nothing, every cwnd/4 unmarked ACKs widen the
+    window by one PSN; the segmenter stops at the window, and the window (QP_READ page 3) equals the
+    model's after every step."""
+    bench = Bench(seed=31)
+    psn0 = 0xFFFFF0                                 # the window wraps the PSN space
+    ce = int(P.AckFlags.ECN_ECHO)
+
+    async def window(ctx):
+        return (await bench.control(ctx, RequesterCommand.QP_READ, qpn=2, page=3))[1]
+
+    async def step(ctx, offset, *, psn, flags=0):
+        await bench.receive(ctx, [ack_header(2, P.psn_add(psn0, offset),
+                                             psn=P.psn_add(psn0, psn), flags=flags)])
+        await bench.settle_sends(ctx)
+        await bench.report_evs(ctx)
+        return await window(ctx)
+
+    async def testbench(ctx):
+        await bench.control(ctx, RequesterCommand.CONFIG, cc=1)
+        await bench.control(ctx, RequesterCommand.QP_WRITE, qpn=2, state=P.QpState.RTS,
+                            psn=psn0, mpr=1, max_wimm=1)
+        assert await window(ctx) == 128 | psn0 << 32
+        bench.post([{"qpn": 2, "opcode": W.RDMA_WRITE, "wr_id": 7, "length": 400 * 256}])
+        await bench.settle_sends(ctx)
+        await bench.report_evs(ctx)
+        assert len(bench.send.items) == 128                     # MPR
+        # CE for PSN 10 (una 10): 118 in flight -> 118 - 14 = 104; recover = next PSN (128).
+        assert await step(ctx, 9, psn=10, flags=ce) == 104 | P.psn_add(psn0, 128) << 32
+        # A second mark before PSN 128: no decrease; una 20 leaves 108 in flight >= 104.
+        assert await step(ctx, 19, psn=20, flags=ce) == 104 | P.psn_add(psn0, 128) << 32
+        assert len(bench.send.items) == 128
+        # Unmarked ACKs: counted (bits 12-23); every cwnd/4 of them add one PSN. Sending
+        # resumes exactly to una + cwnd.
+        for offset in (29, 39, 49):
+            await step(ctx, offset, psn=offset + 1)
+        assert await window(ctx) == 104 | 3 << 12 | P.psn_add(psn0, 128) << 32
+        assert len(bench.send.items) == 50 + 104
+        for offset in range(50, 73):                # the 26th unmarked ACK: 104 / 4
+            await step(ctx, offset, psn=offset + 1)
+        assert await window(ctx) == 105 | P.psn_add(psn0, 128) << 32
+        assert len(bench.send.items) == 73 + 105
+        # A mark for a PSN at or after 128 shrinks it again, from the PSNs in flight.
+        cwnd = await step(ctx, 79, psn=130, flags=ce)
+        flight = 73 + 105 - 80
+        assert cwnd == (flight - (flight >> 3)) | P.psn_add(psn0, 178) << 32
+        # Marks on the newest PSN, una creeping up: never below CC_MIN_WINDOW.
+        una = 80
+        for _ in range(40):
+            sent = len(bench.send.items)
+            una = min(una + 3, sent)
+            cwnd = (await step(ctx, una - 1, psn=sent - 1, flags=ce)) & 0xFFF
+            if cwnd == CC_MIN_WINDOW:
+                break
+        assert cwnd == CC_MIN_WINDOW
+        await step(ctx, una - 1, psn=len(bench.send.items) - 1, flags=ce)
+        assert (await window(ctx)) & 0xFFF == CC_MIN_WINDOW
+        bench.check_counters(ctx)
 
     bench.run(testbench)
 

@@ -19,7 +19,8 @@ __all__ = [
     "bitmap_psns", "slot_depth", "wr_refusal", "wr_packets", "FATAL_NAK_STATUS",
     "QP_WRITE_STATES", "WalkKind", "walk_layout", "retry_expiry", "RetryExpiry",
     "RETRY_EXPONENT_MAX", "RETRY_COUNT_BITS", "INFER_K_BITS", "INFER_K_DEFAULT",
-    "YOUNG_CAP_LOG2", "timer_page",
+    "YOUNG_CAP_LOG2", "timer_page", "CC_MIN_WINDOW", "CC_DECREASE_SHIFT", "CC_INCREASE_SHIFT",
+    "CWND_BITS",
 ]
 
 #: A work request may span at most this many packets; a longer one is refused with
@@ -40,6 +41,18 @@ RETRY_COUNT_BITS = 6
 #: CONFIG ``infer_k``: a hole is an inferred loss once K later PSNs are SACKed; 0 = off.
 INFER_K_BITS = 4
 INFER_K_DEFAULT = 3
+#: The ECN window (CONFIG ``cc``, ``docs/requester.md``) never closes below this many PSNs
+#: (*project choice*).
+CC_MIN_WINDOW = 2
+#: A decrease takes 1/2**CC_DECREASE_SHIFT (at least one PSN) off the PSNs in flight
+#: (*project choice*).
+CC_DECREASE_SHIFT = 3
+#: The window widens by one PSN per cwnd / 2**CC_INCREASE_SHIFT unmarked ACKs (at least one):
+#: about four PSNs per round trip with an ACK per packet (*project choice*).
+CC_INCREASE_SHIFT = 2
+#: Width of the per-QP congestion window: up to 16 x 128 PSNs (the largest MPR).
+CWND_BITS = 12
+
 #: A TIMEOUT walk resends a PSN other than the oldest only if it was last sent at least
 #: ``min(2**t, 2**YOUNG_CAP_LOG2)`` units ago (the send time is stored in 16 bits).
 YOUNG_CAP_LOG2 = TIME_BITS - 1
@@ -126,7 +139,8 @@ def requester_command_layout(config):
     QP_WRITE: ``qpn``, ``state``, ``psn`` (first PSN to send), ``mpr`` (units of 128 PSNs),
     ``max_wimm``, ``timeout`` (t: 1.024 us x 2**t, 0..24), ``retry_linear`` (L, 0..7),
     ``retry_exp`` (E, 0..25; 25 = forever). QP_READ: ``qpn``, ``page`` (0..2). CONFIG:
-    ``ackreq_every``, ``infer_k`` (0 = no SACK inference); CONFIG sets both.
+    ``ackreq_every``, ``infer_k`` (0 = no SACK inference), ``cc`` (1 = the ECN congestion
+    window limits each QP's PSN range); CONFIG sets all three.
     """
     return data.StructLayout({
         "cmd": RequesterCommand,
@@ -141,6 +155,7 @@ def requester_command_layout(config):
         "retry_linear": unsigned(3),
         "retry_exp": unsigned(5),
         "infer_k": unsigned(INFER_K_BITS),
+        "cc": unsigned(1),
     })
 
 
@@ -150,8 +165,9 @@ def requester_response_layout(config):
     QP_READ page 0: bits 0-7 state (ERROR once a fatal NAK arrived), 8-31 next PSN,
     32-55 oldest unacknowledged PSN. Page 1: bits 0-7 outstanding WRs, 8-15 WRITE_IMMs in
     flight, 16-23 mpr, 24-31 max_wimm, 32-39 error status, 40-63 error PSN. Page 2 (the
-    retransmit timer, :func:`timer_page`): bit 0 armed, 8-13 retries done, 32-63 start time;
-    page 3: EINVAL. Other commands: 0.
+    retransmit timer, :func:`timer_page`): bit 0 armed, 8-13 retries done, 32-63 start time.
+    Page 3 (the ECN window): bits 0-11 cwnd (PSNs), 32-55 the PSN a mark must reach to
+    shrink it again. Other commands: 0.
     """
     return data.StructLayout({"errno": P.Errno, "data": unsigned(64)})
 

@@ -42,6 +42,10 @@ from ..packet.headers import PacketKind, packet_beat_layout
 from ..util import validating
 from .req_defs import (
     ACKREQ_EVERY_BITS,
+    CC_DECREASE_SHIFT,
+    CC_INCREASE_SHIFT,
+    CC_MIN_WINDOW,
+    CWND_BITS,
     INFER_K_BITS,
     INFER_K_DEFAULT,
     MAX_WR_PACKETS,
@@ -111,6 +115,10 @@ def requester_tables(config):
         "progress": (unsigned(32), qps, 1),
         # PSNs before this were already inferred lost (inference unit).
         "infer_to": (unsigned(_PSN), qps, 1),
+        # The ECN congestion window (ACK processing): PSNs from una the segmenter may send
+        # with CONFIG cc, and the PSN a mark must reach to shrink it again.
+        "cc": (data.StructLayout({"cwnd": CWND_BITS, "acc": CWND_BITS, "recover": _PSN}),
+               qps, 3),
     }
 
 
@@ -313,12 +321,13 @@ class Requester(wiring.Component):
         ctl_data = Signal(64)
         ackreq_every = Signal(ACKREQ_EVERY_BITS)
         infer_k = Signal(INFER_K_BITS, init=INFER_K_DEFAULT)
+        cc_on = Signal()
         hold = Signal()                 # pipelines may not write the QP tables
         ctl_write = Signal()            # this cycle: QP_WRITE writes every QP table
         m.d.comb += hold.eq((ctl_state == CTL_HOLD) | (ctl_state == CTL_DECIDE))
         ctl_qpn = ctl_req.qpn[:qb]
         ctl_ports = {name: rport(name) for name in ("cfg", "sq", "next_psn", "ack", "cq",
-                                                      "tmr")}
+                                                      "tmr", "cc")}
         for port in ctl_ports.values():
             m.d.comb += port.addr.eq(ctl_qpn)
 
@@ -492,9 +501,13 @@ class Requester(wiring.Component):
         s2_una_now = Mux(s2_fresh, s2_ack_port.data.una, s2_una)
         s2_abort = s2_active & s2_fresh & s2_ack_port.data.error
         s2_window_ok = _psn_sub(s2_psn, s2_una_now) < Cat(C(0, 7), s2_mpr)
+        # The ECN window (CONFIG cc): its table read is valid from the second cycle of a WR.
+        s2_cc_port = rport("cc")
+        m.d.comb += s2_cc_port.addr.eq(s2_qpn)
+        s2_cc_ok = ~cc_on | (s2_fresh & (_psn_sub(s2_psn, s2_una_now) < s2_cc_port.data.cwnd))
         s2_last = s2_remaining <= cfg.mtu
         s2_dma_len = Mux(s2_last, s2_remaining, cfg.mtu)
-        s2_can = s2_active & ~s2_abort & s2_window_ok & ~hold
+        s2_can = s2_active & ~s2_abort & s2_window_ok & s2_cc_ok & ~hold
         s2_emit = Signal()
         s2_ackreq = s2_last | ((ackreq_every != 0) & (s2_ackcnt == ackreq_every - 1))
         m.d.comb += s2_free.eq(~s2_active | s2_abort | (s2_emit & s2_last))
@@ -719,7 +732,7 @@ class Requester(wiring.Component):
             exceed_fifo.r_en.eq(x_take),
         ]
         a_ports = {name: rport(name) for name in ("cfg", "next_psn", "ack", "acked",
-                                                    "trig_set", "trig_seen")}
+                                                    "trig_set", "trig_seen", "cc")}
         for port in a_ports.values():
             m.d.comb += [port.addr.eq(Mux(x_take, exceed_fifo.r_data, rx_header.bth.dqpn[:qb])),
                          port.en.eq(rx_take | x_take)]
@@ -818,6 +831,35 @@ class Requester(wiring.Component):
                 wps["acked"].addr.eq(a1_qpn), wps["acked"].en.eq(a_apply),
                 wps["acked"].data.eq(new_bitmap),
             ]
+
+        # The ECN window: an ACK echoing CE for a PSN sent after the last decrease takes 1/8
+        # (at least one) off the PSNs in flight (floor CC_MIN_WINDOW); every cwnd/4 unmarked
+        # ACKs add one PSN, up to MPR.
+        a_cc = a_ports["cc"].data
+        cc_max = Cat(C(0, 7), a_ports["cfg"].data.mpr)
+        cc_flight = _psn_sub(a_next, new_una)
+        cc_base = Mux(cc_flight < a_cc.cwnd, cc_flight[:CWND_BITS], a_cc.cwnd)
+        cc_step = cc_base >> CC_DECREASE_SHIFT
+        cc_cut = (cc_base - Mux(cc_step == 0, 1, cc_step))[:CWND_BITS]
+        cc_marked = (a1_flags & int(P.AckFlags.ECN_ECHO)).any()
+        cc_decrease = cc_marked & _psn_ge(a1_psn, a_cc.recover)
+        cc_write = Signal.like(a_cc)
+        m.d.comb += cc_write.eq(a_cc)
+        with m.If(cc_decrease):
+            m.d.comb += [cc_write.cwnd.eq(Mux(cc_cut < CC_MIN_WINDOW, CC_MIN_WINDOW, cc_cut)),
+                         cc_write.acc.eq(0), cc_write.recover.eq(a_next)]
+        with m.Elif(~cc_marked & (a_cc.acc + 1 >= (a_cc.cwnd >> CC_INCREASE_SHIFT))):
+            m.d.comb += [cc_write.cwnd.eq(Mux(a_cc.cwnd < cc_max, a_cc.cwnd + 1, cc_max)),
+                         cc_write.acc.eq(0)]
+        with m.Elif(~cc_marked):
+            m.d.comb += cc_write.acc.eq(a_cc.acc + 1)
+        with m.If(ctl_write):
+            m.d.comb += [wps["cc"].addr.eq(ctl_qpn), wps["cc"].en.eq(1),
+                         wps["cc"].data.cwnd.eq(Cat(C(0, 7), ctl_req.mpr)),
+                         wps["cc"].data.recover.eq(ctl_req.psn)]
+        with m.Else():
+            m.d.comb += [wps["cc"].addr.eq(a1_qpn), wps["cc"].en.eq(a_apply & is_ack),
+                         wps["cc"].data.eq(cc_write)]
 
         # Completion triggers: none while one is queued for the QP (the engine reads the QP
         # when it takes the trigger, so it sees this ACK's change too).
@@ -1146,7 +1188,7 @@ class Requester(wiring.Component):
                 with m.Switch(ctl_req.cmd):
                     with m.Case(RequesterCommand.CONFIG):
                         m.d.sync += [ackreq_every.eq(ctl_req.ackreq_every),
-                                     infer_k.eq(ctl_req.infer_k)]
+                                     infer_k.eq(ctl_req.infer_k), cc_on.eq(ctl_req.cc)]
                     with m.Case(RequesterCommand.QP_READ):
                         with m.If(ctl_req.qpn >= cfg.qps):
                             m.d.sync += ctl_errno.eq(P.Errno.ENOENT)
@@ -1166,7 +1208,10 @@ class Requester(wiring.Component):
                                 c_tmr.armed, C(0, 7), c_tmr.retries,
                                 C(0, 24 - RETRY_COUNT_BITS), c_tmr.start))
                         with m.Else():
-                            m.d.sync += ctl_errno.eq(P.Errno.EINVAL)
+                            c_cc = ctl_ports["cc"].data
+                            m.d.sync += ctl_data.eq(Cat(c_cc.cwnd, c_cc.acc,
+                                                        C(0, 32 - 2 * CWND_BITS),
+                                                        c_cc.recover))
                     with m.Case(RequesterCommand.QP_WRITE):
                         with m.If(ctl_req.qpn >= cfg.qps):
                             m.d.sync += ctl_errno.eq(P.Errno.ENOENT)

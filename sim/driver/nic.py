@@ -237,14 +237,15 @@ class NicDriver(RegisterDriver):
                            timeout=qp.timeout, retry_linear=qp.retry_linear,
                            retry_exp=qp.retry_exponential)
 
-    async def configure_requester(self, *, ackreq_every=0, infer_k=3):
+    async def configure_requester(self, *, ackreq_every=0, infer_k=3, cc=False):
         """Requester settings (docs/requester.md, docs/recovery.md): ACK request every N
-        packets of a message (0: message ends only) and the SACK loss-inference threshold K
-        (0: off; a hole with K later PSNs acknowledged is resent at once)."""
+        packets of a message (0: message ends only), the SACK loss-inference threshold K
+        (0: off; a hole with K later PSNs acknowledged is resent at once) and the ECN
+        congestion window (``cc``: off = only MPR limits a QP's PSN range)."""
         if not 0 <= infer_k <= 15:
             self._error(P.Errno.EINVAL, "requester", {"infer_k": infer_k})
         await self.command("requester", cmd=RequesterCommand.CONFIG, ackreq_every=ackreq_every,
-                           infer_k=infer_k)
+                           infer_k=infer_k, cc=int(bool(cc)))
 
     async def connect_qp(self, qpn, *, ev_profile, remote_qpn, remote_mac, remote_ip, psn,
                          remote_psn, mpr, max_wimm, pd, ev_offset=0, **extra):

@@ -285,12 +285,13 @@ class ModelNic:
         self.connected.add(qpn)
         self._timer_dirty = True
 
-    def configure_requester(self, *, ackreq_every=0, infer_k=INFER_K_DEFAULT):
+    def configure_requester(self, *, ackreq_every=0, infer_k=INFER_K_DEFAULT, cc=False):
         """The requester's CONFIG: an ACK request every ``ackreq_every`` packets (0: only on
-        the last of a message) and SACK loss inference after ``infer_k`` later PSNs (0: off).
+        the last of a message), SACK loss inference after ``infer_k`` later PSNs (0: off) and
+        the ECN congestion window (``cc``).
         """
         errno, _ = self.requester.control(RequesterCommand.CONFIG, ackreq_every=ackreq_every,
-                                          infer_k=infer_k)
+                                          infer_k=infer_k, cc=int(cc))
         self._check(errno, "requester", {"ackreq_every": ackreq_every, "infer_k": infer_k})
 
     def counters_snapshot(self):

@@ -26,6 +26,9 @@ from hdl import protocol as P
 from hdl.interfaces import CompletionSide
 from hdl.packet.headers import PacketKind
 from hdl.transport.req_defs import (
+    CC_DECREASE_SHIFT,
+    CC_INCREASE_SHIFT,
+    CC_MIN_WINDOW,
     FATAL_NAK_STATUS,
     INFER_K_DEFAULT,
     NAK_COUNTERS,
@@ -99,6 +102,9 @@ class _Qp:
     start: int = 0              #: its start time (units)
     retries: int = 0            #: retries done since the last progress
     infer_to: int = 0           #: PSNs before this were already inferred lost
+    cwnd: int = 0               #: congestion window, PSNs from una (CONFIG ``cc``)
+    cc_acc: int = 0             #: unmarked ACKs since the window last widened
+    cc_recover: int = 0         #: marks on PSNs before this were already answered
 
     @property
     def effective_state(self):
@@ -138,6 +144,7 @@ class RequesterModel:
         self.meta = {}                  # (qpn, psn % window) -> (send time, retransmitted)
         self.ackreq_every = 0
         self.infer_k = INFER_K_DEFAULT
+        self.cc = False
         self.completions = []
         self.feedback = []
         self.qp_errors = []
@@ -156,6 +163,7 @@ class RequesterModel:
         if cmd == RequesterCommand.CONFIG:
             self.ackreq_every = get("ackreq_every")
             self.infer_k = get("infer_k")
+            self.cc = bool(get("cc"))
             return P.Errno.OK, 0
         qpn = get("qpn")
         if qpn >= self.config.qps:
@@ -168,7 +176,9 @@ class RequesterModel:
             if page == 2:
                 return P.Errno.OK, timer_page(armed=qp.armed, retries=qp.retries,
                                               start=qp.start)
-            if page != 1:
+            if page == 3:
+                return P.Errno.OK, qp.cwnd | qp.cc_acc << 12 | qp.cc_recover << 32
+            if page != 1:                       # pages are 2 bits: 0-3 all exist
                 return P.Errno.EINVAL, 0
             return P.Errno.OK, (len(qp.slots) | qp.wimm_in_flight << 8 | qp.mpr << 16
                                 | qp.max_wimm << 24 | qp.err_status << 32 | qp.err_psn << 40)
@@ -183,7 +193,8 @@ class RequesterModel:
             return P.Errno.EBUSY, 0
         self._qps[qpn] = _Qp(state=state, mpr=mpr, max_wimm=max_wimm, next_psn=psn,
                              alloc_psn=psn, una=psn, timeout=timeout, retry_linear=linear,
-                             retry_exp=exp, infer_to=psn)
+                             retry_exp=exp, infer_to=psn, cwnd=mpr * P.MPR_UNIT_PSNS,
+                             cc_recover=psn)
         self._admit()
         return P.Errno.OK, 0
 
@@ -234,6 +245,8 @@ class RequesterModel:
                 continue
             if P.psn_diff(psn, qp.una) >= qp.mpr * P.MPR_UNIT_PSNS:
                 return None                     # window full: wait for ACKs
+            if self.cc and P.psn_diff(psn, qp.una) >= qp.cwnd:
+                return None                     # congestion window full
             dma_len = min(self.config.mtu, remaining)
             last = remaining <= self.config.mtu
             every = self.ackreq_every
@@ -378,6 +391,7 @@ class RequesterModel:
             if not advance and not new_bits:
                 self.counters["duplicate_acks"] += 1
             ecn = mack["flags"] & P.AckFlags.ECN_ECHO
+            self._congestion(qp, psn, ecn)
             self.feedback.append({"qpn": qpn, "ev": ev, "kind": P.FeedbackKind.ECN if ecn
                                   else P.FeedbackKind.ACKED})
         else:
@@ -413,6 +427,22 @@ class RequesterModel:
     @staticmethod
     def _live(qp):
         return qp.state == P.QpState.RTS and not qp.error
+
+    def _congestion(self, qp, psn, ecn):
+        """The ECN window (``docs/requester.md``; it limits sending only with CONFIG ``cc``):
+        an ACK echoing CE for a PSN sent after the last decrease takes 1/8 (at least one) off
+        the PSNs in flight (floor :data:`CC_MIN_WINDOW`); every ``cwnd >> CC_INCREASE_SHIFT``
+        unmarked ACKs (at least one) widen it by one PSN, up to MPR."""
+        if ecn:
+            if P.psn_diff(psn, qp.cc_recover) >= 0:
+                base = min(qp.cwnd, P.psn_diff(qp.next_psn, qp.una))
+                qp.cwnd = max(base - max(base >> CC_DECREASE_SHIFT, 1), CC_MIN_WINDOW)
+                qp.cc_acc, qp.cc_recover = 0, qp.next_psn
+        elif qp.cc_acc + 1 >= qp.cwnd >> CC_INCREASE_SHIFT:
+            qp.cwnd = min(qp.cwnd + 1, qp.mpr * P.MPR_UNIT_PSNS)
+            qp.cc_acc = 0
+        else:
+            qp.cc_acc += 1
 
     def _infer(self, qpn, end):
         """PSNs before ``end`` (the K-th highest SACKed one) not SACKed are lost; each PSN is
