@@ -416,10 +416,12 @@ def test_failover_no_data_on_a_dead_port_once_its_loss_feedback_is_in():
     assert [e["port"] for e in bench.events.as_dicts()] == [3] * 8
 
 
-def test_port_fate_sharing_one_loss_abandons_the_whole_port_floor_permitting():
-    """A LOST that turns an EV of a fate-sharing profile ASSUMED_BAD sweeps every EV on that
-    port (this profile and every other fate-sharing one); a profile without fate sharing is
-    untouched, the floor holds, and a second port's loss queues behind the first sweep."""
+def test_port_fate_sharing_two_losses_abandon_the_whole_port_floor_permitting():
+    """A LOST that turns an EV of a fate-sharing profile ASSUMED_BAD is a strike on its port;
+    a second one on another EV of the port sweeps every EV on that port (this profile and
+    every other fate-sharing one); a probe that brings an EV back GOOD clears the strike; a
+    profile without fate sharing is untouched, the floor holds, and a second port's sweep
+    queues behind the first."""
     bench = Bench(NicConfig(qps=16, ev_profiles=4, evs_per_profile=64, ports=8), seed=11,
                   event_depth=128,
                   profiles={0: udp_profile(), 1: udp_profile(), 2: udp_profile()})
@@ -431,8 +433,17 @@ def test_port_fate_sharing_one_loss_abandons_the_whole_port_floor_permitting():
         await bench.commands(ctx, bring_up_commands(1, 16, ports=8, fate=1, qpns=(5,)))
         await bench.commands(ctx, bring_up_commands(2, 16, ports=8, qpns=(6,)))
         await bench.command(ctx, command(PathCommand.PROFILE_READ, profile=0))
-        # Port 3 (EV 2 and every 8th after it) and port 6 lose one packet each, back to back.
+        # A strike on port 2 (EV 1), cleared by a probe answer: a later loss is a new strike.
+        await bench.feedback(ctx, [(0, 1, FeedbackKind.LOST), (0, 1, FeedbackKind.PROBE_OK),
+                                   (0, 9, FeedbackKind.LOST), (0, 9, FeedbackKind.PROBE_OK)])
+        for _ in range(64):
+            await ctx.tick()
+        # Port 3 (EV 2 and every 8th after it) and port 6 lose two packets each.
         await bench.feedback(ctx, [(0, 2, FeedbackKind.LOST), (1, 13, FeedbackKind.LOST)])
+        for _ in range(64):                         # strikes only: no sweep
+            await ctx.tick()
+        await bench.command(ctx, command(PathCommand.PROFILE_READ, profile=0))
+        await bench.feedback(ctx, [(0, 10, FeedbackKind.LOST), (1, 21, FeedbackKind.LOST)])
         for _ in range(2 * 4 * 64 + 32):            # two sweeps over 4 x 64 entries
             await ctx.tick()
         await bench.command(ctx, command(PathCommand.PROFILE_READ, profile=0))
@@ -443,7 +454,8 @@ def test_port_fate_sharing_one_loss_abandons_the_whole_port_floor_permitting():
             await ctx.tick()
         # Down to the floor: port 1's sweep marks EVs until 8 remain usable.
         for port_ev in (0, 1, 3, 4, 6, 7):
-            await bench.feedback(ctx, [(0, port_ev, FeedbackKind.LOST)])
+            await bench.feedback(ctx, [(0, port_ev, FeedbackKind.LOST),
+                                       (0, port_ev + 8, FeedbackKind.LOST)])
             for _ in range(300):
                 await ctx.tick()
         await bench.command(ctx, command(PathCommand.PROFILE_READ, profile=0))
@@ -455,24 +467,29 @@ def test_port_fate_sharing_one_loss_abandons_the_whole_port_floor_permitting():
     events = bench.events.as_dicts()
     key = sorted
     assert key(map(str, events)) == key(str(e.as_dict()) for e in bench.model.pop_events())
+    # The cleared strikes: EV 1 and EV 9 (port 2) went bad and came back, nothing swept.
+    assert [(e["index"], e["state"]) for e in events[:4]] == [
+        (1, EvState.ASSUMED_BAD), (1, EvState.GOOD), (9, EvState.ASSUMED_BAD),
+        (9, EvState.GOOD)]
     # Profile 0: 8 EVs on port 3 and 8 on port 6; profile 1: 2 on each; profile 2: none.
-    marked = Counter((e["profile"], e["port"]) for e in events[:20]
+    marked = Counter((e["profile"], e["port"]) for e in events[4:24]
                      if e["state"] == EvState.ASSUMED_BAD)
     assert marked == {(0, 3): 8, (0, 6): 8, (1, 3): 2, (1, 6): 2}
     reads = [got for cmd, got, _ in bench.responses if cmd["cmd"] == PathCommand.PROFILE_READ]
     assert reads[0][1] >> 7 & 1 == 1               # fate sharing reported
-    assert reads[0][1] >> 48 == 64 and reads[1][1] >> 48 == 48
+    assert [r[1] >> 48 for r in reads[:3]] == [64, 62, 48]     # strikes mark their EV only
     assert all(d["port"] not in (2, 5) for d in bench.decisions.as_dicts())
-    assert events[20:21] == [e for e in events if e["profile"] == 2] == [
+    assert events[24:25] == [e for e in events if e["profile"] == 2] == [
         {"profile": 2, "index": 4, "port": 5, "state": EvState.ASSUMED_BAD, "probe_ok": 0}]
-    assert reads[2][1] >> 48 == 8                   # the floor
-    # Seven ports swept (port 8 hit the floor); the triggering EVs are not counted.
-    assert bench.counters["fate_sweeps"] == 7 and bench.counters["fate_marked"] == 63
+    assert reads[3][1] >> 48 == 8                   # the floor
+    # Seven ports swept (port 8 hit the floor); the two EVs that triggered each sweep are
+    # not counted.
+    assert bench.counters["fate_sweeps"] == 7 and bench.counters["fate_marked"] == 56
 
 
 def test_selection_waits_for_a_lost_and_its_fate_sweep():
-    """A retransmission presented right after its LOST is decided only once the LOST and the
-    sweep it starts are applied: no decision lands on the lost EV's port (the requester sends
+    """A retransmission presented right after its LOST (the port's second) is decided only once
+    the LOST and the sweep it starts are applied: no decision lands on the lost EV's port (the requester sends
     the LOST first; docs/path-select.md)."""
     bench = Bench(WIDE, seed=12, bubbles=0.0, backpressure=0.3, event_depth=64)
     qpns = (0, 1, 2, 3)
@@ -481,7 +498,8 @@ def test_selection_waits_for_a_lost_and_its_fate_sweep():
         # Each QP's rotation starts on a port-3 EV the sweep reaches late.
         await bench.commands(ctx, bring_up_commands(0, 64, ports=8, min_active=8, fate=1,
                                                     qpns=qpns, offsets=(58, 50, 42, 34)))
-        bench.feedback_in.send([{"qpn": 0, "ev": 2, "kind": FeedbackKind.LOST}])
+        bench.feedback_in.send([{"qpn": 0, "ev": 2, "kind": FeedbackKind.LOST},
+                                {"qpn": 0, "ev": 10, "kind": FeedbackKind.LOST}])
         while not bench.feedback_in.idle:
             await ctx.tick()
         bench.requests_in.send([{"qpn": n % 4, "avoid_ev_valid": 1, "avoid_ev": 2, "probe": 0,

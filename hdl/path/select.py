@@ -530,11 +530,16 @@ class PathSelect(wiring.Component):
                 m.d.sync += sweep_active.eq(1)
 
         # Port fate sharing: a LOST that turns an EV of a fate-sharing profile ASSUMED_BAD
-        # marks its port pending; the sweep then visits every entry once per pending port
+        # gives its port a strike; a second such LOST on the port while the strike stands
+        # marks the port pending (and clears the strike); a probe that brings an EV of the
+        # port back GOOD clears it. The sweep then visits every entry once per pending port
         # (one per free engine slot, after feedback, before the decay sweep) and turns the
         # GOOD EVs on that port ASSUMED_BAD, floor permitting.
         fate_ports = cfg.ports + 1             # ports count from 1 (bit 0 stays clear)
         fate_pending = Signal(fate_ports)
+        fate_strike = Signal(fate_ports)
+        strike_set = Signal()
+        strike_clear = Signal()
         fate_active = Signal()
         fate_port = Signal(EV_PORT_BITS)
         fate_index = Signal(range(self.entry_words))
@@ -613,6 +618,11 @@ class PathSelect(wiring.Component):
         cur_assumed_bad = cur_written & ~cur_good & ~cur_denied
         cur_penalty = entry_rd.data.penalty
         cur_port = entry_rd.data.port
+        strike_onehot = (C(1, fate_ports) << cur_port)[:fate_ports]
+        strike_hit = (fate_strike & strike_onehot).any()
+        m.d.sync += fate_strike.eq(Mux(strike_set, fate_strike | strike_onehot,
+                                       Mux(strike_clear, fate_strike & ~strike_onehot,
+                                           fate_strike)))
 
         new_good = Signal()
         new_denied = Signal()
@@ -655,8 +665,10 @@ class PathSelect(wiring.Component):
                         with m.If(e2_good_count > e2_min):
                             m.d.comb += [new_good.eq(0), event_valid.eq(1),
                                          event.state.eq(EvState.ASSUMED_BAD),
-                                         fate_trigger.eq(e2_fate),
-                                         fate_trigger_port.eq(cur_port)]
+                                         fate_trigger.eq(e2_fate & strike_hit),
+                                         fate_trigger_port.eq(cur_port),
+                                         strike_set.eq(e2_fate & ~strike_hit),
+                                         strike_clear.eq(e2_fate & strike_hit)]
                         with m.Else():
                             m.d.comb += new_penalty.eq(add_penalty(PENALTY_LOST))
                 with m.Case(_Op.FATE):
@@ -670,7 +682,7 @@ class PathSelect(wiring.Component):
                         m.d.comb += [event_valid.eq(1), event.state.eq(EvState.ASSUMED_BAD)]
                         with m.If(e2_recovery == ProbeRecovery.AUTO):
                             m.d.comb += [commit.eq(1), new_good.eq(1),
-                                         event.state.eq(EvState.GOOD)]
+                                         event.state.eq(EvState.GOOD), strike_clear.eq(1)]
                         with m.Else():
                             m.d.comb += event.probe_ok.eq(1)
                 with m.Case(_Op.DECAY):

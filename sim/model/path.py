@@ -211,6 +211,7 @@ class PathModel:
         self.bindings = {}                      # qpn -> [profile, pointer]
         self.events = deque()
         self.counters = dict.fromkeys(COUNTERS, 0)
+        self.strikes = set()        #: ports with one fate-sharing loss standing
 
     # -- events ------------------------------------------------------------------------------
 
@@ -309,19 +310,24 @@ class PathModel:
             if entry.state == EvState.GOOD:
                 if profile.usable > profile.min_active:
                     self._set_state(number, ev, EvState.ASSUMED_BAD)
-                    if profile.fate:
+                    if profile.fate and entry.port in self.strikes:
+                        self.strikes.discard(entry.port)
                         self.fate_sweep(entry.port)
+                    elif profile.fate:
+                        self.strikes.add(entry.port)
                 else:
                     entry.penalty = min(PENALTY_MAX, entry.penalty + PENALTY_LOST)
         elif kind == FeedbackKind.PROBE_OK:
             if entry.state == EvState.ASSUMED_BAD:
                 if profile.recovery == ProbeRecovery.AUTO:
                     self._set_state(number, ev, EvState.GOOD)
+                    self.strikes.discard(entry.port)
                 else:
                     self._event(number, ev, EvState.ASSUMED_BAD, probe_ok=1)
 
     def fate_sweep(self, port):
-        """Port fate sharing: every GOOD EV on ``port`` in every ONLINE profile that shares
+        """Port fate sharing (on the second LOST of a port while its first stands, see
+        :meth:`feedback`): every GOOD EV on ``port`` in every ONLINE profile that shares
         fate goes ASSUMED_BAD, floor permitting, in (profile, index) order, as the hardware's
         sweep visits them."""
         self.counters["fate_sweeps"] += 1
