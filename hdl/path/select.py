@@ -419,8 +419,13 @@ class PathSelect(wiring.Component):
         sel_denied = _choose(m, p_denied, qp.profile, "sel_denied")
         sel_low_count = _choose(m, p_low_count, qp.profile, "sel_low_count")
 
-        # Adaptive: high-penalty EVs are skipped while enough low-penalty ones remain.
-        use_low = sel_adaptive & (sel_low_count != 0) & (sel_low_count >= sel_min)
+        # Adaptive: high-penalty EVs are skipped while enough low-penalty ones remain: at least
+        # min_active and at least half the usable ones (so skipping at most doubles the load
+        # on an EV: a plane just back from a failure, with clean penalties, must not draw
+        # every packet).
+        sel_good_count = _choose(m, p_good_count, qp.profile, "sel_good_count")
+        use_low = (sel_adaptive & (sel_low_count != 0) & (sel_low_count >= sel_min)
+                   & (sel_low_count >= (sel_good_count + 1) >> 1))
         candidates = Signal(n_evs)
         m.d.comb += candidates.eq(Mux(use_low, sel_good & ~sel_high, sel_good))
         avoided = Signal(n_evs)

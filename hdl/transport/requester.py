@@ -626,8 +626,11 @@ class Requester(wiring.Component):
             m.d.sync += r1_valid.eq(0)
         count("retx_ignored", r1_valid & ~r1_walk & ~r1_ok)
         count("walk_skipped", r1_valid & r1_walk & ~r1_walk_ok)
-        # Each PSN a walk resends: LOST feedback for the EV it last went out on.
-        lost_push = r2_load & r1_walk
+        # LOST feedback for the EV a PSN last went out on: every PSN an INFER walk resends, and
+        # the oldest PSN of a TIMEOUT walk (the one the timer is about). The older holes a
+        # TIMEOUT walk also resends give none: after a long queueing delay they are mostly
+        # late, not lost, and a LOST per hole would strike every plane at once.
+        lost_push = r2_load & r1_walk & ((r1_kind == WalkKind.INFER) | r1_first)
         lost_value = Signal(fb_layout)
         m.d.comb += [
             lost_value.qpn.eq(r1_qpn), lost_value.ev.eq(r_ports["ev"].data),
@@ -635,8 +638,9 @@ class Requester(wiring.Component):
             lost_fifo.w_data.eq(lost_value), lost_fifo.w_en.eq(lost_push),
         ]
         count("lost_feedback", lost_push & lost_fifo.w_rdy)
-        count("timeout_retransmissions", lost_push & (r1_kind == WalkKind.TIMEOUT))
-        count("inferred_losses", lost_push & (r1_kind == WalkKind.INFER))
+        walk_resend = r2_load & r1_walk
+        count("timeout_retransmissions", walk_resend & (r1_kind == WalkKind.TIMEOUT))
+        count("inferred_losses", walk_resend & (r1_kind == WalkKind.INFER))
         wr_send_port = mems["wr_send"].read_port(transparent_for=(wps["wr_send"],))
         m.d.comb += [
             wr_send_port.addr.eq(slot_addr(r1_qpn, r_ports["meta"].data.slot)),

@@ -243,7 +243,7 @@ class PathModel:
         good = [i for i, entry in enumerate(entries) if entry.good]
         if profile.adaptive:
             low = [i for i in good if not entries[i].high]
-            if low and len(low) >= profile.min_active:
+            if low and len(low) >= profile.min_active and len(low) >= (len(good) + 1) // 2:
                 return low
         return good
 

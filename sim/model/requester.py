@@ -479,9 +479,10 @@ class RequesterModel:
             return None
         self.counters["timeout_retransmissions" if kind == WalkKind.TIMEOUT
                       else "inferred_losses"] += 1
-        self.counters["lost_feedback"] += 1
-        self.feedback.append({"qpn": qpn, "ev": self._ev.get(key, 0),
-                              "kind": P.FeedbackKind.LOST})
+        if kind == WalkKind.INFER or first:         # a TIMEOUT walk's older holes: no LOST
+            self.counters["lost_feedback"] += 1
+            self.feedback.append({"qpn": qpn, "ev": self._ev.get(key, 0),
+                                  "kind": P.FeedbackKind.LOST})
         return request
 
     def _bad(self):
