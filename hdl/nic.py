@@ -22,7 +22,6 @@
 
 from amaranth import *
 from amaranth.lib import stream, wiring
-from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from .config import NicConfig
@@ -89,8 +88,6 @@ class MrcNic(wiring.Component):
     rx_verdict_valid, rx_verdict_reason : the parser's verdict per received frame.
     resp_verdict_valid, resp_verdict : the responder's verdict per data packet.
     """
-
-    ACK_FIFO_DEPTH = 16    #: ACK/NAK beats between the responder and the transmit arbiter
 
     def __init__(self, config=None):
         with validating(self):
@@ -225,20 +222,8 @@ class MrcNic(wiring.Component):
         wiring.connect(m, probe_req.feedback, feedback.i[1])
         wiring.connect(m, feedback.o, path.feedback)
 
-        # Transmit: ACKs first, then probe responses, then data and probe requests. ACKs (one
-        # beat each) wait in a FIFO: the arbiter takes one only between frames, and without
-        # it the responder, and with it the whole receive path, stalled behind every data
-        # frame on transmit (up to a frame time per ACK: under spraying nearly every arrival
-        # is out of order and ACKed at once).
-        m.submodules.ack_fifo = ack_fifo = SyncFIFOBuffered(
-            width=Shape.cast(packet).width, depth=self.ACK_FIFO_DEPTH)
-        ack_in = tx_arbiter.i[0]
-        m.d.comb += [
-            ack_fifo.w_data.eq(responder.ack.payload), ack_fifo.w_en.eq(responder.ack.valid),
-            responder.ack.ready.eq(ack_fifo.w_rdy),
-            ack_in.valid.eq(ack_fifo.r_rdy), ack_in.payload.eq(ack_fifo.r_data),
-            ack_fifo.r_en.eq(ack_in.ready),
-        ]
+        # Transmit: ACKs first, then probe responses, then data and probe requests
+        wiring.connect(m, responder.ack, tx_arbiter.i[0])
         wiring.connect(m, probe_resp.o, tx_arbiter.i[1])
         wiring.connect(m, txformer.o, tx_arbiter.i[2])
         wiring.connect(m, tx_arbiter.o, engine.tx_packets)
