@@ -64,8 +64,9 @@ def run(out_dir=None, *, entries=ENTRIES, sims=("verilator",), log=print, **over
     out_dir.mkdir(parents=True, exist_ok=True)
     results = {}
     for name in entries:
-        log(f"bench: scenario {name} (RTL, verilator) ...")
         scn = scenario(name, **{**SIZES.get(name, {}), **overrides}).replace(name=name)
+        where = f"RTL, {scn.sim}" if scn.backend == "rtl" else "model"
+        log(f"bench: scenario {name} ({where}) ...")
         report = run_scenario(scn, out_dir / "fabric" / name, log=log)
         results[name] = _figures(report)
         log(f"  goodput {report['goodput_gbps']:.3f} Gb/s, efficiency {report['efficiency']:.3f},"
