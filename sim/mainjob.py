@@ -49,8 +49,8 @@ FLAGS = [
      "ACKed like in-order ones (coalesced), 0 = at once"),
     ("--fate", "fate", int, "port fate sharing: 1 = a loss abandons its whole plane until "
      "probes answer, 0 = per EV only"),
-    ("--cc", "cc", int, "ECN congestion window: 1 = each QP halves its window on an ECN "
-     "echo and widens it by one PSN per window of unmarked ACKs, 0 = MPR only"),
+    ("--cc", "cc", int, "ECN congestion window: 1 = each QP takes 1/8 off its PSNs in flight "
+     "per marked window and widens by one PSN per cwnd/4 unmarked ACKs, 0 = MPR only"),
     ("--max-us", "max_us", float, "give up after this much simulated time"),
 ]
 

@@ -19,7 +19,7 @@ __all__ = [
     "bitmap_psns", "slot_depth", "wr_refusal", "wr_packets", "FATAL_NAK_STATUS",
     "QP_WRITE_STATES", "WalkKind", "walk_layout", "retry_expiry", "RetryExpiry",
     "RETRY_EXPONENT_MAX", "RETRY_COUNT_BITS", "INFER_K_BITS", "INFER_K_DEFAULT",
-    "YOUNG_CAP_LOG2", "timer_page", "CC_MIN_WINDOW", "CC_DECREASE_SHIFT", "CC_INCREASE_SHIFT",
+    "YOUNG_CAP_LOG2", "timer_page", "cc_page", "CC_MIN_WINDOW", "CC_DECREASE_SHIFT", "CC_INCREASE_SHIFT",
     "CWND_BITS",
 ]
 
@@ -91,6 +91,12 @@ def retry_expiry(t, linear, exponential, retries):
     exponent = min(t + max(0, retries - linear), RETRY_EXPONENT_MAX)
     exhausted = exponential != P.RETRY_INFINITE and retries >= linear + exponential
     return RetryExpiry(1 << exponent, exhausted)
+
+
+def cc_page(*, cwnd, acc, recover):
+    """QP_READ page 3, the ECN window: bits 0-11 cwnd, 12-23 unmarked ACKs counted towards the
+    next widening, 32-55 the PSN a mark must reach to shrink it again."""
+    return cwnd | acc << CWND_BITS | recover << 32
 
 
 def timer_page(*, armed, retries, start):
@@ -166,8 +172,7 @@ def requester_response_layout(config):
     32-55 oldest unacknowledged PSN. Page 1: bits 0-7 outstanding WRs, 8-15 WRITE_IMMs in
     flight, 16-23 mpr, 24-31 max_wimm, 32-39 error status, 40-63 error PSN. Page 2 (the
     retransmit timer, :func:`timer_page`): bit 0 armed, 8-13 retries done, 32-63 start time.
-    Page 3 (the ECN window): bits 0-11 cwnd (PSNs), 32-55 the PSN a mark must reach to
-    shrink it again. Other commands: 0.
+    Page 3 (the ECN window, :func:`cc_page`). Other commands: 0.
     """
     return data.StructLayout({"errno": P.Errno, "data": unsigned(64)})
 

@@ -40,6 +40,7 @@ from hdl.transport.req_defs import (
     RequesterCommand,
     WalkKind,
     bitmap_psns,
+    cc_page,
     retry_expiry,
     timer_page,
     wr_packets,
@@ -177,7 +178,7 @@ class RequesterModel:
                 return P.Errno.OK, timer_page(armed=qp.armed, retries=qp.retries,
                                               start=qp.start)
             if page == 3:
-                return P.Errno.OK, qp.cwnd | qp.cc_acc << 12 | qp.cc_recover << 32
+                return P.Errno.OK, cc_page(cwnd=qp.cwnd, acc=qp.cc_acc, recover=qp.cc_recover)
             if page != 1:                       # pages are 2 bits: 0-3 all exist
                 return P.Errno.EINVAL, 0
             return P.Errno.OK, (len(qp.slots) | qp.wimm_in_flight << 8 | qp.mpr << 16
