@@ -253,6 +253,14 @@ def make_report(scn, result, out):
         "scenario": scn.to_dict(),
         "counters": counters,
     }
+    if "rx_backlog" in result:
+        # RTL only: beats the fabric had delivered that a NIC's receive path had not yet taken
+        # (sampled every 1,000 cycles), as time at one beat per cycle.
+        period_us = 1e6 / config.clock_hz
+        report["rx_backlog"] = {
+            name: {"max_beats": side["max_beats"],
+                   "max_us": round(side["max_beats"] * period_us, 3)}
+            for name, side in result["rx_backlog"].items()}
     report["ok"] = bool(result["finished"] and report["bytes_lost"] == 0
                         and corrupted == 0 and in_order)
     return report

@@ -687,6 +687,31 @@ def test_penalties_steer_adaptive_picks_and_decay_restores_them():
     assert 1 in {d["ev"] for d in bench.decisions.as_dicts()[8:]}
 
 
+def test_adaptive_skips_high_penalty_evs_only_while_half_the_usable_are_low():
+    """Adaptive spraying keeps to the low-penalty EVs only while they are at least
+    ``min_active`` and at least half of the usable (GOOD) ones; below that it sprays over every
+    usable EV again, so that a few low EVs (a plane just back from a failure) do not draw the
+    whole load. RTL and model agree on every decision."""
+    bench = Bench(SMALL, seed=21, decay_shift=None)
+    request = {"qpn": 0, "avoid_ev_valid": 0, "avoid_ev": 0, "probe": 0, "ev": 0}
+    picks = {}
+
+    async def script(bench, ctx):
+        await bench.commands(ctx, bring_up_commands(0, 4, ports=4, adaptive=1, min_active=1,
+                                                    qpns=(0,)))
+        await bench.feedback(ctx, [(0, ev, FeedbackKind.TRIMMED) for ev in (1, 2)] * 3)
+        await bench.requests(ctx, [dict(request, context=n) for n in range(12)])
+        picks["two_low"] = {d["ev"] for d in bench.decisions.as_dicts()[-12:]}
+        await bench.feedback(ctx, [(0, 3, FeedbackKind.TRIMMED)] * 3)
+        await bench.requests(ctx, [dict(request, context=n) for n in range(12)])
+        picks["one_low"] = {d["ev"] for d in bench.decisions.as_dicts()[-12:]}
+
+    bench.run(script)
+    bench.check()
+    assert picks["two_low"] == {0, 3}           # 2 of 4 low: half, so only those
+    assert picks["one_low"] == {0, 1, 2, 3}     # 1 of 4 low: below half, every GOOD EV
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(config=None), "Config must be a NicConfig, not None"),
     (dict(config=SMALL, event_depth=0), "Event depth must be an integer from 1 to 1024, not 0"),

@@ -326,7 +326,7 @@ def test_requester_measures_the_simulated_delay():
 def test_requester_drops_what_it_cannot_time():
     """Under bubbles and backpressure every response is timed once; packets that are not probe
     responses, or name a QP or EV the build does not hold, are dropped and counted."""
-    dut = ProbeRequester(config=CONFIG)
+    dut = ProbeRequester(config=CONFIG, results=32)
     rng = random.Random(9)
     good = [probe_response(rng, dqpn=rng.randrange(CONFIG.qps),
                            ev_index=rng.randrange(CONFIG.evs_per_profile),
@@ -351,6 +351,7 @@ def test_requester_drops_what_it_cannot_time():
         for _ in range(5):
             await ctx.tick()
         assert (ctx.get(dut.answered), ctx.get(dut.rx_dropped)) == (len(good), len(bad))
+        assert ctx.get(dut.results_dropped) == 0
 
     run(dut, [source.process, results.process, feedback.process,
               transfer_monitor(dut.rx, dut.now_ns, taken)], testbench, [dut.now_ns])
@@ -369,6 +370,47 @@ def test_requester_drops_what_it_cannot_time():
                           "rtt_adjusted_ns": max(rtt - service, 0)}
         assert fb == {"qpn": result["qpn"], "ev": result["ev"],
                       "kind": P.FeedbackKind.PROBE_OK}
+
+
+def test_requester_never_waits_for_results():
+    """Nobody reads ``result``: responses keep flowing (their PROBE_OK feedback with them),
+    the result FIFO keeps the first ``results`` and counts the rest dropped; once read, the
+    kept results come out in order. (Before the FIFO, one unread result stopped the receive
+    path: the feedback wait below timed out.)"""
+    depth = 4
+    dut = ProbeRequester(config=CONFIG, results=depth)
+    rng = random.Random(15)
+    probes = [(rng.randrange(CONFIG.qps), rng.randrange(CONFIG.evs_per_profile), n)
+              for n in range(12)]
+    packets = [probe_response(rng, dqpn=qpn, ev_index=ev, probe_id=probe_id,
+                              tx_ts=rng.getrandbits(32)) for qpn, ev, probe_id in probes]
+    source = StreamDriver(dut.rx, bubbles=0.3, seed=15)
+    results = StreamCollector(dut.result, backpressure=1.0, seed=16)     # nobody reads
+    feedback = StreamCollector(dut.feedback, backpressure=0.3, seed=17)
+    source.send([beat for pkt in packets for beat in beats_of(pkt)])
+
+    async def testbench(ctx):
+        await feedback.wait(ctx, len(probes), timeout=400)
+        for _ in range(5):
+            await ctx.tick()
+        assert ctx.get(dut.answered) == len(probes)
+        assert ctx.get(dut.results_dropped) == len(probes) - depth
+        assert results.items == []
+        results.backpressure = 0.3                  # software reads now
+        await results.wait(ctx, depth, timeout=200)
+        for _ in range(20):
+            await ctx.tick()
+
+    run(dut, [source.process, results.process, feedback.process], testbench, [dut.now_ns])
+    assert [(f["qpn"], f["ev"]) for f in feedback.as_dicts()] == \
+        [(qpn, ev) for qpn, ev, _ in probes]
+    assert [r["probe_id"] for r in results.as_dicts()] == list(range(depth))
+
+
+@pytest.mark.parametrize("results", [1, 1025, True, 4.0])
+def test_requester_result_depth_is_checked(results):
+    with pytest.raises(ValueError, match="results must be an integer from 2 to 1024"):
+        ProbeRequester(config=CONFIG, results=results)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ from .regmap import CommandBlock, ControlBlock, QueueBlock, RegisterMap, StatusB
 __all__ = ["nic_register_map", "NIC_SETTINGS", "TX_COUNTERS", "counter_layout"]
 
 #: Counters of the transmit side and the receive demultiplexer.
-TX_COUNTERS = ("tx_length_errors", "tx_bad_port", "no_path", "rx_unrouted")
+TX_COUNTERS = ("tx_length_errors", "tx_bad_port", "no_path", "rx_unrouted",
+               "probe_results_dropped")
 
 
 def counter_layout(names):
@@ -83,7 +84,9 @@ def nic_register_map(config):
         StatusBlock("rx_counters", counter_layout(r.name.lower() for r in DropReason),
                     "Parser: frames accepted (`none`) and dropped per reason "
                     "(docs/parser.md)."),
-        StatusBlock("tx_counters", counter_layout(TX_COUNTERS), "Transmit side counters."),
+        StatusBlock("tx_counters", counter_layout(TX_COUNTERS),
+                    "NIC-level counters: transmit errors, packets no path or receive route "
+                    "took, probe results dropped on a full result FIFO (docs/probes.md)."),
         StatusBlock("requester_counters", counter_layout(REQUESTER_COUNTERS),
                     "Requester counters (docs/requester.md)."),
         StatusBlock("responder_counters", counter_layout(RESPONDER_COUNTERS),

@@ -59,6 +59,7 @@ PSN_BASE = 0xFFFF80         # the 24-bit PSN wraps during the run (as in sim/mod
 BUBBLES = float(SCENARIO.extra.get("bubbles", 0.0))
 BACKPRESSURE = float(SCENARIO.extra.get("backpressure", 0.0))
 POLL_CYCLES = 500
+BACKLOG_CYCLES = 1000
 
 
 def _mac(text):
@@ -178,9 +179,17 @@ async def fabric_run(dut):
     for side in (a, b):
         loop.add(*side.agents())
 
+    #: Receive backlog: beats delivered by the fabric that a NIC's ports have not yet taken,
+    #: sampled every BACKLOG_CYCLES (frames wait there while the NIC's receive path is busy).
+    backlog = {"a": [], "b": []}
+
     def deliver(cycle):
         for dst, plane, frame in fabric.deliver(now_ns()):
             sides[dst].rx[plane].send_frame(frame)
+        if start["cycle"] is not None and cycle % BACKLOG_CYCLES == 0:
+            for name, side in sides.items():
+                backlog[name].append((round(now_ns() / 1000, 3),
+                                      [len(source.queue) for source in side.rx]))
     loop.hooks.append(deliver)
 
     await ClockCycles(dut.clk, 3)
@@ -277,6 +286,10 @@ async def fabric_run(dut):
                                                     "first_bad_offset": bad})
         result["counters"][side.name] = await side.driver.counters()
         result["qp_errors"][side.name] = await side.driver.qp_errors()
+    result["rx_backlog"] = {
+        name: {"max_beats": max((sum(q) for _, q in series), default=0),
+               "max_port_beats": max((max(q) for _, q in series), default=0),
+               "samples": series} for name, series in backlog.items()}
     result["analysis"] = analyse(fabric, SCENARIO, CONFIG, end_ns=done_ns)
     OUT.mkdir(parents=True, exist_ok=True)
     fabric.save(OUT)
