@@ -1,6 +1,7 @@
 """PortArbiter / PortDemux: frames keep their port, whole and in order (Amaranth sim + cocotb)."""
 
 import functools
+import itertools
 import random
 
 import pytest
@@ -73,6 +74,62 @@ def test_port_loop_amaranth(ports):
         sim.add_testbench(functools.partial(producer, port=port))
         sim.add_testbench(functools.partial(consumer, port=port))
     sim.run()
+
+
+@pytest.mark.parametrize("ports", [1, 2, 5])
+def test_arbiter_back_to_back_frames_round_robin_no_idle_cycle(ports):
+    """Every port always has a frame waiting and the consumer is always ready: after the first
+    beat the output moves a beat in every cycle, and frames come from the ports in turn.
+    (Random bubbles and backpressure are covered by the loop tests; this one measures the
+    arbiter's own throughput, so its inputs and output never stall.)"""
+    dut = PortArbiter(data_width=64, ports=ports)
+    lengths = [1, 3, 8, 2, 5]
+    frames_per_port = 6
+    log = []
+
+    async def producer(ctx, port):
+        for f in range(frames_per_port):
+            length = lengths[(port + f) % len(lengths)]
+            for n in range(length):
+                ctx.set(dut.i[port].payload, {"data": port << 16 | f << 8 | n, "keep": 0xFF,
+                                              "first": n == 0, "last": n == length - 1})
+                ctx.set(dut.i[port].valid, 1)
+                await ctx.tick().until(dut.i[port].ready)
+        ctx.set(dut.i[port].valid, 0)
+
+    async def consumer(ctx):
+        ctx.set(dut.o.ready, 1)
+        cycle = 0
+        total = sum(lengths[(p + f) % len(lengths)]
+                    for p in range(ports) for f in range(frames_per_port))
+        while len(log) < total:
+            _, _, valid, payload = await ctx.tick().sample(dut.o.valid, dut.o.payload)
+            if valid:
+                log.append((cycle, int(payload.port), int(payload.data), int(payload.last)))
+            cycle += 1
+            assert cycle < 10 * total
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    for port in range(ports):
+        sim.add_testbench(functools.partial(producer, port=port))
+    sim.add_testbench(consumer)
+    sim.run()
+    cycles = [c for c, *_ in log]
+    # One-beat frames may cost an idle cycle (the round-robin moves on a cycle late); with
+    # none the stream is gap-free.
+    one_beat = sum(1 for *_, data, last in log if last and data & 0xFF == 0)
+    assert cycles[-1] - cycles[0] + 1 <= len(log) + one_beat
+    starts = [port for _c, port, data, _l in log if data & 0xFF == 0]
+    if ports > 1:
+        # In turn: no port starts two frames in a row while another waits, except after a
+        # one-beat frame (at most twice), and every port's frames arrive whole and in order.
+        runs = [len(list(group)) for _port, group in itertools.groupby(starts)]
+        assert max(runs[:-1] or [1]) <= 2
+    for port in range(ports):
+        mine = [data for _c, p, data, _l in log if p == port]
+        assert mine == [port << 16 | f << 8 | n for f in range(frames_per_port)
+                        for n in range(lengths[(port + f) % len(lengths)])]
 
 
 def test_bad_port_count():

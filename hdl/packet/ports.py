@@ -24,9 +24,11 @@ def _check_ports(ports):
 class PortArbiter(wiring.Component):
     """Merge P frame streams into one, tagging each beat with its port. Round-robin per frame.
 
-    A frame, once started, owns the output until its last beat. The grant moves to the next
-    port with a frame waiting when the current frame ends, with no idle cycle in between: back
-    to back frames from different ports pass at one beat per cycle.
+    A frame, once started, owns the output until its last beat. The next frame is chosen one
+    cycle ahead (from the ports waiting in the cycle before), so the output multiplexer's
+    select comes from registers only; back to back frames from different ports still pass at
+    one beat per cycle with no idle cycle in between. An idle arbiter offers a newly waiting
+    frame one cycle after its first beat appears.
 
     Parameters
     ----------
@@ -53,11 +55,20 @@ class PortArbiter(wiring.Component):
         # the last grant, searched first) is a register, so the pick is two find-first-set
         # circuits and a 2:1 select, and the beat multiplexer an AND-OR over one-hot selects.
         # The chained compare-and-select of a binary grant limited the packet engine to
-        # 75-93 MHz on ECP5; this form reached 129 MHz with a register slice behind it
-        # (docs/boards.md).
+        # 75-93 MHz on ECP5; the one-hot form reached 119 MHz in the engine, its critical path
+        # then input `valid` -> pick -> grant -> beat multiplexer -> the receive slice
+        # (docs/boards.md); with the pick registered the engine reaches 138 MHz. The pick is
+        # registered (`ahead`): it is computed in every
+        # cycle from the waiting ports and used in the next, so the multiplexer's select is
+        # `grant` or `ahead`, both registers. A port stays valid until its beat is taken, so a
+        # port picked a cycle early is still waiting when its turn comes. (A one-beat frame
+        # ends in the cycle `above` moves past it, so the pick made then may choose its port
+        # once more: at most two one-beat frames in a row from a port; if that port has
+        # nothing more, the output idles one cycle.)
         m = Module()
         n = self._ports
         grant = Signal(n, init=1)                       # one-hot: owns (owned) the output
+        ahead = Signal(n)                               # one-hot: the next frame's port
         above = Signal(n, init=((1 << n) - 1) & ~1)     # ports after `grant`
         busy = Signal()                                 # inside a frame of `grant`
         req = Signal(n)
@@ -72,10 +83,9 @@ class PortArbiter(wiring.Component):
         m.d.comb += masked.eq(req & above)
         pick_hi = first_set(masked, "pick_hi")
         pick_lo = first_set(req, "pick_lo")
-        pick = Signal(n)
-        m.d.comb += pick.eq(Mux(masked.any(), pick_hi, pick_lo))
+        m.d.sync += ahead.eq(Mux(masked.any(), pick_hi, pick_lo))
         current = Signal(n)
-        m.d.comb += current.eq(Mux(busy, grant, pick))
+        m.d.comb += current.eq(Mux(busy, grant, ahead))
 
         def any_of(values):
             acc = values[0]
@@ -97,9 +107,9 @@ class PortArbiter(wiring.Component):
         # Once a beat is offered the choice is locked until the frame's last beat moves, so the
         # offered payload never changes under a waiting consumer.
         ends = self.o.ready & payload.last
-        with m.If(~busy & req.any()):
-            m.d.sync += [grant.eq(pick), busy.eq(~ends),
-                         above.eq(~(pick.as_unsigned() - 1)[:n] & ~pick)]
+        with m.If(~busy & self.o.valid):
+            m.d.sync += [grant.eq(ahead), busy.eq(~ends),
+                         above.eq(~(ahead.as_unsigned() - 1)[:n] & ~ahead)]
         with m.Elif(busy & self.o.valid & ends):
             m.d.sync += busy.eq(0)
         return m
