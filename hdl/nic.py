@@ -8,7 +8,7 @@
               │   ProbeRequester ◄── probe commands           │
               │        ▲                                      │
     rx[P] ─► engine ─► rx demux ─┬─ DATA ──► Responder ─► place (host memory)
-              │                  │             ├─► ACK/NAK ─► tx arbiter (priority, with probe responses)
+              │                  │             ├─► ACK/NAK ─► tx arbiter (priority)
               │                  │             └─► completion ─┐
               └─ ACK/NAK ◄───────┤                             ├─► completion
                                  ├─ PROBE request ─► ProbeResponder ─► tx arbiter (priority)

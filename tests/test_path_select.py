@@ -489,8 +489,8 @@ def test_port_fate_sharing_two_losses_abandon_the_whole_port_floor_permitting():
 
 def test_selection_waits_for_a_lost_and_its_fate_sweep():
     """A retransmission presented right after its LOST (the port's second) is decided only once
-    the LOST and the sweep it starts are applied: no decision lands on the lost EV's port (the requester sends
-    the LOST first; docs/path-select.md)."""
+    the LOST and the sweep it starts are applied: no decision lands on the lost EV's port (the
+    requester sends the LOST first; docs/path-select.md)."""
     bench = Bench(WIDE, seed=12, bubbles=0.0, backpressure=0.3, event_depth=64)
     qpns = (0, 1, 2, 3)
 

@@ -184,8 +184,8 @@ class ProbeRequester(wiring.Component):
     ``probe_id``, ``tx_ts``, the EV index and the QP number in the MPRH.
 
     Receive: each probe response (``rx``) gives a ``feedback`` of kind PROBE_OK for its EV in
-    the cycle after it is taken, and a ``result`` through a FIFO of ``results`` entries
-    (visible at ``result`` two cycles after). The requester keeps no table of outstanding
+    the cycle after it is taken, and a ``result``, written into a FIFO of ``results`` entries
+    in the cycle it is taken. The requester keeps no table of outstanding
     probes (*project choice*): it trusts the echoed ``tx_ts``, ``src_qpn`` (as the response's
     BTH ``dqpn``) and ``ev_index``. A response naming a QP or EV index the build does not
     hold, and any packet that is not a probe response, is dropped and counted in
@@ -291,25 +291,23 @@ class ProbeRequester(wiring.Component):
         ]
         qpn = header.bth.dqpn[:config.qpn_bits]
         ev = mprh.ev_index[:config.ev_index_bits]
-        # The result is registered, then written into the FIFO (or dropped) in the next cycle.
-        pending = Signal()
-        pending_result = Signal(result_layout)
-        m.d.comb += [results.w_en.eq(pending), results.w_data.eq(pending_result)]
-        with m.If(pending & ~results.w_rdy):
-            m.d.sync += self.results_dropped.eq(self.results_dropped + 1)
-        m.d.sync += pending.eq(0)
+        # The result goes straight into the FIFO in the cycle the response is taken (or is
+        # dropped and counted when the FIFO is full).
+        result = Signal(result_layout)
+        m.d.comb += [
+            result.qpn.eq(qpn), result.ev.eq(ev), result.probe_id.eq(mprh.probe_id),
+            result.rtt_ns.eq(rtt), result.svc_time.eq(service),
+            result.rtt_adjusted_ns.eq(Mux(service > rtt, 0, rtt - service)),
+            results.w_data.eq(result),
+        ]
         with m.If(self.rx.valid & self.rx.ready & self.rx.p.first):
             with m.If(timed):
+                m.d.comb += results.w_en.eq(1)
+                with m.If(~results.w_rdy):
+                    m.d.sync += self.results_dropped.eq(self.results_dropped + 1)
                 m.d.sync += [
-                    pending.eq(1),
                     self.feedback.valid.eq(1),
                     self.answered.eq(self.answered + 1),
-                    pending_result.qpn.eq(qpn),
-                    pending_result.ev.eq(ev),
-                    pending_result.probe_id.eq(mprh.probe_id),
-                    pending_result.rtt_ns.eq(rtt),
-                    pending_result.svc_time.eq(service),
-                    pending_result.rtt_adjusted_ns.eq(Mux(service > rtt, 0, rtt - service)),
                     self.feedback.p.qpn.eq(qpn),
                     self.feedback.p.ev.eq(ev),
                     self.feedback.p.kind.eq(P.FeedbackKind.PROBE_OK),

@@ -19,8 +19,8 @@ __all__ = [
     "bitmap_psns", "slot_depth", "wr_refusal", "wr_packets", "FATAL_NAK_STATUS",
     "QP_WRITE_STATES", "WalkKind", "walk_layout", "retry_expiry", "RetryExpiry",
     "RETRY_EXPONENT_MAX", "RETRY_COUNT_BITS", "INFER_K_BITS", "INFER_K_DEFAULT",
-    "YOUNG_CAP_LOG2", "timer_page", "cc_page", "CC_MIN_WINDOW", "CC_DECREASE_SHIFT", "CC_INCREASE_SHIFT",
-    "CWND_BITS",
+    "YOUNG_CAP_LOG2", "timer_page", "cc_page", "CC_MIN_WINDOW", "CC_DECREASE_SHIFT",
+    "CC_INCREASE_SHIFT", "CWND_BITS",
 ]
 
 #: A work request may span at most this many packets; a longer one is refused with
@@ -95,14 +95,15 @@ def retry_expiry(t, linear, exponential, retries):
 
 def cc_page(*, cwnd, acc, recover):
     """QP_READ page 3, the ECN window: bits 0-11 cwnd, 12-23 unmarked ACKs counted towards the
-    next widening, 32-55 the PSN a mark must reach to shrink it again."""
+    next widening, 32-55 the PSN a mark must reach to shrink it again. Takes ints (the model)
+    or Amaranth values of those widths (the gateware): one packing for both."""
     return cwnd | acc << CWND_BITS | recover << 32
 
 
 def timer_page(*, armed, retries, start):
     """QP_READ page 2: bit 0 armed, bits 8-13 retries done, bits 32-63 the timer's start
-    time (1.024 us units)."""
-    return int(armed) | retries << 8 | (start & 0xFFFF_FFFF) << 32
+    time (1.024 us units). Ints or Amaranth values, as :func:`cc_page`."""
+    return armed | retries << 8 | (start & 0xFFFF_FFFF) << 32
 
 
 class WalkKind(enum.Enum, shape=1):

@@ -57,6 +57,7 @@ from .req_defs import (
     RequesterCommand,
     WalkKind,
     bitmap_psns,
+    cc_page,
     qp_error_layout,
     requester_command_layout,
     requester_response_layout,
@@ -64,6 +65,7 @@ from .req_defs import (
     send_context_layout,
     sent_layout,
     slot_depth,
+    timer_page,
     walk_layout,
 )
 
@@ -852,11 +854,12 @@ class Requester(wiring.Component):
         with m.If(cc_decrease):
             m.d.comb += [cc_write.cwnd.eq(Mux(cc_cut < CC_MIN_WINDOW, CC_MIN_WINDOW, cc_cut)),
                          cc_write.acc.eq(0), cc_write.recover.eq(a_next)]
-        with m.Elif(~cc_marked & (a_cc.acc + 1 >= (a_cc.cwnd >> CC_INCREASE_SHIFT))):
-            m.d.comb += [cc_write.cwnd.eq(Mux(a_cc.cwnd < cc_max, a_cc.cwnd + 1, cc_max)),
-                         cc_write.acc.eq(0)]
         with m.Elif(~cc_marked):
-            m.d.comb += cc_write.acc.eq(a_cc.acc + 1)
+            with m.If(a_cc.acc + 1 >= (a_cc.cwnd >> CC_INCREASE_SHIFT)):
+                m.d.comb += [cc_write.cwnd.eq(Mux(a_cc.cwnd < cc_max, a_cc.cwnd + 1, cc_max)),
+                             cc_write.acc.eq(0)]
+            with m.Else():
+                m.d.comb += cc_write.acc.eq(a_cc.acc + 1)
         with m.If(ctl_write):
             m.d.comb += [wps["cc"].addr.eq(ctl_qpn), wps["cc"].en.eq(1),
                          wps["cc"].data.cwnd.eq(Cat(C(0, 7), ctl_req.mpr)),
@@ -1208,14 +1211,12 @@ class Requester(wiring.Component):
                                 C(0, 3), c_ack.err_psn))
                         with m.Elif(ctl_req.page == 2):
                             c_tmr = ctl_ports["tmr"].data
-                            m.d.sync += ctl_data.eq(Cat(
-                                c_tmr.armed, C(0, 7), c_tmr.retries,
-                                C(0, 24 - RETRY_COUNT_BITS), c_tmr.start))
+                            m.d.sync += ctl_data.eq(timer_page(
+                                armed=c_tmr.armed, retries=c_tmr.retries, start=c_tmr.start))
                         with m.Else():
                             c_cc = ctl_ports["cc"].data
-                            m.d.sync += ctl_data.eq(Cat(c_cc.cwnd, c_cc.acc,
-                                                        C(0, 32 - 2 * CWND_BITS),
-                                                        c_cc.recover))
+                            m.d.sync += ctl_data.eq(cc_page(
+                                cwnd=c_cc.cwnd, acc=c_cc.acc, recover=c_cc.recover))
                     with m.Case(RequesterCommand.QP_WRITE):
                         with m.If(ctl_req.qpn >= cfg.qps):
                             m.d.sync += ctl_errno.eq(P.Errno.ENOENT)

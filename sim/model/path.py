@@ -310,11 +310,12 @@ class PathModel:
             if entry.state == EvState.GOOD:
                 if profile.usable > profile.min_active:
                     self._set_state(number, ev, EvState.ASSUMED_BAD)
-                    if profile.fate and entry.port in self.strikes:
-                        self.strikes.discard(entry.port)
-                        self.fate_sweep(entry.port)
-                    elif profile.fate:
-                        self.strikes.add(entry.port)
+                    if profile.fate:
+                        if entry.port in self.strikes:      # the second strike: sweep
+                            self.strikes.discard(entry.port)
+                            self.fate_sweep(entry.port)
+                        else:
+                            self.strikes.add(entry.port)
                 else:
                     entry.penalty = min(PENALTY_MAX, entry.penalty + PENALTY_LOST)
         elif kind == FeedbackKind.PROBE_OK:
