@@ -43,6 +43,8 @@ FLAGS = [
     ("--seed", "seed", int, "random seed (traffic and fabric)"),
     ("--timeout", "timeout", int, "local ACK timeout exponent t: 1.024 us * 2^t"),
     ("--infer-k", "infer_k", int, "SACK loss inference threshold K (0: off)"),
+    ("--reo-wnd", "reo_wnd", int, "time-based loss inference: reorder window, 1.024 us units "
+     "(0: off)"),
     ("--ack-every", "ack_every", int, "responder: ACK every N packets, 1-255"),
     ("--ack-delay", "ack_delay", int, "responder: ACK delay timer, engine cycles"),
     ("--coalesce-gaps", "coalesce_gaps", int, "responder: 1 = out-of-order arrivals are "

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from hdl import protocol as P
 from hdl.config import NicConfig
+from hdl.transport.req_defs import REO_WND_BITS
 
 __all__ = ["Scenario", "ScenarioError", "SCENARIOS", "scenario", "nic_config_for",
            "line_rate_gbps", "MAX_QPS", "MAX_EVS"]
@@ -66,6 +67,7 @@ class Scenario:
     retry_linear: int = P.RETRY_LINEAR_MAX
     retry_exponential: int = P.RETRY_INFINITE
     infer_k: int = 8
+    reo_wnd: int = 24
     fate: int = 1
     cc: int = 1
     ack_every: int = 4
@@ -122,6 +124,7 @@ class Scenario:
         integer("retry_linear", 0, P.RETRY_LINEAR_MAX)
         integer("retry_exponential", 0, P.RETRY_EXPONENTIAL_MAX)
         integer("infer_k", 0, 15)
+        integer("reo_wnd", 0, (1 << REO_WND_BITS) - 1)
         integer("fate", 0, 1)
         integer("cc", 0, 1)
         integer("ack_every", 1, 255)
@@ -182,7 +185,7 @@ SCENARIOS = {
     "default": Scenario(),
     "clean": Scenario(name="clean", fail_plane=None, fail_at_us=None, recover_at_us=None),
     "plane-failure": Scenario(name="plane-failure", recover_at_us=None),
-    "timeout-only": Scenario(name="timeout-only", recover_at_us=None, infer_k=0),
+    "timeout-only": Scenario(name="timeout-only", recover_at_us=None, infer_k=0, reo_wnd=0),
     "flap": Scenario(name="flap", fail_kind="flap", fail_at_us=30.0, recover_at_us=150.0,
                      flap_period_us=30.0),
     "loss1": Scenario(name="loss1", fail_plane=None, fail_at_us=None, recover_at_us=None,

@@ -440,6 +440,95 @@ def test_inference_keeps_up_with_back_to_back_acks():
     bench.run(testbench)
 
 
+def test_time_rule_infers_holes_a_reorder_window_after_a_later_psn_was_sacked():
+    """CONFIG reo_wnd (time-based inference, count rule off): the first ACK showing a PSN
+    SACKed above holes arms the QP's reorder window; an ACK reo_wnd units later or more
+    resends the holes below the PSN it armed with that are still not SACKed, once; an
+    earlier ACK resends nothing, and neither does the same SACK later. As the model."""
+    bench = TimedBench(seed=131)
+    qpn, psn0 = 2, 0xFFFFFA                 # across the PSN wrap
+
+    def at(i):
+        return P.psn_add(psn0, i)
+
+    def resent_since(n):
+        return sorted(P.psn_diff(p.context.psn, psn0) for p in bench.send.items[n:])
+
+    async def sack_ack(ctx, now, sacked):
+        bench.now = bench.model.now_units = now
+        await bench.receive(ctx, [ack_header(qpn, at(-1), sack=sack_of(psn0, map(at, sacked)),
+                                             ev=now % 4)])
+        await bench.settle(ctx)
+
+    async def testbench(ctx):
+        bench.now = 90
+        await qp_write(bench, ctx, qpn, psn=psn0, timeout=20)
+        await bench.control(ctx, RequesterCommand.CONFIG, infer_k=0, reo_wnd=5)
+        bench.post([write_wr(qpn, 1, 14)])
+        await bench.settle(ctx)
+        n = len(bench.send.items)
+        await sack_ack(ctx, 100, [3])                   # arms: holes below 4, since 100
+        await sack_ack(ctx, 103, [3, 6])                # 3 units: still running
+        assert resent_since(n) == []
+        await sack_ack(ctx, 105, [3, 6, 7])             # 5 units: 0, 1, 2 lost; re-arms (8)
+        assert resent_since(n) == [0, 1, 2]
+        n = len(bench.send.items)
+        await sack_ack(ctx, 107, [3, 5, 6, 7])          # 5 arrived; 2 units since 105
+        assert resent_since(n) == []
+        await sack_ack(ctx, 110, [3, 5, 6, 7])          # [4, 8): 4 lost
+        assert resent_since(n) == [4]
+        n = len(bench.send.items)
+        await sack_ack(ctx, 200, [3, 5, 6, 7])          # nothing above the region: stays off
+        assert resent_since(n) == []
+        await bench.control(ctx, RequesterCommand.CONFIG, infer_k=0, reo_wnd=0)
+        await sack_ack(ctx, 210, [3, 5, 6, 7, 10])      # off: nothing
+        await sack_ack(ctx, 300, [3, 5, 6, 7, 10, 11])
+        assert resent_since(n) == []
+        await bench.check_all(ctx)
+        assert bench.model.counters["reorder_expiries"] == 2
+        assert bench.model.counters["inferred_losses"] == 4
+
+    bench.run(testbench)
+
+
+def test_time_rule_keeps_up_with_back_to_back_acks():
+    """One ACK per cycle on two QPs with the time frozen: the first ACK of each QP finds its
+    window expired, resends the hole and re-arms; the window it wrote reaches the next ACK
+    of the QP in the next cycle (forwarded by the transparent read port), so the following
+    ACKs, at the same time, resend nothing. As the model, counters included."""
+    bench = TimedBench(seed=141, bubbles=0.0, backpressure=0.0)
+    qpns = (1, 6)
+
+    def acks(qpn, count, first):
+        base = qpn * 1000                   # even PSNs lost, odd ones SACKed one by one
+        return [ack_header(qpn, base - 1, sack=sack_of(base, range(base + 1, base + 2 * i, 2)),
+                           ev=i) for i in range(first, first + count)]
+
+    async def testbench(ctx):
+        for qpn in qpns:
+            await qp_write(bench, ctx, qpn, psn=qpn * 1000, timeout=20, mpr=1)
+        await bench.control(ctx, RequesterCommand.CONFIG, infer_k=0, reo_wnd=1)
+        bench.post([write_wr(q, q, 24) for q in qpns])
+        bench.now = bench.model.now_units = 10
+        await bench.settle(ctx)
+        await bench.receive(ctx, [h for q in qpns for h in acks(q, 1, 1)])    # arm: end 2
+        await bench.settle(ctx)
+        n = len(bench.send.items)
+        bench.now = bench.model.now_units = 20
+        await bench.receive(ctx, [h for q in qpns for h in acks(q, 8, 2)])
+        await bench.settle(ctx)
+        assert sorted((int(p.qpn), P.psn_diff(p.context.psn, int(p.qpn) * 1000))
+                      for p in bench.send.items[n:]) == [(1, 0), (6, 0)]
+        bench.now = bench.model.now_units = 30
+        await bench.receive(ctx, [h for q in qpns for h in acks(q, 1, 10)])   # [2, 4): 2
+        await bench.settle(ctx)
+        await bench.check_all(ctx)
+        assert bench.model.counters["reorder_expiries"] == 4
+        assert bench.model.counters["inferred_losses"] == 4
+
+    bench.run(testbench)
+
+
 # -- control -----------------------------------------------------------------------------------
 
 def test_timer_fields_are_checked():
@@ -462,4 +551,4 @@ def test_counter_names_are_appended():
     assert REQUESTER_COUNTERS[:16][-1] == "feedback_dropped"
     assert REQUESTER_COUNTERS[16:] == (
         "timeouts", "retry_exceeded", "timeout_retransmissions", "inferred_losses",
-        "lost_feedback", "walk_skipped", "arm_dropped", "infer_dropped")
+        "lost_feedback", "walk_skipped", "arm_dropped", "infer_dropped", "reorder_expiries")

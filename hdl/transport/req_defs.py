@@ -19,6 +19,7 @@ __all__ = [
     "bitmap_psns", "slot_depth", "wr_refusal", "wr_packets", "FATAL_NAK_STATUS",
     "QP_WRITE_STATES", "WalkKind", "walk_layout", "retry_expiry", "RetryExpiry",
     "RETRY_EXPONENT_MAX", "RETRY_COUNT_BITS", "INFER_K_BITS", "INFER_K_DEFAULT",
+    "REO_WND_BITS",
     "YOUNG_CAP_LOG2", "timer_page", "cc_page", "CC_MIN_WINDOW", "CC_DECREASE_SHIFT",
     "CC_INCREASE_SHIFT", "CWND_BITS",
 ]
@@ -41,6 +42,10 @@ RETRY_COUNT_BITS = 6
 #: CONFIG ``infer_k``: a hole is an inferred loss once K later PSNs are SACKed; 0 = off.
 INFER_K_BITS = 4
 INFER_K_DEFAULT = 3
+#: CONFIG ``reo_wnd``: time-based inference (RACK-like, ``docs/recovery.md``). Once an ACK
+#: has shown a PSN SACKed above a hole, the hole is an inferred loss when it is still not
+#: SACKed ``reo_wnd`` units (1.024 us) later; 0 = off (the value after reset).
+REO_WND_BITS = 6
 #: The ECN window (CONFIG ``cc``, ``docs/requester.md``) never closes below this many PSNs
 #: (*project choice*).
 CC_MIN_WINDOW = 2
@@ -146,8 +151,9 @@ def requester_command_layout(config):
     QP_WRITE: ``qpn``, ``state``, ``psn`` (first PSN to send), ``mpr`` (units of 128 PSNs),
     ``max_wimm``, ``timeout`` (t: 1.024 us x 2**t, 0..24), ``retry_linear`` (L, 0..7),
     ``retry_exp`` (E, 0..25; 25 = forever). QP_READ: ``qpn``, ``page`` (0..2). CONFIG:
-    ``ackreq_every``, ``infer_k`` (0 = no SACK inference), ``cc`` (1 = the ECN congestion
-    window limits each QP's PSN range); CONFIG sets all three.
+    ``ackreq_every``, ``infer_k`` (0 = no count-based SACK inference), ``cc`` (1 = the ECN
+    congestion window limits each QP's PSN range), ``reo_wnd`` (units; 0 = no time-based
+    inference); CONFIG sets all four.
     """
     return data.StructLayout({
         "cmd": RequesterCommand,
@@ -163,6 +169,7 @@ def requester_command_layout(config):
         "retry_exp": unsigned(5),
         "infer_k": unsigned(INFER_K_BITS),
         "cc": unsigned(1),
+        "reo_wnd": unsigned(REO_WND_BITS),
     })
 
 
@@ -232,6 +239,8 @@ REQUESTER_COUNTERS = (
     # Issue #6: retransmit timer and loss recovery.
     "timeouts", "retry_exceeded", "timeout_retransmissions", "inferred_losses",
     "lost_feedback", "walk_skipped", "arm_dropped", "infer_dropped",
+    # Time-based inference: regions whose reorder window expired.
+    "reorder_expiries",
 )
 
 NAK_COUNTERS = {

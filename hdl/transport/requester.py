@@ -49,6 +49,7 @@ from .req_defs import (
     INFER_K_BITS,
     INFER_K_DEFAULT,
     MAX_WR_PACKETS,
+    REO_WND_BITS,
     REQUESTER_COUNTERS,
     RETRY_COUNT_BITS,
     RETRY_EXPONENT_MAX,
@@ -115,8 +116,11 @@ def requester_tables(config):
                                    "retries": RETRY_COUNT_BITS}), qps, 2),
         # Time una last advanced (ACK processing): where the timer restarts on progress.
         "progress": (unsigned(32), qps, 1),
-        # PSNs before this were already inferred lost (inference unit).
-        "infer_to": (unsigned(_PSN), qps, 1),
+        # The inference unit's own table: PSNs before `to` were already inferred lost; the
+        # reorder window (time-based inference) runs since `reo_at` for the holes before
+        # `reo_end` while `reo_armed`.
+        "infer": (data.StructLayout({"to": _PSN, "reo_armed": 1, "reo_end": _PSN,
+                                     "reo_at": TIME_BITS}), qps, 1),
         # The ECN congestion window (ACK processing): PSNs from una the segmenter may send
         # with CONFIG cc, and the PSN a mark must reach to shrink it again.
         "cc": (data.StructLayout({"cwnd": CWND_BITS, "acc": CWND_BITS, "recover": _PSN}),
@@ -323,6 +327,7 @@ class Requester(wiring.Component):
         ctl_data = Signal(64)
         ackreq_every = Signal(ACKREQ_EVERY_BITS)
         infer_k = Signal(INFER_K_BITS, init=INFER_K_DEFAULT)
+        reo_wnd = Signal(REO_WND_BITS)
         cc_on = Signal()
         hold = Signal()                 # pipelines may not write the QP tables
         ctl_write = Signal()            # this cycle: QP_WRITE writes every QP table
@@ -915,11 +920,13 @@ class Requester(wiring.Component):
                 (P.NakCode.TRIMMED, "nak_trimmed")):
             count(name, a_apply & is_nak & (code == nak_code))
 
-        # == inference unit (I0 count, I1 group, I2 bit + infer_to read, I3 apply) ==========
-        # The K-th highest SACKed PSN of an applied ACK bounds the region whose holes have
-        # K later PSNs acknowledged: [max(infer_to, una), that PSN). Off the ACK path, one
-        # ACK per cycle, never stalls; a walk that finds its queue full is dropped (counted)
-        # and infer_to stays, so a later ACK infers the same holes again.
+        # == inference unit (I0 count, I1 group, I2 bit + table read, I3 apply) ===========
+        # Count rule: the K-th highest SACKed PSN of an applied ACK bounds the region whose
+        # holes have K later PSNs acknowledged. Time rule: the holes below the PSN a QP's
+        # reorder window armed with, once it has run reo_wnd units. The region is
+        # [max(to, una), the later of the two ends). Off the ACK path, one ACK per cycle,
+        # never stalls; a walk that finds its queue full is dropped (counted) and the table
+        # entry stays, so a later ACK infers the same holes again.
         groups = sack_bits // 8
         count_cap = 16                  # counts saturate: K is at most 15
         i0_valid, i1_valid, i2_valid, i3_valid = (Signal(name=f"i{n}_valid") for n in range(4))
@@ -933,7 +940,8 @@ class Requester(wiring.Component):
         i0, i1, i2, i3 = (carried(n) for n in range(4))
         i0_sack = Signal(sack_bits)
         a_sack = a1_sack & sack_mask
-        m.d.sync += i0_valid.eq(a_apply & ~fatal & (infer_k != 0) & (a_sack != 0))
+        m.d.sync += i0_valid.eq(a_apply & ~fatal & ((infer_k != 0) | (reo_wnd != 0))
+                                & (a_sack != 0))
         m.d.sync += [i0["qpn"].eq(a1_qpn), i0["cand"].eq(cand), i0["una"].eq(new_una),
                      i0["next"].eq(a_next), i0_sack.eq(a_sack)]
         # I0: SACKed PSNs per 8-bit group and at or above each group (saturating).
@@ -947,48 +955,83 @@ class Requester(wiring.Component):
         m.d.sync += [i1_valid.eq(i0_valid), i1_sack.eq(i0_sack)]
         m.d.sync += [i1_above[g].eq(suffix[g]) for g in range(groups + 1)]
         m.d.sync += [i1[k].eq(i0[k]) for k in i0]
-        # I1: the group holding the K-th highest SACKed PSN, and its rank inside the group.
-        i2_byte = Signal(8)
-        i2_rank = Signal(4)
-        i2_group = Signal(max(1, _log2(groups)))
+
+        # I1: the group holding the rank-th highest SACKed PSN, and its rank inside the
+        # group: for the K-th (count rule) and the highest (time rule).
+        def kth_group(k, name):
+            byte, rank, group = C(0, 8), C(0, 4), C(0, max(1, _log2(groups)))
+            for g in range(groups):
+                here = (i1_above[g] >= k) & (i1_above[g + 1] < k)
+                byte = byte | Mux(here, i1_sack[8 * g:8 * g + 8], 0)
+                rank = rank | Mux(here, (k - i1_above[g + 1])[:4], 0)
+                group = group | Mux(here, g, 0)
+            out = (Signal(8, name=f"i2_{name}_byte"), Signal(4, name=f"i2_{name}_rank"),
+                   Signal(len(group), name=f"i2_{name}_group"))
+            m.d.sync += [out[0].eq(byte), out[1].eq(rank), out[2].eq(group)]
+            return out
+
+        i2_byte, i2_rank, i2_group = kth_group(infer_k, "kth")
+        i2_top_byte, _, i2_top_group = kth_group(1, "top")
         i2_found = Signal()
-        byte, rank, group = C(0, 8), C(0, 4), C(0, len(i2_group))
-        for g in range(groups):
-            here = (i1_above[g] >= infer_k) & (i1_above[g + 1] < infer_k)
-            byte = byte | Mux(here, i1_sack[8 * g:8 * g + 8], 0)
-            rank = rank | Mux(here, (infer_k - i1_above[g + 1])[:4], 0)
-            group = group | Mux(here, g, 0)
-        m.d.sync += [i2_valid.eq(i1_valid), i2_byte.eq(byte), i2_rank.eq(rank),
-                     i2_group.eq(group), i2_found.eq(i1_above[0] >= infer_k)]
+        m.d.sync += [i2_valid.eq(i1_valid),
+                     i2_found.eq((infer_k != 0) & (i1_above[0] >= infer_k))]
         m.d.sync += [i2[k].eq(i1[k]) for k in i1]
-        # I2: the bit inside the group; read infer_to (written back in I3: the transparent
-        # read port forwards it to the next ACK of the same QP).
+        # I2: the bits inside the groups; read the QP's entry (written back in I3: the
+        # transparent read port forwards it to the next ACK of the same QP).
         i3_end = Signal(_PSN)
+        i3_top = Signal(_PSN)
         i3_found = Signal()
         i2_bit = Cat(_kth_highest(i2_byte, i2_rank), i2_group)
-        infer_port = rport("infer_to")
+        i2_top_bit = Cat(_kth_highest(i2_top_byte, 1), i2_top_group)
+        infer_port = rport("infer")
         m.d.comb += [infer_port.addr.eq(i2["qpn"]), infer_port.en.eq(i2_valid)]
         m.d.sync += [i3_valid.eq(i2_valid), i3_found.eq(i2_found),
-                     i3_end.eq((i2["cand"] + i2_bit)[:_PSN])]
+                     i3_end.eq((i2["cand"] + i2_bit)[:_PSN]),
+                     i3_top.eq((i2["cand"] + i2_top_bit + 1)[:_PSN])]
         m.d.sync += [i3[k].eq(i2[k]) for k in i2]
-        # I3: the region [lower, end); infer_to is trusted only inside [una, next_psn].
-        infer_to = infer_port.data
-        i3_lower = Mux(_psn_ge(infer_to, i3["una"]) & _psn_ge(i3["next"], infer_to),
-                       infer_to, i3["una"])
-        i3_push = i3_valid & i3_found & _psn_gt(i3_end, i3_lower)
+        # I3: the region [lower, end); `to` is trusted only inside [una, next_psn].
+        entry = infer_port.data
+        i3_lower = Signal(_PSN)
+        m.d.comb += i3_lower.eq(Mux(_psn_ge(entry.to, i3["una"]) & _psn_ge(i3["next"], entry.to),
+                                    entry.to, i3["una"]))
+        count_end = Mux(i3_found, i3_end, i3_lower)
+        reo_running = Signal()
+        reo_expired = Signal()
+        m.d.comb += [
+            reo_running.eq((reo_wnd != 0) & entry.reo_armed & _psn_gt(entry.reo_end, i3_lower)
+                           & _psn_ge(i3["next"], entry.reo_end)),
+            reo_expired.eq(reo_running & ((time_now - entry.reo_at)[:TIME_BITS] >= reo_wnd)),
+        ]
+        region_end = Signal(_PSN)
+        m.d.comb += region_end.eq(Mux(reo_expired & _psn_gt(entry.reo_end, count_end),
+                                      entry.reo_end, count_end))
+        i3_push = _psn_gt(region_end, i3_lower)
+        new_lower = Mux(i3_push, region_end, i3_lower)
+        reo_arm = (reo_wnd != 0) & (reo_expired | ~reo_running) & _psn_gt(i3_top, new_lower)
+        i3_write = i3_valid & (~i3_push | infer_walks.w_rdy)
         infer_walk = Signal(wl)
         m.d.comb += [
             infer_walk.qpn.eq(i3["qpn"]), infer_walk.psn.eq(i3_lower),
-            infer_walk.count.eq(_psn_sub(i3_end, i3_lower)), infer_walk.kind.eq(WalkKind.INFER),
-            infer_walks.w_data.eq(infer_walk), infer_walks.w_en.eq(i3_push),
+            infer_walk.count.eq(_psn_sub(region_end, i3_lower)),
+            infer_walk.kind.eq(WalkKind.INFER),
+            infer_walks.w_data.eq(infer_walk), infer_walks.w_en.eq(i3_valid & i3_push),
         ]
+        infer_wp = wps["infer"]
         with m.If(ctl_write):
-            m.d.comb += [wps["infer_to"].addr.eq(ctl_qpn), wps["infer_to"].en.eq(1),
-                         wps["infer_to"].data.eq(ctl_req.psn)]
+            m.d.comb += [infer_wp.addr.eq(ctl_qpn), infer_wp.en.eq(1),
+                         infer_wp.data.to.eq(ctl_req.psn)]
         with m.Else():
-            m.d.comb += [wps["infer_to"].addr.eq(i3["qpn"]), wps["infer_to"].data.eq(i3_end),
-                         wps["infer_to"].en.eq(i3_push & infer_walks.w_rdy)]
-        count("infer_dropped", i3_push & ~infer_walks.w_rdy)
+            m.d.comb += [infer_wp.addr.eq(i3["qpn"]), infer_wp.en.eq(i3_write),
+                         infer_wp.data.to.eq(Mux(i3_push, region_end, entry.to))]
+            with m.If(reo_arm):
+                m.d.comb += [infer_wp.data.reo_armed.eq(1), infer_wp.data.reo_end.eq(i3_top),
+                             infer_wp.data.reo_at.eq(time_now)]
+            with m.Else():
+                m.d.comb += [infer_wp.data.reo_armed.eq(reo_running & ~reo_expired),
+                             infer_wp.data.reo_end.eq(entry.reo_end),
+                             infer_wp.data.reo_at.eq(entry.reo_at)]
+        count("infer_dropped", i3_valid & i3_push & ~infer_walks.w_rdy)
+        count("reorder_expiries", i3_write & reo_expired)
         infer_busy = i0_valid | i1_valid | i2_valid | i3_valid
 
         # == retransmit timer scanner (V0 pick + read, V1 decide + write) ===================
@@ -1195,7 +1238,8 @@ class Requester(wiring.Component):
                 with m.Switch(ctl_req.cmd):
                     with m.Case(RequesterCommand.CONFIG):
                         m.d.sync += [ackreq_every.eq(ctl_req.ackreq_every),
-                                     infer_k.eq(ctl_req.infer_k), cc_on.eq(ctl_req.cc)]
+                                     infer_k.eq(ctl_req.infer_k), cc_on.eq(ctl_req.cc),
+                                     reo_wnd.eq(ctl_req.reo_wnd)]
                     with m.Case(RequesterCommand.QP_READ):
                         with m.If(ctl_req.qpn >= cfg.qps):
                             m.d.sync += ctl_errno.eq(P.Errno.ENOENT)

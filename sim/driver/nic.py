@@ -13,7 +13,7 @@ from hdl import protocol as P
 from hdl.path.ev import EvProfile, generate_entries
 from hdl.path.expand import DefineOp
 from hdl.path.select import PathCommand, ProbeRecovery
-from hdl.transport.req_defs import RequesterCommand
+from hdl.transport.req_defs import REO_WND_BITS, RequesterCommand
 from hdl.transport.resp_defs import ResponderCommand
 from hdl.transport.txformer import TxCommand
 
@@ -237,15 +237,19 @@ class NicDriver(RegisterDriver):
                            timeout=qp.timeout, retry_linear=qp.retry_linear,
                            retry_exp=qp.retry_exponential)
 
-    async def configure_requester(self, *, ackreq_every=0, infer_k=3, cc=False):
+    async def configure_requester(self, *, ackreq_every=0, infer_k=3, cc=False, reo_wnd=0):
         """Requester settings (docs/requester.md, docs/recovery.md): ACK request every N
         packets of a message (0: message ends only), the SACK loss-inference threshold K
-        (0: off; a hole with K later PSNs acknowledged is resent at once) and the ECN
-        congestion window (``cc``: off = only MPR limits a QP's PSN range)."""
+        (0: off; a hole with K later PSNs acknowledged is resent at once), the ECN
+        congestion window (``cc``: off = only MPR limits a QP's PSN range) and the reorder
+        window of time-based inference (``reo_wnd``, 1.024 us units, 0: off; a hole still
+        not SACKed that long after a later PSN was is resent)."""
         if not 0 <= infer_k <= 15:
             self._error(P.Errno.EINVAL, "requester", {"infer_k": infer_k})
+        if not 0 <= reo_wnd < 1 << REO_WND_BITS:
+            self._error(P.Errno.EINVAL, "requester", {"reo_wnd": reo_wnd})
         await self.command("requester", cmd=RequesterCommand.CONFIG, ackreq_every=ackreq_every,
-                           infer_k=infer_k, cc=int(bool(cc)))
+                           infer_k=infer_k, cc=int(bool(cc)), reo_wnd=reo_wnd)
 
     async def connect_qp(self, qpn, *, ev_profile, remote_qpn, remote_mac, remote_ip, psn,
                          remote_psn, mpr, max_wimm, pd, ev_offset=0, **extra):

@@ -285,14 +285,17 @@ class ModelNic:
         self.connected.add(qpn)
         self._timer_dirty = True
 
-    def configure_requester(self, *, ackreq_every=0, infer_k=INFER_K_DEFAULT, cc=False):
+    def configure_requester(self, *, ackreq_every=0, infer_k=INFER_K_DEFAULT, cc=False,
+                            reo_wnd=0):
         """The requester's CONFIG: an ACK request every ``ackreq_every`` packets (0: only on
-        the last of a message), SACK loss inference after ``infer_k`` later PSNs (0: off) and
-        the ECN congestion window (``cc``).
+        the last of a message), SACK loss inference after ``infer_k`` later PSNs (0: off),
+        the ECN congestion window (``cc``) and time-based inference after a reorder window of
+        ``reo_wnd`` units (0: off).
         """
         errno, _ = self.requester.control(RequesterCommand.CONFIG, ackreq_every=ackreq_every,
-                                          infer_k=infer_k, cc=int(cc))
-        self._check(errno, "requester", {"ackreq_every": ackreq_every, "infer_k": infer_k})
+                                          infer_k=infer_k, cc=int(cc), reo_wnd=reo_wnd)
+        self._check(errno, "requester", {"ackreq_every": ackreq_every, "infer_k": infer_k,
+                                         "reo_wnd": reo_wnd})
 
     def counters_snapshot(self):
         """A copy of :attr:`counters`."""
@@ -331,7 +334,7 @@ class ModelNic:
             for completion in result.completions:
                 self._complete(completion, now_ns)
         elif kind == PacketKind.ACK:
-            self.requester.receive(header)
+            self.requester.receive(header, self._units(now_ns))
             self._timer_dirty = True
             self._collect_requester()
         else:

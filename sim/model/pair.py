@@ -202,7 +202,7 @@ def bring_up(scn, config, work):
         nic.memory.add(SRC_BASE, max(1, sent))
         for wr in work[side]:
             nic.memory.write(wr["local_addr"], wr["data"])
-        nic.configure_requester(infer_k=scn.infer_k, cc=bool(scn.cc))
+        nic.configure_requester(infer_k=scn.infer_k, cc=bool(scn.cc), reo_wnd=scn.reo_wnd)
         nic.configure_acks(ack_every=scn.ack_every, ack_delay=scn.ack_delay,
                            nak_interval=extra.get("nak_interval", 1024),
                            coalesce_gaps=bool(scn.coalesce_gaps))

@@ -103,6 +103,9 @@ class _Qp:
     start: int = 0              #: its start time (units)
     retries: int = 0            #: retries done since the last progress
     infer_to: int = 0           #: PSNs before this were already inferred lost
+    reo_armed: bool = False     #: the reorder window runs (time-based inference)
+    reo_end: int = 0            #: ... for the holes before this PSN
+    reo_at: int = 0             #: ... since this time (units, TIME_BITS bits)
     cwnd: int = 0               #: congestion window, PSNs from una (CONFIG ``cc``)
     cc_acc: int = 0             #: unmarked ACKs since the window last widened
     cc_recover: int = 0         #: marks on PSNs before this were already answered
@@ -145,6 +148,7 @@ class RequesterModel:
         self.meta = {}                  # (qpn, psn % window) -> (send time, retransmitted)
         self.ackreq_every = 0
         self.infer_k = INFER_K_DEFAULT
+        self.reo_wnd = 0
         self.cc = False
         self.completions = []
         self.feedback = []
@@ -164,6 +168,7 @@ class RequesterModel:
         if cmd == RequesterCommand.CONFIG:
             self.ackreq_every = get("ackreq_every")
             self.infer_k = get("infer_k")
+            self.reo_wnd = get("reo_wnd")
             self.cc = bool(get("cc"))
             return P.Errno.OK, 0
         qpn = get("qpn")
@@ -339,9 +344,11 @@ class RequesterModel:
 
     # -- received ACKs and NAKs --------------------------------------------------------------
 
-    def receive(self, header):
-        """Apply one received ACK/NAK (a packet header dict). Returns ``"applied"`` or
-        ``"dropped"``."""
+    def receive(self, header, now_units=None):
+        """Apply one received ACK/NAK (a packet header dict) at time ``now_units`` (default:
+        the time already set). Returns ``"applied"`` or ``"dropped"``."""
+        if now_units is not None:
+            self.now_units = now_units
         h = header
         bth, aeth, mack = h["bth"], h["aeth"], h["macketh"]
         qpn = bth["dqpn"]
@@ -378,8 +385,8 @@ class RequesterModel:
         lo = max(0, P.psn_diff(qp.una, cand))
         hi = min(self.config.sack_bits, max(0, P.psn_diff(qp.next_psn, cand)))
         sacked = [i for i in range(lo, hi) if sack >> i & 1]
-        if self.infer_k and len(sacked) >= self.infer_k and not fatal:
-            self._infer(qpn, P.psn_add(cand, sacked[-self.infer_k]))
+        if sacked and not fatal and (self.infer_k or self.reo_wnd):
+            self._infer(qpn, cand, sacked)
         for i in range(lo, hi):
             if sack >> i & 1:
                 p = P.psn_add(cand, i)
@@ -445,17 +452,36 @@ class RequesterModel:
         else:
             qp.cc_acc += 1
 
-    def _infer(self, qpn, end):
-        """PSNs before ``end`` (the K-th highest SACKed one) not SACKed are lost; each PSN is
-        inferred at most once (``infer_to``)."""
+    def _infer(self, qpn, cand, sacked):
+        """Inference for one ACK whose SACK bits ``sacked`` (offsets from ``cand``, ascending,
+        inside ``[una, next_psn)``) are not empty. The region of inferred losses ends at the
+        later of: the K-th highest SACKed PSN (count rule, ``infer_k``) and, when the QP's
+        reorder window armed ``reo_wnd`` units ago or more, the end it armed with (time
+        rule). Each PSN is inferred at most once (``infer_to``). Then the window re-arms
+        from now for the holes below the highest SACKed PSN, unless it still runs."""
         qp = self._qps[qpn]
         lower = qp.una
         if (P.psn_diff(qp.infer_to, qp.una) >= 0
                 and P.psn_diff(qp.next_psn, qp.infer_to) >= 0):
             lower = qp.infer_to
+        end = lower
+        if self.infer_k and len(sacked) >= self.infer_k:
+            end = P.psn_add(cand, sacked[-self.infer_k])
+        running = (self.reo_wnd != 0 and qp.reo_armed and P.psn_diff(qp.reo_end, lower) > 0
+                   and P.psn_diff(qp.next_psn, qp.reo_end) >= 0)
+        expired = running and (self._time() - qp.reo_at) % (1 << TIME_BITS) >= self.reo_wnd
+        if expired:
+            self.counters["reorder_expiries"] += 1
+            if P.psn_diff(qp.reo_end, end) > 0:
+                end = qp.reo_end
         if P.psn_diff(end, lower) > 0:
             self._walks.append([WalkKind.INFER, qpn, lower, P.psn_diff(end, lower), True])
-            qp.infer_to = end
+            qp.infer_to = lower = end
+        top = P.psn_add(cand, sacked[-1] + 1)
+        if self.reo_wnd and (expired or not running) and P.psn_diff(top, lower) > 0:
+            qp.reo_armed, qp.reo_end, qp.reo_at = True, top, self._time()
+        else:
+            qp.reo_armed = running and not expired
 
     def _walk_step(self):
         """One PSN of the oldest walk: a retransmission with LOST feedback, or ``None``

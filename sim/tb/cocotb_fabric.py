@@ -122,7 +122,8 @@ class Side:
                             length=SCENARIO.bytes + 4096)
         await d.configure_acks(ack_every=SCENARIO.ack_every, ack_delay=SCENARIO.ack_delay,
                                nak_interval=1024, coalesce_gaps=bool(SCENARIO.coalesce_gaps))
-        await d.configure_requester(infer_k=SCENARIO.infer_k, cc=bool(SCENARIO.cc))
+        await d.configure_requester(infer_k=SCENARIO.infer_k, cc=bool(SCENARIO.cc),
+                                    reo_wnd=SCENARIO.reo_wnd)
         mode = P.EvMode.AUTO if SCENARIO.baseline == "ecmp" else None
         await d.ev_profile_online(0, profile, num_evs=SCENARIO.evs, min_active=2, mode=mode,
                                   fate=bool(SCENARIO.fate))
