@@ -989,25 +989,35 @@ class Requester(wiring.Component):
                      i3_end.eq((i2["cand"] + i2_bit)[:_PSN]),
                      i3_top.eq((i2["cand"] + i2_top_bit + 1)[:_PSN])]
         m.d.sync += [i3[k].eq(i2[k]) for k in i2]
-        # I3: the region [lower, end); `to` is trusted only inside [una, next_psn].
+        # I3: the region [lower, end); `to` is trusted only inside [una, next_psn]. Every
+        # comparison takes table and stage values directly (one level of comparators, then
+        # muxes): comparisons with `lower` are made against both `to` and `una` and picked.
         entry = infer_port.data
-        i3_lower = Signal(_PSN)
-        m.d.comb += i3_lower.eq(Mux(_psn_ge(entry.to, i3["una"]) & _psn_ge(i3["next"], entry.to),
-                                    entry.to, i3["una"]))
-        count_end = Mux(i3_found, i3_end, i3_lower)
+        una3, next3 = i3["una"], i3["next"]
+        use_to = Signal()
+        m.d.comb += use_to.eq(_psn_ge(entry.to, una3) & _psn_ge(next3, entry.to))
+
+        def above_lower(value):
+            return Mux(use_to, _psn_gt(value, entry.to), _psn_gt(value, una3))
+
+        i3_lower = Mux(use_to, entry.to, una3)
         reo_running = Signal()
         reo_expired = Signal()
         m.d.comb += [
-            reo_running.eq((reo_wnd != 0) & entry.reo_armed & _psn_gt(entry.reo_end, i3_lower)
-                           & _psn_ge(i3["next"], entry.reo_end)),
+            reo_running.eq((reo_wnd != 0) & entry.reo_armed & above_lower(entry.reo_end)
+                           & _psn_ge(next3, entry.reo_end)),
             reo_expired.eq(reo_running & ((time_now - entry.reo_at)[:TIME_BITS] >= reo_wnd)),
         ]
-        region_end = Signal(_PSN)
-        m.d.comb += region_end.eq(Mux(reo_expired & _psn_gt(entry.reo_end, count_end),
-                                      entry.reo_end, count_end))
-        i3_push = _psn_gt(region_end, i3_lower)
-        new_lower = Mux(i3_push, region_end, i3_lower)
-        reo_arm = (reo_wnd != 0) & (reo_expired | ~reo_running) & _psn_gt(i3_top, new_lower)
+        # The time rule's end wins when it lies beyond the count rule's (or there is none).
+        use_reo = Signal()
+        m.d.comb += use_reo.eq(reo_expired & (~i3_found | _psn_gt(entry.reo_end, i3_end)))
+        region_end = Signal(_PSN)       # == lower when nothing is inferred
+        m.d.comb += region_end.eq(Mux(use_reo, entry.reo_end, Mux(i3_found, i3_end, i3_lower)))
+        i3_push = use_reo | (i3_found & above_lower(i3_end))
+        top_above_end = Mux(use_reo, _psn_gt(i3_top, entry.reo_end),
+                            Mux(i3_found & above_lower(i3_end), _psn_gt(i3_top, i3_end),
+                                above_lower(i3_top)))
+        reo_arm = (reo_wnd != 0) & (reo_expired | ~reo_running) & top_above_end
         i3_write = i3_valid & (~i3_push | infer_walks.w_rdy)
         infer_walk = Signal(wl)
         m.d.comb += [
