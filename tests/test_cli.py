@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from scapy.compat import raw
 from scapy.utils import rdpcap
 
@@ -70,3 +71,15 @@ def test_sim_rejects_bad_arguments(tmp_path):
     assert missing.returncode == 2 and "cannot read EV profile" in missing.stderr
     zero = mrc_nic("flow", "--bytes", 0, "--out", tmp_path)
     assert zero.returncode == 2 and "--bytes must be at least 1, not 0" in zero.stderr
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    ("--planes", 40, "--planes: must be an integer from 1 to 16, not 40"),
+    ("--reo-wnd", 64, "--reo-wnd: must be an integer from 0 to 63, not 64"),
+    ("--infer-k", 16, "--infer-k: must be an integer from 0 to 15, not 16"),
+])
+def test_sim_bad_flag_is_one_line_error(tmp_path, flag, value, message):
+    result = mrc_nic("sim", flag, value, "--out", tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"mrc-nic sim: {message}"
+    assert not (tmp_path / "report.json").exists()
