@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from hdl import protocol as P
 from hdl.config import NicConfig
-from hdl.transport.req_defs import REO_WND_BITS
+from hdl.transport.req_defs import INFER_K_BITS, REO_WND_BITS
 
 __all__ = ["Scenario", "ScenarioError", "SCENARIOS", "scenario", "nic_config_for",
            "line_rate_gbps", "MAX_QPS", "MAX_EVS"]
@@ -123,7 +123,7 @@ class Scenario:
         integer("timeout", 0, P.LOCAL_ACK_TIMEOUT_MAX)
         integer("retry_linear", 0, P.RETRY_LINEAR_MAX)
         integer("retry_exponential", 0, P.RETRY_EXPONENTIAL_MAX)
-        integer("infer_k", 0, 15)
+        integer("infer_k", 0, (1 << INFER_K_BITS) - 1)
         integer("reo_wnd", 0, (1 << REO_WND_BITS) - 1)
         integer("fate", 0, 1)
         integer("cc", 0, 1)

@@ -1013,10 +1013,12 @@ class Requester(wiring.Component):
         m.d.comb += use_reo.eq(reo_expired & (~i3_found | _psn_gt(entry.reo_end, i3_end)))
         region_end = Signal(_PSN)       # == lower when nothing is inferred
         m.d.comb += region_end.eq(Mux(use_reo, entry.reo_end, Mux(i3_found, i3_end, i3_lower)))
-        i3_push = use_reo | (i3_found & above_lower(i3_end))
+        count_push = Signal()           # the count rule alone finds holes
+        m.d.comb += count_push.eq(i3_found & above_lower(i3_end))
+        i3_push = use_reo | count_push
+        # top > the region's end (== lower when nothing is pushed), picked the same way.
         top_above_end = Mux(use_reo, _psn_gt(i3_top, entry.reo_end),
-                            Mux(i3_found & above_lower(i3_end), _psn_gt(i3_top, i3_end),
-                                above_lower(i3_top)))
+                            Mux(count_push, _psn_gt(i3_top, i3_end), above_lower(i3_top)))
         reo_arm = (reo_wnd != 0) & (reo_expired | ~reo_running) & top_above_end
         i3_write = i3_valid & (~i3_push | infer_walks.w_rdy)
         infer_walk = Signal(wl)

@@ -13,7 +13,7 @@ from hdl import protocol as P
 from hdl.path.ev import EvProfile, generate_entries
 from hdl.path.expand import DefineOp
 from hdl.path.select import PathCommand, ProbeRecovery
-from hdl.transport.req_defs import REO_WND_BITS, RequesterCommand
+from hdl.transport.req_defs import INFER_K_BITS, REO_WND_BITS, RequesterCommand
 from hdl.transport.resp_defs import ResponderCommand
 from hdl.transport.txformer import TxCommand
 
@@ -244,7 +244,7 @@ class NicDriver(RegisterDriver):
         congestion window (``cc``: off = only MPR limits a QP's PSN range) and the reorder
         window of time-based inference (``reo_wnd``, 1.024 us units, 0: off; a hole still
         not SACKed that long after a later PSN was is resent)."""
-        if not 0 <= infer_k <= 15:
+        if not 0 <= infer_k < 1 << INFER_K_BITS:
             self._error(P.Errno.EINVAL, "requester", {"infer_k": infer_k})
         if not 0 <= reo_wnd < 1 << REO_WND_BITS:
             self._error(P.Errno.EINVAL, "requester", {"reo_wnd": reo_wnd})
