@@ -135,7 +135,7 @@ def run_scenario(scn, out, *, log=print, build_dir=None, quick_build=False):
                    test_module="sim.tb.cocotb_fabric",
                    build_dir=build_dir or _build_dir(scn), sim=scn.sim,
                    waves=scn.waves, reuse=True, quick_build=quick_build,
-                   export_key=source_key("nic_pair", config.to_dict()),
+                   export_key=source_key("nic_pair-shared", config.to_dict()),
                    extra_env={"SCENARIO": json.dumps(scn.to_dict()), "OUT": out.resolve(),
                               "MRC_SIMULATOR": scn.sim})
         result = json.loads((out / "result.json").read_text())

