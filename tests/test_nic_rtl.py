@@ -17,6 +17,7 @@ from hdl import protocol as P
 from sim.env import BUILD
 from sim.mainjob import run_scenario
 from sim.scenario import Scenario
+from sim.tb.runner import simulator
 
 # Small transfers keep each run to some 10-40 s of wall time under Verilator (built at -O0:
 # the two NICs compile in about half the time of an optimised build).
@@ -154,3 +155,16 @@ def test_retries_exhausted_error_every_work_request(build_dir, tmp_path):
         assert statuses <= {P.CompletionStatus.SUCCESS, P.CompletionStatus.RETRY_EXC_ERR,
                             P.CompletionStatus.WR_FLUSH_ERR}
         assert P.CompletionStatus.RETRY_EXC_ERR in statuses
+
+
+def test_pair_compiles_one_nic_and_shows_only_ports(build_dir, tmp_path):
+    """The pair's Verilog holds the NIC once, as ``mrc_nic`` instantiated twice (Verilator
+    compiles one NIC), and the Verilator build exposed only the top's ports to cocotb."""
+    _run("build-check", BASE.replace(bytes=4096), build_dir, tmp_path)
+    text = (build_dir / "nic_pair.sv").read_text()
+    assert text.count("\nmodule mrc_nic(") == 1
+    assert text.count("\nmodule nic_pair(") == 1
+    assert len([line for line in text.splitlines() if line.startswith("  mrc_nic ")]) == 2
+    if simulator() == "verilator":
+        assert "--no-public-flat-rw" in (build_dir / "build.args").read_text()
+        assert 'public_flat_rw -module "nic_pair"' in (build_dir / "ports_only.vlt").read_text()
