@@ -49,6 +49,8 @@ FLAGS = [
     ("--ack-delay", "ack_delay", int, "responder: ACK delay timer, engine cycles"),
     ("--coalesce-gaps", "coalesce_gaps", int, "responder: 1 = out-of-order arrivals are "
      "ACKed like in-order ones (coalesced), 0 = at once"),
+    ("--gap-depth", "gap_depth", int, "responder: ACK at once a packet that is the Nth or "
+     "later received above a hole, even when coalescing (0: off, 1-15)"),
     ("--fate", "fate", int, "port fate sharing: 1 = a loss abandons its whole plane until "
      "probes answer, 0 = per EV only"),
     ("--cc", "cc", int, "ECN congestion window: 1 = each QP takes 1/8 off its PSNs in flight "

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from hdl import protocol as P
 from hdl.config import NicConfig
 from hdl.transport.req_defs import INFER_K_BITS, REO_WND_BITS
+from hdl.transport.resp_defs import GAP_DEPTH_BITS
 
 __all__ = ["Scenario", "ScenarioError", "SCENARIOS", "scenario", "nic_config_for",
            "line_rate_gbps", "MAX_QPS", "MAX_EVS"]
@@ -73,6 +74,7 @@ class Scenario:
     ack_every: int = 4
     ack_delay: int = 128
     coalesce_gaps: int = 0
+    gap_depth: int = 0
     seed: int = 1
     backend: str = "rtl"
     baseline: str | None = None
@@ -130,6 +132,7 @@ class Scenario:
         integer("ack_every", 1, 255)
         integer("ack_delay", 1, (1 << 32) - 1)
         integer("coalesce_gaps", 0, 1)
+        integer("gap_depth", 0, (1 << GAP_DEPTH_BITS) - 1)
         integer("seed", 0, (1 << 31) - 1)
         check("backend", self.backend in ("rtl", "model"), "rtl or model")
         check("baseline", self.baseline in (None, "ecmp"), "ecmp (or absent)")

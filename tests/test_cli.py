@@ -77,6 +77,7 @@ def test_sim_rejects_bad_arguments(tmp_path):
     ("--planes", 40, "--planes: must be an integer from 1 to 16, not 40"),
     ("--reo-wnd", 64, "--reo-wnd: must be an integer from 0 to 63, not 64"),
     ("--infer-k", 16, "--infer-k: must be an integer from 0 to 15, not 16"),
+    ("--gap-depth", 16, "--gap-depth: must be an integer from 0 to 15, not 16"),
 ])
 def test_sim_bad_flag_is_one_line_error(tmp_path, flag, value, message):
     result = mrc_nic("sim", flag, value, "--out", tmp_path)

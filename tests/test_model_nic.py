@@ -254,3 +254,15 @@ def test_bad_frames_are_dropped_and_counted():
     sent = drain(nic, 1e6)
     naks = [Ether(f) for _, _, f in sent]
     assert len(naks) == 1 and naks[0][pk.AETH].syndrome >> 5 == 3
+
+
+def test_ack_settings_out_of_range_are_refused_with_the_field_named():
+    from sim.driver.core import DriverError
+    nic = ModelNic(CONFIG, name="a")
+    with pytest.raises(DriverError, match="gap_depth") as bad_depth:
+        nic.configure_acks(gap_depth=16)
+    assert bad_depth.value.errno == P.Errno.EINVAL
+    with pytest.raises(DriverError, match="ack_every"):
+        nic.configure_acks(ack_every=0)
+    nic.configure_acks(coalesce_gaps=True, gap_depth=15)
+    assert nic.responder.gap_depth == 15 and nic.responder.coalesce_gaps

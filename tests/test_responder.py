@@ -362,6 +362,32 @@ def test_out_of_order_arrivals_ack_at_once_unless_coalesced(coalesce):
     check(got, want, model)
 
 
+@pytest.mark.parametrize("depth", [0, 3])
+def test_deep_gap_acks_at_once_while_coalescing(depth):
+    """With ``coalesce_gaps`` and ``gap_depth`` D, the packet that is the D-th (or later)
+    received above a hole is ACKed at once, so a requester with K <= D can infer the loss
+    without waiting for ack_every. The count of PSNs above the hole is a per-QP register
+    (+1 per placed packet, - advance per step); the WRITE_IMMs below make a filled hole
+    release two completions in two steps, and the next hole must count from zero again."""
+    commands = setup_commands([1], psn=lambda q: 7, ack_every=16)
+    commands[0].update(coalesce_gaps=1, gap_depth=depth)
+    order = [1, 2, 3, 0, 5, 6, 7, 4, 9, 8]
+    imm = {1, 2}
+    packets = [(header(Op.RDMA_WRITE_ONLY_WITH_IMMEDIATE if n in imm else Op.RDMA_WRITE_ONLY,
+                       qpn=1, psn=7 + n, va=BASE + (1 << 20) + 4 * n, length=4,
+                       imm=n if n in imm else None), bytes([n]) * 4) for n in order]
+    model = ResponderModel(CONFIG)
+    for cmd in commands:
+        model.command(cmd)
+    want = expect(model, packets)
+    # depth 3: PSN offsets 3 and 7 are each the third arrival above a hole (0, then 4);
+    # the MSN shows the four messages that offset 0 completed before the second.
+    assert [ack["aeth"]["msn"] for ack in want["acks"]] == ([] if depth == 0 else [0, 4])
+    assert len(want["completions"]) == 2
+    got = run(packets, commands, counts=counts_of(want))
+    check(got, want, model)
+
+
 def test_service_time_counts_from_arrival():
     commands = setup_commands([0], psn=lambda q: 0, ack_every=1)
     packets = [(header(Op.RDMA_WRITE_ONLY, qpn=0, psn=n, va=BASE, length=4), b"abcd")

@@ -27,6 +27,7 @@ ACK_HOP_LIMIT = 64
 DEFAULT_ACK_EVERY = 4           #: ACK every 4 in-order packets ...
 DEFAULT_ACK_DELAY = 128         #: ... or 128 cycles (1 us at 125 MHz) after the first unACKed one
 DEFAULT_NAK_INTERVAL = 1024     #: at most one out-of-window NAK per QP per 1024 cycles
+GAP_DEPTH_BITS = 4              #: CONFIG gap_depth: 0 (off, reset) .. 15
 
 
 class ResponderVerdict(enum.Enum, shape=4):
@@ -92,6 +93,11 @@ def responder_command_layout(config):
         # or after ack_delay), not at once: fewer ACKs under spraying, the SACK bitmap
         # still carries every arrival. 0 (reset): at once.
         "coalesce_gaps": unsigned(1),
+        # 1..15: a packet placed above a hole that makes it the gap_depth-th or later PSN
+        # received above the hole is ACKed at once, even with coalesce_gaps: the ACK whose SACK
+        # bitmap lets a requester with infer_k <= gap_depth infer the loss leaves without
+        # waiting for ack_every or ack_delay. 0 (reset): off.
+        "gap_depth": unsigned(GAP_DEPTH_BITS),
     })
 
 

@@ -26,6 +26,7 @@ from .resp_defs import (
     DEFAULT_ACK_DELAY,
     DEFAULT_ACK_EVERY,
     DEFAULT_NAK_INTERVAL,
+    GAP_DEPTH_BITS,
     PD_BITS,
     RESPONDER_COUNTERS,
     VERDICT_NAK,
@@ -51,6 +52,7 @@ def _layouts(config, mr_slots):
         "epsn": 24,                 # expected PSN: cumulative PSN + 1
         "epos": pos_bits,           # where epsn sits in the circular bitmaps
         "msn": 24, "ack_count": 8, "nak_armed": 1, "last_nak": 32,
+        "above": range(window + 1),  # PSNs received above the expected one (set rcv bits)
     })
     bitmaps = data.StructLayout({"rcv": window, "last": window, "wimm": window})
     wimm_entry = data.StructLayout({"valid": 1, "pos": pos_bits, "imm": 32})
@@ -258,6 +260,7 @@ class Responder(wiring.Component):
         ack_delay = Signal(32, init=DEFAULT_ACK_DELAY)
         nak_interval = Signal(32, init=DEFAULT_NAK_INTERVAL)
         coalesce_gaps = Signal()
+        gap_depth = Signal(GAP_DEPTH_BITS)
 
         FIRST, BEAT, CONT, TIMER, CTL = range(5)
         e_valid = Signal()
@@ -476,7 +479,9 @@ class Responder(wiring.Component):
         gap = (distance != 0) | (advance > 1) | e_cont
         count_next = qp.ack_count + 1
         ack_now = Signal()
-        m.d.comb += ack_now.eq(h.bth.ackreq | ce | (gap & ~coalesce_gaps) |
+        # A packet placed above a hole as the gap_depth-th (or later) PSN received above it.
+        deep = (gap_depth != 0) & (distance != 0) & (qp.above + 1 >= gap_depth)
+        m.d.comb += ack_now.eq(h.bth.ackreq | ce | (gap & ~coalesce_gaps) | deep |
                                (count_next >= ack_every) |
                                ((qp.ack_count == 0) & ~timer_room))
         start_timer = placed & ~ack_now & (qp.ack_count == 0)
@@ -579,7 +584,8 @@ class Responder(wiring.Component):
                 with m.Elif(is_ctl & e_fire):
                     m.d.sync += [ack_every.eq(cmd.ack_every), ack_delay.eq(cmd.ack_delay),
                                  nak_interval.eq(cmd.nak_interval),
-                                 coalesce_gaps.eq(cmd.coalesce_gaps)]
+                                 coalesce_gaps.eq(cmd.coalesce_gaps),
+                                 gap_depth.eq(cmd.gap_depth)]
         m.d.comb += [
             mr_wp.addr.eq(cmd.slot[:mr_bits]),
             mr_wp.data.valid.eq(cmd.valid), mr_wp.data.rkey.eq(cmd.rkey),
@@ -657,6 +663,9 @@ class Responder(wiring.Component):
         ]
         with m.If(placed):
             m.d.comb += new_qp.ack_count.eq(Mux(ack_now, 0, count_next))
+        with m.If(placed | is_cont):
+            # Every step sets one bit (a placed packet) and passes `advance` set bits.
+            m.d.comb += new_qp.above.eq(qp.above + placed - advance)
         with m.If(send_ack):
             m.d.comb += new_qp.ack_count.eq(0)
         with m.If(is_first & (verdict == V.OUT_OF_WINDOW) & ~suppressed):
@@ -671,6 +680,7 @@ class Responder(wiring.Component):
                 m.d.comb += [
                     new_qp.epsn.eq(cmd.psn), new_qp.epos.eq(0), new_qp.msn.eq(0),
                     new_qp.ack_count.eq(0), new_qp.nak_armed.eq(0), new_qp.last_nak.eq(0),
+                    new_qp.above.eq(0),
                 ]
         rx_write = placed | is_cont | set_rx
         m.d.comb += [

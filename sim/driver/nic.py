@@ -14,7 +14,7 @@ from hdl.path.ev import EvProfile, generate_entries
 from hdl.path.expand import DefineOp
 from hdl.path.select import PathCommand, ProbeRecovery
 from hdl.transport.req_defs import INFER_K_BITS, REO_WND_BITS, RequesterCommand
-from hdl.transport.resp_defs import ResponderCommand
+from hdl.transport.resp_defs import GAP_DEPTH_BITS, ResponderCommand
 from hdl.transport.txformer import TxCommand
 
 from .core import DriverError, RegisterDriver
@@ -95,10 +95,12 @@ class NicDriver(RegisterDriver):
         await self.configure("settings", trim_dscp=dscp)
 
     async def configure_acks(self, *, ack_every=4, ack_delay=128, nak_interval=1024,
-                             coalesce_gaps=False):
+                             coalesce_gaps=False, gap_depth=0):
+        if not 0 <= gap_depth < 1 << GAP_DEPTH_BITS:
+            self._error(P.Errno.EINVAL, "responder", {"gap_depth": gap_depth})
         await self.command("responder", cmd=ResponderCommand.CONFIG, ack_every=ack_every,
                            ack_delay=ack_delay, nak_interval=nak_interval,
-                           coalesce_gaps=int(coalesce_gaps))
+                           coalesce_gaps=int(coalesce_gaps), gap_depth=gap_depth)
 
     # -- EV profiles --------------------------------------------------------------------------
 

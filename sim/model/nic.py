@@ -33,6 +33,7 @@ from hdl.packet.headers import DropReason, PacketKind
 from hdl.path.ev import EvProfile, generate_entries
 from hdl.path.select import PathCommand, ProbeRecovery
 from hdl.transport.req_defs import INFER_K_DEFAULT, TIME_SHIFT, RequesterCommand
+from hdl.transport.resp_defs import GAP_DEPTH_BITS
 from hdl.transport.txformer import DATA_HOP_LIMIT, DATA_TCLASS
 from sim import packets as pk
 from sim.driver.core import DriverError
@@ -215,10 +216,13 @@ class ModelNic:
         self._check(self.responder.mr_write(slot, valid=0), "responder", {"slot": slot})
 
     def configure_acks(self, *, ack_every=4, ack_delay=128, nak_interval=1024,
-                       coalesce_gaps=False):
+                       coalesce_gaps=False, gap_depth=0):
+        if not 0 <= gap_depth < 1 << GAP_DEPTH_BITS:
+            raise DriverError(P.Errno.EINVAL, "responder", {"gap_depth": gap_depth})
         self._check(self.responder.configure(ack_every=ack_every, ack_delay=ack_delay,
                                              nak_interval=nak_interval,
-                                             coalesce_gaps=coalesce_gaps), "responder",
+                                             coalesce_gaps=coalesce_gaps,
+                                             gap_depth=gap_depth), "responder",
                     {"ack_every": ack_every})
 
     def ev_profile_online(self, profile_id, profile, *, num_evs, min_active=1, adaptive=False,

@@ -205,7 +205,7 @@ def bring_up(scn, config, work):
         nic.configure_requester(infer_k=scn.infer_k, cc=bool(scn.cc), reo_wnd=scn.reo_wnd)
         nic.configure_acks(ack_every=scn.ack_every, ack_delay=scn.ack_delay,
                            nak_interval=extra.get("nak_interval", 1024),
-                           coalesce_gaps=bool(scn.coalesce_gaps))
+                           coalesce_gaps=bool(scn.coalesce_gaps), gap_depth=scn.gap_depth)
         nic.ev_profile_online(0, spec.profile, num_evs=scn.evs,
                               min_active=extra.get("min_active", min(2, scn.evs)),
                               fate=bool(scn.fate),

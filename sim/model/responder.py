@@ -27,6 +27,7 @@ from hdl.transport.resp_defs import (
     DEFAULT_ACK_DELAY,
     DEFAULT_ACK_EVERY,
     DEFAULT_NAK_INTERVAL,
+    GAP_DEPTH_BITS,
     RESPONDER_COUNTERS,
     VERDICT_NAK,
     ResponderCommand,
@@ -131,6 +132,7 @@ class ResponderModel:
         self.ack_delay = DEFAULT_ACK_DELAY
         self.nak_interval = DEFAULT_NAK_INTERVAL
         self.coalesce_gaps = False
+        self.gap_depth = 0
         self.counters = dict.fromkeys(RESPONDER_COUNTERS, 0)
         self._timers = deque()      # (deadline_cycle, qpn, header, arrival_ns), FIFO order
 
@@ -168,11 +170,13 @@ class ResponderModel:
         self.mrs[slot] = _Mr(int(bool(valid)), rkey, pd, base, length)
         return P.Errno.OK
 
-    def configure(self, *, ack_every, ack_delay, nak_interval, coalesce_gaps=False):
+    def configure(self, *, ack_every, ack_delay, nak_interval, coalesce_gaps=False,
+                  gap_depth=0):
         if not 1 <= ack_every <= 255:
             return P.Errno.EINVAL
         self.ack_every, self.ack_delay, self.nak_interval = ack_every, ack_delay, nak_interval
         self.coalesce_gaps = bool(coalesce_gaps)
+        self.gap_depth = gap_depth % (1 << GAP_DEPTH_BITS)      # the field's width
         return P.Errno.OK
 
     def command(self, cmd):
@@ -195,7 +199,8 @@ class ResponderModel:
                                  length=get("length", 0)), 0
         return self.configure(ack_every=get("ack_every", 0), ack_delay=get("ack_delay", 0),
                               nak_interval=get("nak_interval", 0),
-                              coalesce_gaps=get("coalesce_gaps", 0)), 0
+                              coalesce_gaps=get("coalesce_gaps", 0),
+                              gap_depth=get("gap_depth", 0)), 0
 
     # -- packets ---------------------------------------------------------------------------------
 
@@ -243,18 +248,20 @@ class ResponderModel:
             self.memory.write(h["reth"]["va"], payload)
             result.writes.append((h["reth"]["va"], payload))
         qp.received.add(psn)
+        distance = (psn - qp.epsn) % P.PSN_MODULUS
+        # Placed above a hole as the gap_depth-th (or later) PSN received above it.
+        deep = bool(self.gap_depth) and distance != 0 and len(qp.received) >= self.gap_depth
         if opcode in P.LAST_OPCODES:
             qp.last.add(psn)
         if opcode in P.IMMEDIATE_OPCODES:
             qp.wimm[psn] = h["immdt"]["imm"]
-        distance = (psn - qp.epsn) % P.PSN_MODULUS
         moved, more = self._step(qp, bth["dqpn"], result)
         gap = distance != 0 or moved > 1 or more
         while more:
             _, more = self._step(qp, bth["dqpn"], result)
 
         immediate = (bool(bth["ackreq"]) or (h["tclass"] & 3) == P.ECN_CE
-                     or (gap and not self.coalesce_gaps))
+                     or (gap and not self.coalesce_gaps) or deep)
         if not immediate:
             if qp.ack_count + 1 >= self.ack_every:
                 immediate = True

@@ -121,7 +121,8 @@ class Side:
         await d.register_mr(slot=self.rkey_slot, rkey=self.rkey, pd=PD, base=MR_BASE,
                             length=SCENARIO.bytes + 4096)
         await d.configure_acks(ack_every=SCENARIO.ack_every, ack_delay=SCENARIO.ack_delay,
-                               nak_interval=1024, coalesce_gaps=bool(SCENARIO.coalesce_gaps))
+                               nak_interval=1024, coalesce_gaps=bool(SCENARIO.coalesce_gaps),
+                               gap_depth=SCENARIO.gap_depth)
         await d.configure_requester(infer_k=SCENARIO.infer_k, cc=bool(SCENARIO.cc),
                                     reo_wnd=SCENARIO.reo_wnd)
         mode = P.EvMode.AUTO if SCENARIO.baseline == "ecmp" else None
