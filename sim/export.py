@@ -22,7 +22,7 @@ from pathlib import Path
 
 from amaranth.back import rtlil
 
-__all__ = ["export_sv", "ExportError"]
+__all__ = ["export_sv", "write_if_changed", "ExportError"]
 
 SCRIPT = "read_rtlil {il}; proc; pmuxtree; opt_clean; memory_collect; " \
          "write_verilog -sv -norename {sv}"
@@ -50,10 +50,14 @@ def export_sv(component, *, name, path=None):
             raise ExportError(f"yosys failed exporting {name}:\n{result.stderr[-2000:]}")
         verilog = (Path(tmp) / "design.sv").read_text()
     if path is not None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # An unchanged design keeps its file (and time stamp), so a simulator build of it
-        # can be reused.
-        if not path.exists() or path.read_text() != verilog:
-            path.write_text(verilog)
+        write_if_changed(path, verilog)
     return verilog
+
+
+def write_if_changed(path, text):
+    """Write ``text`` to ``path`` unless the file already holds it: an unchanged design keeps
+    its file (and time stamp), so a simulator build of it can be reused."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)

@@ -6,7 +6,7 @@ module ``mrc_nic``, and a top that instantiates it twice: Verilator compiles one
 two, which halves the build of ``make sim`` (the build is most of a default run's wall time).
 """
 
-from pathlib import Path
+from types import SimpleNamespace
 
 from amaranth import *
 from amaranth.lib import wiring
@@ -15,7 +15,7 @@ from amaranth.lib.wiring import Flow
 from hdl.config import NicConfig
 from hdl.nic import MrcNic
 
-from ..export import export_sv
+from ..export import export_sv, write_if_changed
 
 __all__ = ["NicPair", "SMALL_CONFIG", "NIC_MODULE"]
 
@@ -53,17 +53,15 @@ def _mark_used(*elaboratables):
 class NicPair(wiring.Component):
     """NICs ``a`` and ``b`` with the same configuration, unconnected to each other.
 
-    ``shared``: elaborate the NICs as two instances of the black box :data:`NIC_MODULE`
-    (what :meth:`export_sv` does); otherwise as two Amaranth submodules (one flat design, what
-    the Amaranth simulator needs).
+    Elaborated as two Amaranth submodules (one flat design, what the Amaranth simulator
+    needs), or, once :meth:`export_sv` has run, as two instances of the black box
+    :data:`NIC_MODULE` that the exported file defines.
     """
 
-    def __init__(self, config, *, shared=False):
+    def __init__(self, config):
         self._config = config
-        self._shared = shared
+        self._shared = False
         self.nics = {"a": MrcNic(config), "b": MrcNic(config)}
-        if shared:                  # signatures only: the black boxes stand for them
-            _mark_used(*self.nics.values())
         members = {}
         for prefix, nic in self.nics.items():
             for name, member in nic.signature.members.items():
@@ -75,7 +73,9 @@ class NicPair(wiring.Component):
         for prefix, nic in self.nics.items():
             if self._shared:
                 ports = {"i_clk": ClockSignal(), "i_rst": ResetSignal()}
-                for path, member, value in nic.signature.flatten(self._outer(prefix)):
+                outer = SimpleNamespace(**{name: getattr(self, f"{prefix}_{name}")
+                                           for name in nic.signature.members})
+                for path, member, value in nic.signature.flatten(outer):
                     kind = "o" if member.flow == Flow.Out else "i"
                     ports[f"{kind}_{'__'.join(map(str, path))}"] = value
                 m.submodules[f"nic_{prefix}"] = Instance(NIC_MODULE, **ports)
@@ -85,25 +85,14 @@ class NicPair(wiring.Component):
                 _connect(m, getattr(self, f"{prefix}_{name}"), getattr(nic, name), member)
         return m
 
-    def _outer(self, prefix):
-        """An object with the NIC's member names bound to this top's ``prefix_`` ports."""
-        class Outer:
-            pass
-        outer = Outer()
-        for name in self.nics[prefix].signature.members:
-            setattr(outer, name, getattr(self, f"{prefix}_{name}"))
-        return outer
-
     def export_sv(self, path):
-        """Write the NIC module once and a top ``nic_pair`` with two instances of it to
-        ``path``; an unchanged text keeps the file (and its time stamp). This object and its
-        two NICs are then described by the file, never elaborated themselves."""
-        _mark_used(self, *self.nics.values())
-        nic = export_sv(MrcNic(self._config), name=NIC_MODULE)
-        top = export_sv(NicPair(self._config, shared=True), name="nic_pair")
+        """Write NIC ``a`` once, as the module :data:`NIC_MODULE`, and this pair as the top
+        ``nic_pair`` with two instances of it, to ``path`` (kept when unchanged). NIC ``b``
+        is never elaborated: the second instance stands for it."""
+        nic = export_sv(self.nics["a"], name=NIC_MODULE)
+        self._shared = True
+        top = export_sv(self, name="nic_pair")
+        _mark_used(self.nics["b"])
         text = nic + "\n" + top
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not path.exists() or path.read_text() != text:
-            path.write_text(text)
+        write_if_changed(path, text)
         return text
