@@ -529,6 +529,57 @@ def test_time_rule_keeps_up_with_back_to_back_acks():
     bench.run(testbench)
 
 
+def test_scanner_expires_a_reorder_window_without_a_later_ack():
+    """The timer scanner polls every live QP's reorder window: holes below the PSN a window
+    armed with are resent reo_wnd units after it armed (within a scan period) though no
+    further ACK of the QP arrives; one unit earlier nothing is; once expired the window is
+    off, so later visits resend nothing more. As the model's poll_reorder."""
+    bench = TimedBench(seed=151)
+    qpn, psn0 = 5, 0xFFFFFC                 # across the PSN wrap
+
+    def resent_since(n):
+        return sorted(P.psn_diff(p.context.psn, psn0) for p in bench.send.items[n:])
+
+    async def visit(ctx, now):
+        """Freeze the time at ``now`` for three scan periods."""
+        bench.now = bench.model.now_units = now
+        await ctx.tick().repeat(3 * SCAN_UNITS + 8)
+
+    async def testbench(ctx):
+        bench.now = bench.model.now_units = 40
+        await qp_write(bench, ctx, qpn, psn=psn0, timeout=20)
+        await bench.control(ctx, RequesterCommand.CONFIG, infer_k=0, reo_wnd=6)
+        bench.post([write_wr(qpn, 1, 12)])
+        await bench.settle(ctx)
+        n = len(bench.send.items)
+        bench.now = bench.model.now_units = 50
+        # 0, 1 and 4 lost; 2, 3, 5 SACKed: the window arms for the holes below 6, at 50.
+        await bench.receive(ctx, [ack_header(qpn, P.psn_add(psn0, -1),
+                                             sack=sack_of(psn0, [P.psn_add(psn0, i)
+                                                                 for i in (2, 3, 5)]))])
+        await bench.settle(ctx)
+        await visit(ctx, 55)                            # 5 units: still running
+        assert resent_since(n) == []
+        assert not bench.model.poll_reorder(qpn)
+        await visit(ctx, 56)                            # 6 units: expired by the scanner
+        assert bench.model.poll_reorder(qpn)
+        await bench.settle(ctx)
+        assert resent_since(n) == [0, 1, 4]
+        n = len(bench.send.items)
+        await visit(ctx, 90)                            # off now: nothing more
+        assert not bench.model.poll_reorder(qpn)
+        await bench.settle(ctx)
+        assert resent_since(n) == []
+        await bench.check_all(ctx)
+        assert bench.model.counters["reorder_expiries"] == 1
+        assert bench.model.counters["inferred_losses"] == 3
+        # The time rule alone: resent without LOST feedback (a REORDER walk).
+        assert int(ctx.get(bench.dut.counters.lost_feedback)) == 0
+        assert not [f for f in bench.feedback.items if f.kind == LOST]
+
+    bench.run(testbench)
+
+
 # -- control -----------------------------------------------------------------------------------
 
 def test_timer_fields_are_checked():

@@ -111,10 +111,13 @@ def timer_page(*, armed, retries, start):
     return armed | retries << 8 | (start & 0xFFFF_FFFF) << 32
 
 
-class WalkKind(enum.Enum, shape=1):
+class WalkKind(enum.Enum, shape=2):
     """Why the retransmitter walks a PSN range."""
     TIMEOUT = 0     #: the QP's timer expired: the oldest PSN, then old holes
     INFER = 1       #: K later PSNs were SACKed: holes not yet retransmitted
+    #: a reorder window expired (time rule) and the count rule found nothing: holes not yet
+    #: retransmitted, resent without LOST feedback (late is not evidence of a bad path)
+    REORDER = 2
 
 
 def walk_layout(config):

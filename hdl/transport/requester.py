@@ -619,7 +619,7 @@ class Requester(wiring.Component):
         r1_age = (time_now - r1_meta.time)[:TIME_BITS]
         r1_young = (r1_age >> Mux(r1_timeout > YOUNG_CAP_LOG2, YOUNG_CAP_LOG2, r1_timeout)) == 0
         r1_walk_ok = (r1_ok & ~((r1_kind == WalkKind.TIMEOUT) & ~r1_first & r1_young)
-                      & ~((r1_kind == WalkKind.INFER) & r1_meta.retx))
+                      & ~((r1_kind != WalkKind.TIMEOUT) & r1_meta.retx))
         r1_go = Mux(r1_walk, r1_walk_ok, r1_ok)
         r2_can_load = ~r2_valid | r2_emit
         m.d.comb += [
@@ -636,8 +636,11 @@ class Requester(wiring.Component):
         # LOST feedback for the EV a PSN last went out on: every PSN an INFER walk resends, and
         # the oldest PSN of a TIMEOUT walk (the one the timer is about). The older holes a
         # TIMEOUT walk also resends give none: after a long queueing delay they are mostly
-        # late, not lost, and a LOST per hole would strike every plane at once.
-        lost_push = r2_load & r1_walk & ((r1_kind == WalkKind.INFER) | r1_first)
+        # late, not lost, and a LOST per hole would strike every plane at once. Nor do the
+        # holes of a REORDER walk (the time rule alone): late by the reorder window is weaker
+        # evidence than K later PSNs, and a false LOST costs a path (with fate sharing, a port).
+        lost_push = r2_load & r1_walk & ((r1_kind == WalkKind.INFER)
+                                         | ((r1_kind == WalkKind.TIMEOUT) & r1_first))
         lost_value = Signal(fb_layout)
         m.d.comb += [
             lost_value.qpn.eq(r1_qpn), lost_value.ev.eq(r_ports["ev"].data),
@@ -647,7 +650,7 @@ class Requester(wiring.Component):
         count("lost_feedback", lost_push & lost_fifo.w_rdy)
         walk_resend = r2_load & r1_walk
         count("timeout_retransmissions", walk_resend & (r1_kind == WalkKind.TIMEOUT))
-        count("inferred_losses", walk_resend & (r1_kind == WalkKind.INFER))
+        count("inferred_losses", walk_resend & (r1_kind != WalkKind.TIMEOUT))
         wr_send_port = mems["wr_send"].read_port(transparent_for=(wps["wr_send"],))
         m.d.comb += [
             wr_send_port.addr.eq(slot_addr(r1_qpn, r_ports["meta"].data.slot)),
@@ -935,15 +938,27 @@ class Requester(wiring.Component):
             return {"qpn": Signal(qb, name=f"i{stage}_qpn"),
                     "cand": Signal(_PSN, name=f"i{stage}_cand"),
                     "una": Signal(_PSN, name=f"i{stage}_una"),
-                    "next": Signal(_PSN, name=f"i{stage}_next")}
+                    "next": Signal(_PSN, name=f"i{stage}_next"),
+                    "poll": Signal(name=f"i{stage}_poll")}
 
         i0, i1, i2, i3 = (carried(n) for n in range(4))
         i0_sack = Signal(sack_bits)
         a_sack = a1_sack & sack_mask
-        m.d.sync += i0_valid.eq(a_apply & ~fatal & ((infer_k != 0) | (reo_wnd != 0))
-                                & (a_sack != 0))
-        m.d.sync += [i0["qpn"].eq(a1_qpn), i0["cand"].eq(cand), i0["una"].eq(new_una),
-                     i0["next"].eq(a_next), i0_sack.eq(a_sack)]
+        # A reorder-window poll from the timer scanner (driven below): the QP it visits, with
+        # its una and next_psn, and no SACK bits. It enters only in a cycle without an ACK
+        # (the scanner comes back one scan period later).
+        poll_valid = Signal()
+        poll_qpn, poll_una, poll_next = Signal(qb), Signal(_PSN), Signal(_PSN)
+        ack_infer = Signal()
+        m.d.comb += ack_infer.eq(a_apply & ~fatal & ((infer_k != 0) | (reo_wnd != 0))
+                                 & (a_sack != 0))
+        m.d.sync += i0_valid.eq(ack_infer | poll_valid)
+        with m.If(ack_infer):
+            m.d.sync += [i0["qpn"].eq(a1_qpn), i0["cand"].eq(cand), i0["una"].eq(new_una),
+                         i0["next"].eq(a_next), i0["poll"].eq(0), i0_sack.eq(a_sack)]
+        with m.Else():
+            m.d.sync += [i0["qpn"].eq(poll_qpn), i0["cand"].eq(poll_una), i0["una"].eq(poll_una),
+                         i0["next"].eq(poll_next), i0["poll"].eq(1), i0_sack.eq(0)]
         # I0: SACKed PSNs per 8-bit group and at or above each group (saturating).
         i1_sack = Signal(sack_bits)
         i1_above = [Signal(5, name=f"i1_above{g}") for g in range(groups + 1)]
@@ -1019,13 +1034,14 @@ class Requester(wiring.Component):
         # top > the region's end (== lower when nothing is pushed), picked the same way.
         top_above_end = Mux(use_reo, _psn_gt(i3_top, entry.reo_end),
                             Mux(count_push, _psn_gt(i3_top, i3_end), above_lower(i3_top)))
-        reo_arm = (reo_wnd != 0) & (reo_expired | ~reo_running) & top_above_end
+        reo_arm = ((reo_wnd != 0) & (reo_expired | ~reo_running) & top_above_end
+                   & ~i3["poll"])          # a poll has no SACKed PSN to arm with
         i3_write = i3_valid & (~i3_push | infer_walks.w_rdy)
         infer_walk = Signal(wl)
         m.d.comb += [
             infer_walk.qpn.eq(i3["qpn"]), infer_walk.psn.eq(i3_lower),
             infer_walk.count.eq(_psn_sub(region_end, i3_lower)),
-            infer_walk.kind.eq(WalkKind.INFER),
+            infer_walk.kind.eq(Mux(use_reo & ~count_push, WalkKind.REORDER, WalkKind.INFER)),
             infer_walks.w_data.eq(infer_walk), infer_walks.w_en.eq(i3_valid & i3_push),
         ]
         infer_wp = wps["infer"]
@@ -1073,6 +1089,15 @@ class Requester(wiring.Component):
         v_exponent, v_exhausted = retry_expiry_gateware(
             v_cfg.timeout, v_cfg.retry_linear, v_cfg.retry_exp, v_tmr.retries)
         v_expired = ((now - v_tmr.start)[:32] >> v_exponent) != 0
+        # Every scanner visit of a live QP with PSNs outstanding also polls its reorder
+        # window (inference unit, I0), so a window expires reo_wnd after it armed (within a
+        # scan period) even when no later ACK of the QP arrives to find it expired.
+        m.d.comb += [
+            poll_valid.eq(v1_valid & ~v1_event & v_live & v_outstanding & (reo_wnd != 0)
+                          & ~ack_infer),
+            poll_qpn.eq(v1_qpn), poll_una.eq(v_ack.una),
+            poll_next.eq(v_ports["next_psn"].data),
+        ]
         timeout_walk = Signal(wl)
         m.d.comb += [
             timeout_walk.qpn.eq(v1_qpn), timeout_walk.psn.eq(v_ack.una),

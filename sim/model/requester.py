@@ -301,12 +301,15 @@ class RequesterModel:
                 "exhausted": exhausted}
 
     def poll_timers(self, now_units=None):
-        """Expire every armed QP whose wait has passed (at most once each). Returns
-        ``[(qpn, "timeout" | "exceeded")]``."""
+        """Expire every armed QP whose wait has passed (at most once each), and every
+        reorder window that has run ``reo_wnd`` (:meth:`poll_reorder`). Returns
+        ``[(qpn, "timeout" | "exceeded")]`` (timer expiries only)."""
         if now_units is not None:
             self.now_units = now_units
         out = []
         for qpn, qp in enumerate(self._qps):
+            if self.reo_wnd:
+                self.poll_reorder(qpn)
             if not self._live(qp) or qp.una == qp.next_psn:
                 qp.armed, qp.retries = False, 0
                 continue
@@ -460,28 +463,53 @@ class RequesterModel:
         rule). Each PSN is inferred at most once (``infer_to``). Then the window re-arms
         from now for the holes below the highest SACKed PSN, unless it still runs."""
         qp = self._qps[qpn]
-        lower = qp.una
-        if (P.psn_diff(qp.infer_to, qp.una) >= 0
-                and P.psn_diff(qp.next_psn, qp.infer_to) >= 0):
-            lower = qp.infer_to
+        lower, running, expired = self._reorder_window(qp)
         end = lower
         if self.infer_k and len(sacked) >= self.infer_k:
             end = P.psn_add(cand, sacked[-self.infer_k])
-        running = (self.reo_wnd != 0 and qp.reo_armed and P.psn_diff(qp.reo_end, lower) > 0
-                   and P.psn_diff(qp.next_psn, qp.reo_end) >= 0)
-        expired = running and (self._time() - qp.reo_at) % (1 << TIME_BITS) >= self.reo_wnd
+        kind = WalkKind.INFER if P.psn_diff(end, lower) > 0 else WalkKind.REORDER
         if expired:
             self.counters["reorder_expiries"] += 1
             if P.psn_diff(qp.reo_end, end) > 0:
                 end = qp.reo_end
         if P.psn_diff(end, lower) > 0:
-            self._walks.append([WalkKind.INFER, qpn, lower, P.psn_diff(end, lower), True])
+            self._walks.append([kind, qpn, lower, P.psn_diff(end, lower), True])
             qp.infer_to = lower = end
         top = P.psn_add(cand, sacked[-1] + 1)
         if self.reo_wnd and (expired or not running) and P.psn_diff(top, lower) > 0:
             qp.reo_armed, qp.reo_end, qp.reo_at = True, top, self._time()
         else:
             qp.reo_armed = running and not expired
+
+    def _reorder_window(self, qp):
+        """``(lower, running, expired)``: where the next inferred region starts (``infer_to``
+        when it lies in ``[una, next_psn]``, else ``una``), whether the QP's reorder window
+        runs, and whether it has run ``reo_wnd`` units."""
+        lower = qp.una
+        if (P.psn_diff(qp.infer_to, qp.una) >= 0
+                and P.psn_diff(qp.next_psn, qp.infer_to) >= 0):
+            lower = qp.infer_to
+        running = (self.reo_wnd != 0 and qp.reo_armed and P.psn_diff(qp.reo_end, lower) > 0
+                   and P.psn_diff(qp.next_psn, qp.reo_end) >= 0)
+        expired = running and (self._time() - qp.reo_at) % (1 << TIME_BITS) >= self.reo_wnd
+        return lower, running, expired
+
+    def poll_reorder(self, qpn):
+        """The timer scanner's visit to QP ``qpn``'s reorder window (``docs/recovery.md``):
+        a window that has run ``reo_wnd`` units expires without waiting for an ACK; its holes
+        are resent (an INFER walk up to the PSN it armed with) and it stops. Returns whether
+        it expired."""
+        qp = self._qps[qpn]
+        if not self._live(qp) or qp.una == qp.next_psn:
+            return False
+        lower, running, expired = self._reorder_window(qp)
+        qp.reo_armed = running and not expired
+        if not expired:
+            return False
+        self.counters["reorder_expiries"] += 1
+        self._walks.append([WalkKind.REORDER, qpn, lower, P.psn_diff(qp.reo_end, lower), True])
+        qp.infer_to = qp.reo_end
+        return True
 
     def _walk_step(self):
         """One PSN of the oldest walk: a retransmission with LOST feedback, or ``None``
@@ -497,7 +525,7 @@ class RequesterModel:
         age = (self.now_units - sent_time) % (1 << TIME_BITS)
         young = age < 1 << min(qp.timeout, YOUNG_CAP_LOG2)
         if (kind == WalkKind.TIMEOUT and not first and young) or (
-                kind == WalkKind.INFER and retransmitted):
+                kind != WalkKind.TIMEOUT and retransmitted):
             request = None
         else:
             request = self._retransmission(qpn, psn)
@@ -506,7 +534,8 @@ class RequesterModel:
             return None
         self.counters["timeout_retransmissions" if kind == WalkKind.TIMEOUT
                       else "inferred_losses"] += 1
-        if kind == WalkKind.INFER or first:         # a TIMEOUT walk's older holes: no LOST
+        # A TIMEOUT walk's older holes and a REORDER walk's holes give no LOST.
+        if kind == WalkKind.INFER or (kind == WalkKind.TIMEOUT and first):
             self.counters["lost_feedback"] += 1
             self.feedback.append({"qpn": qpn, "ev": self._ev.get(key, 0),
                                   "kind": P.FeedbackKind.LOST})
