@@ -10,13 +10,15 @@ its report's key figures, side by side:
 * ``plane-failure``: one of 8 planes blackholed mid-transfer: goodput relative to the healthy
   line rate (target >= 0.85), bytes lost (must be 0) and the recovery figures;
 * ``timeout-only``: the same failure with SACK loss inference off (recovery by timeout only);
+* ``plane-failure-reorder``: the same failure with time-based inference on as well
+  (``reo_wnd`` 24 units, off by default: ``docs/recovery.md``);
 * ``ecmp`` against ``mrc-8qp``: the single-path baseline against MRC with as many QPs as
   planes (target ratio >= 1.5);
 * ``loss1``: 1 % random loss (target efficiency >= 0.9);
 * simulated cycles per second of the two-NIC system per simulator (a short run each).
 
-``recovery.json`` puts ``plane-failure`` and ``timeout-only`` side by side (issue #6's
-measurement).
+``recovery.json`` puts ``plane-failure``, ``timeout-only`` and ``plane-failure-reorder``
+side by side (issue #6's measurement).
 """
 
 import json
@@ -29,7 +31,10 @@ from .scenario import scenario
 
 __all__ = ["run", "ENTRIES"]
 
-ENTRIES = ("clean", "clean-coalesced", "plane-failure", "timeout-only", "ecmp", "mrc-8qp", "loss1")
+ENTRIES = ("clean", "clean-coalesced", "plane-failure", "timeout-only", "plane-failure-reorder",
+           "ecmp", "mrc-8qp", "loss1")
+#: Entries that are a named scenario with other settings (``SIZES``).
+BASES = {"clean-coalesced": "clean", "plane-failure-reorder": "plane-failure"}
 #: Per-entry changes to the named scenarios: transfers long enough that the first and last
 #: round trips weigh little, and a failure in the middle with a recovery (goodput before,
 #: during and after).
@@ -48,6 +53,8 @@ SIZES = {
                         "coalesce_gaps": 1, "gap_depth": 8},
     "plane-failure": {"bytes": 1 << 20, "fail_at_us": 300.0, "recover_at_us": 700.0},
     "timeout-only": {"bytes": 1 << 20, "fail_at_us": 300.0, "recover_at_us": 700.0},
+    "plane-failure-reorder": {"bytes": 1 << 20, "fail_at_us": 300.0, "recover_at_us": 700.0,
+                              "reo_wnd": 24},
     "ecmp": {"bytes": 512 << 10},
     "mrc-8qp": {"bytes": 512 << 10},
     "loss1": {"bytes": 1 << 20, "fate": 0},
@@ -72,7 +79,7 @@ def run(out_dir=None, *, entries=ENTRIES, sims=("verilator",), log=print, **over
     out_dir.mkdir(parents=True, exist_ok=True)
     results = {}
     for name in entries:
-        base = "clean" if name == "clean-coalesced" else name
+        base = BASES.get(name, name)
         scn = scenario(base, **{**SIZES.get(name, {}), **overrides}).replace(name=name)
         where = f"RTL, {scn.sim}" if scn.backend == "rtl" else "model"
         log(f"bench: scenario {name} ({where}) ...")
@@ -106,10 +113,12 @@ def run(out_dir=None, *, entries=ENTRIES, sims=("verilator",), log=print, **over
                            "timeouts": results[name]["timeouts"],
                            "inferred_losses": results[name]["inferred_losses"],
                            "bytes_lost": results[name]["bytes_lost"]}
-                    for name in ("plane-failure", "timeout-only")}
+                    for name in ("plane-failure", "timeout-only", "plane-failure-reorder")
+                    if name in results}
         (out_dir / "recovery.json").write_text(json.dumps(
             {"benchmark": "one of 8 planes blackholed mid-transfer: SACK inference on "
-                          "(plane-failure) against timeout only (timeout-only)",
+                          "(plane-failure) against timeout only (timeout-only) and SACK "
+                          "plus time-based inference (plane-failure-reorder)",
              "results": recovery}, indent=2, default=str) + "\n")
     log(f"wrote {out_dir / 'fabric.json'}")
     return document

@@ -402,3 +402,30 @@ def test_inference_needs_k_later_sacks_and_happens_once():
     m.receive(ack(0, -1 % (1 << 24), sack=0b11110110))  # region [1, 5): 3
     assert [r["context"]["psn"] for r in m.pull_all()] == [3]
     assert m.counters["inferred_losses"] == 2
+
+
+def test_time_rule_alone_resends_without_lost_feedback_with_the_count_rule_with_lost():
+    """A reorder window that expires with no count-rule region (at an ACK or at the
+    scanner's poll) resends its holes as a REORDER walk: no LOST feedback. When the count
+    rule finds holes in the same ACK, the whole region is an INFER walk: LOST for each."""
+    m = timed_model(timeout=20, infer_k=3)
+    m.control(RequesterCommand.CONFIG, infer_k=3, reo_wnd=4)
+    m.post(wr(length=16 * 256))
+    m.pull_all(now_units=0)
+    for psn in range(16):
+        m.sent(0, psn, psn % 8)
+    lost = lambda: [f["ev"] for f in m.feedback if f["kind"] == P.FeedbackKind.LOST]  # noqa: E731
+    m.receive(ack(0, -1 % (1 << 24), sack=0b10), now_units=10)     # 1: arms for [0, 2)
+    assert not m.poll_reorder(0) and m.pull_all(now_units=13) == []
+    m.now_units = 14
+    assert m.poll_reorder(0)                            # 4 units: expired by the poll
+    assert [r["context"]["psn"] for r in m.pull_all()] == [0]
+    assert lost() == [] and m.counters["reorder_expiries"] == 1
+    assert not m.poll_reorder(0)                        # stopped: nothing more
+    m.receive(ack(0, -1 % (1 << 24), sack=0b1000110), now_units=20)   # 2, 6: arms [2, 7)
+    # 7 and 8 too, 4 units later: the count rule's region [2, 6) (K = 3) and the expired
+    # window's [2, 7) make one INFER walk, LOST for each hole: 3, 4, 5.
+    m.receive(ack(0, -1 % (1 << 24), sack=0b111000110), now_units=24)
+    assert [r["context"]["psn"] for r in m.pull_all()] == [3, 4, 5]
+    assert lost() == [3, 4, 5]
+    assert m.counters["inferred_losses"] == 4 and m.counters["lost_feedback"] == 3
