@@ -945,8 +945,8 @@ class Requester(wiring.Component):
         i0_sack = Signal(sack_bits)
         a_sack = a1_sack & sack_mask
         # A reorder-window poll from the timer scanner (driven below): the QP it visits, with
-        # its una and next_psn, and no SACK bits. It enters only in a cycle without an ACK
-        # (the scanner comes back one scan period later).
+        # its una and next_psn, and no SACK bits. An ACK in the same cycle takes I0 and the
+        # poll is dropped (the scanner comes back one scan period later).
         poll_valid = Signal()
         poll_qpn, poll_una, poll_next = Signal(qb), Signal(_PSN), Signal(_PSN)
         ack_infer = Signal()
@@ -1093,8 +1093,7 @@ class Requester(wiring.Component):
         # window (inference unit, I0), so a window expires reo_wnd after it armed (within a
         # scan period) even when no later ACK of the QP arrives to find it expired.
         m.d.comb += [
-            poll_valid.eq(v1_valid & ~v1_event & v_live & v_outstanding & (reo_wnd != 0)
-                          & ~ack_infer),
+            poll_valid.eq(v1_valid & ~v1_event & v_live & v_outstanding & (reo_wnd != 0)),
             poll_qpn.eq(v1_qpn), poll_una.eq(v_ack.una),
             poll_next.eq(v_ports["next_psn"].data),
         ]

@@ -497,8 +497,8 @@ class RequesterModel:
     def poll_reorder(self, qpn):
         """The timer scanner's visit to QP ``qpn``'s reorder window (``docs/recovery.md``):
         a window that has run ``reo_wnd`` units expires without waiting for an ACK; its holes
-        are resent (an INFER walk up to the PSN it armed with) and it stops. Returns whether
-        it expired."""
+        are resent (a REORDER walk up to the PSN it armed with: no LOST feedback) and it
+        stops. Returns whether it expired."""
         qp = self._qps[qpn]
         if not self._live(qp) or qp.una == qp.next_psn:
             return False
@@ -512,8 +512,8 @@ class RequesterModel:
         return True
 
     def _walk_step(self):
-        """One PSN of the oldest walk: a retransmission with LOST feedback, or ``None``
-        (skipped and counted)."""
+        """One PSN of the oldest walk: a retransmission (with LOST feedback for every PSN of
+        an INFER walk and the first of a TIMEOUT walk), or ``None`` (skipped and counted)."""
         walk = self._walks[0]
         kind, qpn, psn, count, first = walk
         walk[2:5] = [P.psn_add(psn, 1), count - 1, False]
