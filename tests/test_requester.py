@@ -352,6 +352,9 @@ def test_window_and_slot_limits_match_model():
                     {"qpn": 0, "opcode": W.RDMA_WRITE_WITH_IMM, "wr_id": 3, "length": 1}])
         await bench.settle_sends(ctx)
         assert len(bench.send.items) == 128                     # the window is full
+        # The packet that fills the window asks for an ACK; the ones before it do not.
+        asked = [int(p.context.ackreq) for p in bench.send.items]
+        assert asked == [0] * 127 + [1]
         await bench.control(ctx, RequesterCommand.QP_WRITE, qpn=0, state=P.QpState.RTS,
                             mpr=1, max_wimm=1)                  # EBUSY
         await bench.report_evs(ctx)
@@ -370,8 +373,9 @@ def test_window_and_slot_limits_match_model():
 
 def test_ecn_window_matches_model():
     """CONFIG cc: a CE echo for a PSN sent after the last decrease takes 1/8 off the PSNs in
-    flight, a second one in the same window does nothing, every cwnd/4 unmarked ACKs widen the
-    window by one PSN; the segmenter stops at the window, and the window (QP_READ page 3) equals the
+    flight before it, a second one in the same window does nothing, every cwnd/4 PSNs that unmarked ACKs
+    acknowledge widen the window by one PSN (at most two per ACK); the segmenter stops at the
+    window, the packet that fills it asks for an ACK, and the window (QP_READ page 3) equals the
     model's after every step."""
     bench = Bench(seed=31)
     psn0 = 0xFFFFF0                                 # the window wraps the PSN space
@@ -396,28 +400,37 @@ def test_ecn_window_matches_model():
         await bench.settle_sends(ctx)
         await bench.report_evs(ctx)
         assert len(bench.send.items) == 128                     # MPR
-        # CE for PSN 10 (una 10): 118 in flight -> 118 - 14 = 104; recover = next PSN (128).
-        assert await step(ctx, 9, psn=10, flags=ce) == 104 | P.psn_add(psn0, 128) << 32
-        # A second mark before PSN 128: no decrease; una 20 leaves 108 in flight >= 104.
-        assert await step(ctx, 19, psn=20, flags=ce) == 104 | P.psn_add(psn0, 128) << 32
-        assert len(bench.send.items) == 128
-        # Unmarked ACKs: counted (bits 12-23); every cwnd/4 of them add one PSN. Sending
-        # resumes exactly to una + cwnd.
-        for offset in (29, 39, 49):
+        # CE for PSN 10, una 0 -> 10: the 128 in flight before the ACK -> 128 - 16 = 112;
+        # recover = the next PSN (128).
+        assert await step(ctx, 9, psn=10, flags=ce) == 112 | P.psn_add(psn0, 128) << 32
+        # A second mark before PSN 128: no decrease; una 20 lets PSNs up to 131 go.
+        assert await step(ctx, 19, psn=20, flags=ce) == 112 | P.psn_add(psn0, 128) << 32
+        assert len(bench.send.items) == 20 + 112
+        # Unmarked ACKs count the PSNs they acknowledge cumulatively (bits 12-23); every
+        # cwnd/4 = 28 of them add one PSN. Sending resumes exactly to una + cwnd.
+        for offset in (29, 39, 49):                 # 10 PSNs each: 10, 20, 30 -> +1, 2 left
             await step(ctx, offset, psn=offset + 1)
-        assert await window(ctx) == 104 | 3 << 12 | P.psn_add(psn0, 128) << 32
-        assert len(bench.send.items) == 50 + 104
-        for offset in range(50, 73):                # the 26th unmarked ACK: 104 / 4
+        assert await window(ctx) == 113 | 2 << 12 | P.psn_add(psn0, 128) << 32
+        assert len(bench.send.items) == 50 + 113
+        # Each ACK reopened the window; the packet that filled it again asked for an ACK.
+        asked = [i for i, p in enumerate(bench.send.items) if p.context.ackreq]
+        assert asked == [127, 19 + 112, 29 + 112, 39 + 112, 49 + 113]
+        for offset in range(50, 76):                # one PSN each: 2 + 26 = 28 -> +1, 0 left
             await step(ctx, offset, psn=offset + 1)
-        assert await window(ctx) == 105 | P.psn_add(psn0, 128) << 32
-        assert len(bench.send.items) == 73 + 105
-        # A mark for a PSN at or after 128 shrinks it again, from the PSNs in flight.
-        cwnd = await step(ctx, 79, psn=130, flags=ce)
-        flight = 73 + 105 - 80
-        assert cwnd == (flight - (flight >> 3)) | P.psn_add(psn0, 178) << 32
+        assert await window(ctx) == 114 | P.psn_add(psn0, 128) << 32
+        assert len(bench.send.items) == 76 + 114
+        # One ACK for 86 PSNs: at most two PSNs per ACK (114 -> 116), and what is left is
+        # kept below the threshold (min(86 - 2 * 28, 28 - 1) = 27).
+        assert await step(ctx, 161, psn=100) == 116 | 27 << 12 | P.psn_add(psn0, 128) << 32
+        assert len(bench.send.items) == 162 + 116
+        # A mark for a PSN at or after 128 shrinks it again, from the PSNs in flight before
+        # the ACK (here all of the window, although the ACK itself acknowledges six of them).
+        cwnd = await step(ctx, 167, psn=200, flags=ce)
+        flight = 116
+        assert cwnd == (flight - (flight >> 3)) | P.psn_add(psn0, 162 + 116) << 32
         # Marks on the newest PSN, una creeping up: never below CC_MIN_WINDOW.
-        una = 80
-        for _ in range(40):
+        una = 168
+        for _ in range(80):
             sent = len(bench.send.items)
             una = min(una + 3, sent)
             cwnd = (await step(ctx, una - 1, psn=sent - 1, flags=ce)) & 0xFFF
@@ -426,6 +439,9 @@ def test_ecn_window_matches_model():
         assert cwnd == CC_MIN_WINDOW
         await step(ctx, una - 1, psn=len(bench.send.items) - 1, flags=ce)
         assert (await window(ctx)) & 0xFFF == CC_MIN_WINDOW
+        # A mark on an ACK that leaves nothing in flight: still the floor.
+        sent = len(bench.send.items)
+        assert (await step(ctx, sent - 1, psn=sent - 1, flags=ce)) & 0xFFF == CC_MIN_WINDOW
         bench.check_counters(ctx)
 
     bench.run(testbench)

@@ -507,16 +507,22 @@ class Requester(wiring.Component):
         m.d.comb += s2_ack_port.addr.eq(s2_qpn)
         s2_una_now = Mux(s2_fresh, s2_ack_port.data.una, s2_una)
         s2_abort = s2_active & s2_fresh & s2_ack_port.data.error
-        s2_window_ok = _psn_sub(s2_psn, s2_una_now) < Cat(C(0, 7), s2_mpr)
+        s2_ahead = _psn_sub(s2_psn, s2_una_now)
+        s2_window_ok = s2_ahead < Cat(C(0, 7), s2_mpr)
         # The ECN window (CONFIG cc): its table read is valid from the second cycle of a WR.
         s2_cc_port = rport("cc")
         m.d.comb += s2_cc_port.addr.eq(s2_qpn)
-        s2_cc_ok = ~cc_on | (s2_fresh & (_psn_sub(s2_psn, s2_una_now) < s2_cc_port.data.cwnd))
+        s2_cc_ok = ~cc_on | (s2_fresh & (s2_ahead < s2_cc_port.data.cwnd))
+        # This packet fills the QP's window (MPR, or the ECN window when on): it asks for an
+        # ACK, so a window-limited QP never waits for the responder's coalescing timer.
+        s2_closes = (((s2_ahead + 1) >= Cat(C(0, 7), s2_mpr))
+                     | (cc_on & ((s2_ahead + 1) >= s2_cc_port.data.cwnd)))
         s2_last = s2_remaining <= cfg.mtu
         s2_dma_len = Mux(s2_last, s2_remaining, cfg.mtu)
         s2_can = s2_active & ~s2_abort & s2_window_ok & s2_cc_ok & ~hold
         s2_emit = Signal()
-        s2_ackreq = s2_last | ((ackreq_every != 0) & (s2_ackcnt == ackreq_every - 1))
+        s2_ackreq = (s2_last | s2_closes
+                     | ((ackreq_every != 0) & (s2_ackcnt == ackreq_every - 1)))
         m.d.comb += s2_free.eq(~s2_active | s2_abort | (s2_emit & s2_last))
 
         with m.If(s2_emit):
@@ -847,11 +853,12 @@ class Requester(wiring.Component):
             ]
 
         # The ECN window: an ACK echoing CE for a PSN sent after the last decrease takes 1/8
-        # (at least one) off the PSNs in flight (floor CC_MIN_WINDOW); every cwnd/4 unmarked
-        # ACKs add one PSN, up to MPR.
+        # (at least one) off the PSNs in flight before it (floor CC_MIN_WINDOW); every cwnd/4 PSNs that
+        # unmarked ACKs acknowledge cumulatively add one PSN (byte counting, at most two PSNs
+        # per ACK), up to MPR.
         a_cc = a_ports["cc"].data
         cc_max = Cat(C(0, 7), a_ports["cfg"].data.mpr)
-        cc_flight = _psn_sub(a_next, new_una)
+        cc_flight = _psn_sub(a_next, a_una)        # in flight when the marked ACK left
         cc_base = Mux(cc_flight < a_cc.cwnd, cc_flight[:CWND_BITS], a_cc.cwnd)
         cc_step = cc_base >> CC_DECREASE_SHIFT
         cc_cut = (cc_base - Mux(cc_step == 0, 1, cc_step))[:CWND_BITS]
@@ -860,14 +867,25 @@ class Requester(wiring.Component):
         cc_write = Signal.like(a_cc)
         m.d.comb += cc_write.eq(a_cc)
         with m.If(cc_decrease):
-            m.d.comb += [cc_write.cwnd.eq(Mux(cc_cut < CC_MIN_WINDOW, CC_MIN_WINDOW, cc_cut)),
+            # (base - max(base/8, 1) >= CC_MIN_WINDOW for every base above the floor; a mark
+            # with nothing in flight, base 0, gives the floor, not a wrapped cut)
+            m.d.comb += [cc_write.cwnd.eq(Mux(cc_base <= CC_MIN_WINDOW, CC_MIN_WINDOW, cc_cut)),
                          cc_write.acc.eq(0), cc_write.recover.eq(a_next)]
         with m.Elif(~cc_marked):
-            with m.If(a_cc.acc + 1 >= (a_cc.cwnd >> CC_INCREASE_SHIFT)):
+            cc_thr = Signal(CWND_BITS)
+            cc_sum = Signal(CWND_BITS + 1)
+            m.d.comb += [cc_thr.eq(Mux((a_cc.cwnd >> CC_INCREASE_SHIFT) == 0, 1,
+                                       a_cc.cwnd >> CC_INCREASE_SHIFT)),
+                         cc_sum.eq(a_cc.acc + clear_len)]
+            with m.If(cc_sum >= (cc_thr << 1)):
+                m.d.comb += [cc_write.cwnd.eq(Mux(a_cc.cwnd + 2 < cc_max, a_cc.cwnd + 2, cc_max)),
+                             cc_write.acc.eq(Mux(cc_sum - (cc_thr << 1) < cc_thr,
+                                                 cc_sum - (cc_thr << 1), cc_thr - 1))]
+            with m.Elif(cc_sum >= cc_thr):
                 m.d.comb += [cc_write.cwnd.eq(Mux(a_cc.cwnd < cc_max, a_cc.cwnd + 1, cc_max)),
-                             cc_write.acc.eq(0)]
+                             cc_write.acc.eq(cc_sum - cc_thr)]
             with m.Else():
-                m.d.comb += cc_write.acc.eq(a_cc.acc + 1)
+                m.d.comb += cc_write.acc.eq(cc_sum)
         with m.If(ctl_write):
             m.d.comb += [wps["cc"].addr.eq(ctl_qpn), wps["cc"].en.eq(1),
                          wps["cc"].data.cwnd.eq(Cat(C(0, 7), ctl_req.mpr)),

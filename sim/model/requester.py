@@ -107,7 +107,7 @@ class _Qp:
     reo_end: int = 0            #: ... for the holes before this PSN
     reo_at: int = 0             #: ... since this time (units, TIME_BITS bits)
     cwnd: int = 0               #: congestion window, PSNs from una (CONFIG ``cc``)
-    cc_acc: int = 0             #: unmarked ACKs since the window last widened
+    cc_acc: int = 0             #: PSNs acknowledged (unmarked) since the window last widened
     cc_recover: int = 0         #: marks on PSNs before this were already answered
 
     @property
@@ -249,14 +249,17 @@ class RequesterModel:
                 self._current = None            # the QP failed: the rest is never sent
                 self._admit()
                 continue
-            if P.psn_diff(psn, qp.una) >= qp.mpr * P.MPR_UNIT_PSNS:
+            ahead, window = P.psn_diff(psn, qp.una), qp.mpr * P.MPR_UNIT_PSNS
+            if self.cc:
+                window = min(window, qp.cwnd)   # the congestion window
+            if ahead >= window:
                 return None                     # window full: wait for ACKs
-            if self.cc and P.psn_diff(psn, qp.una) >= qp.cwnd:
-                return None                     # congestion window full
             dma_len = min(self.config.mtu, remaining)
             last = remaining <= self.config.mtu
             every = self.ackreq_every
-            ackreq = last or (every != 0 and index % every == every - 1)
+            # The packet that fills the window asks for an ACK (no wait for coalescing).
+            ackreq = (last or ahead + 1 >= window
+                      or (every != 0 and index % every == every - 1))
             request = self._packet(qpn, slot, psn, ackreq=ackreq, retransmission=False)
             if psn == qp.una:               # the oldest outstanding PSN: start the timer
                 qp.armed, qp.start, qp.retries = True, self.now_units, 0
@@ -373,6 +376,8 @@ class RequesterModel:
         if advance and P.psn_diff(qp.next_psn, cand) < 0:
             return self._bad()                  # acknowledges PSNs never sent
         new_una = cand if advance else qp.una
+        advanced = P.psn_diff(new_una, qp.una)    # PSNs this ACK acknowledges cumulatively
+        flight = P.psn_diff(qp.next_psn, qp.una)  # PSNs in flight before it
         psn = bth["psn"]
         psn_outstanding = (P.psn_diff(psn, new_una) >= 0
                            and P.psn_diff(qp.next_psn, psn) > 0)
@@ -402,7 +407,7 @@ class RequesterModel:
             if not advance and not new_bits:
                 self.counters["duplicate_acks"] += 1
             ecn = mack["flags"] & P.AckFlags.ECN_ECHO
-            self._congestion(qp, psn, ecn)
+            self._congestion(qp, psn, ecn, advanced, flight)
             self.feedback.append({"qpn": qpn, "ev": ev, "kind": P.FeedbackKind.ECN if ecn
                                   else P.FeedbackKind.ACKED})
         else:
@@ -439,21 +444,24 @@ class RequesterModel:
     def _live(qp):
         return qp.state == P.QpState.RTS and not qp.error
 
-    def _congestion(self, qp, psn, ecn):
+    def _congestion(self, qp, psn, ecn, advanced, flight):
         """The ECN window (``docs/requester.md``; it limits sending only with CONFIG ``cc``):
         an ACK echoing CE for a PSN sent after the last decrease takes 1/8 (at least one) off
-        the PSNs in flight (floor :data:`CC_MIN_WINDOW`); every ``cwnd >> CC_INCREASE_SHIFT``
-        unmarked ACKs (at least one) widen it by one PSN, up to MPR."""
+        the PSNs in flight before it (``flight``; floor :data:`CC_MIN_WINDOW`); every
+        ``cwnd >> CC_INCREASE_SHIFT`` PSNs (at least one) that unmarked ACKs acknowledge
+        cumulatively (``advanced``) widen it by one PSN, at most two per ACK (byte counting
+        with a limit of two), up to MPR."""
         if ecn:
             if P.psn_diff(psn, qp.cc_recover) >= 0:
-                base = min(qp.cwnd, P.psn_diff(qp.next_psn, qp.una))
+                base = min(qp.cwnd, flight)
                 qp.cwnd = max(base - max(base >> CC_DECREASE_SHIFT, 1), CC_MIN_WINDOW)
                 qp.cc_acc, qp.cc_recover = 0, qp.next_psn
-        elif qp.cc_acc + 1 >= qp.cwnd >> CC_INCREASE_SHIFT:
-            qp.cwnd = min(qp.cwnd + 1, qp.mpr * P.MPR_UNIT_PSNS)
-            qp.cc_acc = 0
-        else:
-            qp.cc_acc += 1
+            return
+        threshold = max(qp.cwnd >> CC_INCREASE_SHIFT, 1)
+        total = qp.cc_acc + advanced
+        steps = min(total // threshold, 2)
+        qp.cwnd = min(qp.cwnd + steps, qp.mpr * P.MPR_UNIT_PSNS)
+        qp.cc_acc = min(total - steps * threshold, threshold - 1)
 
     def _infer(self, qpn, cand, sacked):
         """Inference for one ACK whose SACK bits ``sacked`` (offsets from ``cand``, ascending,
