@@ -373,10 +373,10 @@ def test_window_and_slot_limits_match_model():
 
 def test_ecn_window_matches_model():
     """CONFIG cc: a CE echo for a PSN sent after the last decrease takes 1/8 off the PSNs in
-    flight before it, a second one in the same window does nothing, every cwnd/4 PSNs that unmarked ACKs
-    acknowledge widen the window by one PSN (at most two per ACK); the segmenter stops at the
-    window, the packet that fills it asks for an ACK, and the window (QP_READ page 3) equals the
-    model's after every step."""
+    flight before it, a second one in the same window does nothing, every cwnd/4 PSNs that
+    unmarked ACKs acknowledge widen the window by one PSN (at most two per ACK); the segmenter
+    stops at the window, the packet that fills it asks for an ACK, and the window (QP_READ
+    page 3) equals the model's after every step."""
     bench = Bench(seed=31)
     psn0 = 0xFFFFF0                                 # the window wraps the PSN space
     ce = int(P.AckFlags.ECN_ECHO)

@@ -853,9 +853,9 @@ class Requester(wiring.Component):
             ]
 
         # The ECN window: an ACK echoing CE for a PSN sent after the last decrease takes 1/8
-        # (at least one) off the PSNs in flight before it (floor CC_MIN_WINDOW); every cwnd/4 PSNs that
-        # unmarked ACKs acknowledge cumulatively add one PSN (byte counting, at most two PSNs
-        # per ACK), up to MPR.
+        # (at least one) off the PSNs in flight before it (floor CC_MIN_WINDOW); every cwnd/4
+        # PSNs that unmarked ACKs acknowledge cumulatively add one PSN (byte counting, at most
+        # two PSNs per ACK), up to MPR.
         a_cc = a_ports["cc"].data
         cc_max = Cat(C(0, 7), a_ports["cfg"].data.mpr)
         cc_flight = _psn_sub(a_next, a_una)        # in flight when the marked ACK left
