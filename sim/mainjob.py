@@ -54,7 +54,7 @@ FLAGS = [
     ("--fate", "fate", int, "port fate sharing: 1 = a loss abandons its whole plane until "
      "probes answer, 0 = per EV only"),
     ("--cc", "cc", int, "ECN congestion window: 1 = each QP takes 1/8 off its PSNs in flight "
-     "per marked window and widens by one PSN per cwnd/4 unmarked ACKs, 0 = MPR only"),
+     "per marked window and widens by one PSN per cwnd/4 PSNs acknowledged, 0 = MPR only"),
     ("--max-us", "max_us", float, "give up after this much simulated time"),
 ]
 

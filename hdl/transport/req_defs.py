@@ -52,8 +52,9 @@ CC_MIN_WINDOW = 2
 #: A decrease takes 1/2**CC_DECREASE_SHIFT (at least one PSN) off the PSNs in flight
 #: (*project choice*).
 CC_DECREASE_SHIFT = 3
-#: The window widens by one PSN per cwnd / 2**CC_INCREASE_SHIFT unmarked ACKs (at least one):
-#: about four PSNs per round trip with an ACK per packet (*project choice*).
+#: The window widens by one PSN per cwnd / 2**CC_INCREASE_SHIFT PSNs (at least one) that
+#: unmarked ACKs acknowledge, at most two per ACK: about four PSNs per round trip
+#: (*project choice*).
 CC_INCREASE_SHIFT = 2
 #: Width of the per-QP congestion window: up to 16 x 128 PSNs (the largest MPR).
 CWND_BITS = 12
@@ -99,8 +100,8 @@ def retry_expiry(t, linear, exponential, retries):
 
 
 def cc_page(*, cwnd, acc, recover):
-    """QP_READ page 3, the ECN window: bits 0-11 cwnd, 12-23 unmarked ACKs counted towards the
-    next widening, 32-55 the PSN a mark must reach to shrink it again. Takes ints (the model)
+    """QP_READ page 3, the ECN window: bits 0-11 cwnd, 12-23 PSNs acknowledged (unmarked)
+    towards the next widening, 32-55 the PSN a mark must reach to shrink it again. Takes ints (the model)
     or Amaranth values of those widths (the gateware): one packing for both."""
     return cwnd | acc << CWND_BITS | recover << 32
 
