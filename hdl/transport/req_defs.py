@@ -101,8 +101,8 @@ def retry_expiry(t, linear, exponential, retries):
 
 def cc_page(*, cwnd, acc, recover):
     """QP_READ page 3, the ECN window: bits 0-11 cwnd, 12-23 PSNs acknowledged (unmarked)
-    towards the next widening, 32-55 the PSN a mark must reach to shrink it again. Takes ints (the model)
-    or Amaranth values of those widths (the gateware): one packing for both."""
+    towards the next widening, 32-55 the PSN a mark must reach to shrink it again. Takes ints
+    (the model) or Amaranth values of those widths (the gateware): one packing for both."""
     return cwnd | acc << CWND_BITS | recover << 32
 
 
