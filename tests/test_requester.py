@@ -374,9 +374,9 @@ def test_window_and_slot_limits_match_model():
 def test_ecn_window_matches_model():
     """CONFIG cc: a CE echo for a PSN sent after the last decrease takes 1/8 off the PSNs in
     flight before it, a second one in the same window does nothing, every cwnd/4 PSNs that
-    unmarked ACKs acknowledge widen the window by one PSN (at most two per ACK); the segmenter
-    stops at the window, the packet that fills it asks for an ACK, and the window (QP_READ
-    page 3) equals the model's after every step."""
+    unmarked ACKs acknowledge (at least one per ACK) widen the window by one PSN (at most two
+    per ACK); the segmenter stops at the window, the packet that fills it asks for an ACK, and
+    the window (QP_READ page 3) equals the model's after every step."""
     bench = Bench(seed=31)
     psn0 = 0xFFFFF0                                 # the window wraps the PSN space
     ce = int(P.AckFlags.ECN_ECHO)
@@ -423,6 +423,8 @@ def test_ecn_window_matches_model():
         # kept below the threshold (min(86 - 2 * 28, 28 - 1) = 27).
         assert await step(ctx, 161, psn=100) == 116 | 27 << 12 | P.psn_add(psn0, 128) << 32
         assert len(bench.send.items) == 162 + 116
+        # An ACK that acknowledges nothing new still counts one.
+        assert await step(ctx, 161, psn=100) == 116 | 28 << 12 | P.psn_add(psn0, 128) << 32
         # A mark for a PSN at or after 128 shrinks it again, from the PSNs in flight before
         # the ACK (here all of the window, although the ACK itself acknowledges six of them).
         cwnd = await step(ctx, 167, psn=200, flags=ce)

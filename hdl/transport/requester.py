@@ -853,9 +853,9 @@ class Requester(wiring.Component):
             ]
 
         # The ECN window: an ACK echoing CE for a PSN sent after the last decrease takes 1/8
-        # (at least one) off the PSNs in flight before it (floor CC_MIN_WINDOW); every cwnd/4
-        # PSNs that unmarked ACKs acknowledge cumulatively add one PSN (byte counting, at most
-        # two PSNs per ACK), up to MPR.
+        # (at least one) off the PSNs in flight before it (floor CC_MIN_WINDOW); an unmarked ACK
+        # counts the PSNs it acknowledges cumulatively (at least one), every cwnd/4 counted add
+        # one PSN (byte counting, at most two PSNs per ACK), up to MPR.
         a_cc = a_ports["cc"].data
         cc_max = Cat(C(0, 7), a_ports["cfg"].data.mpr)
         cc_flight = _psn_sub(a_next, a_una)        # in flight when the marked ACK left
@@ -876,7 +876,7 @@ class Requester(wiring.Component):
             cc_sum = Signal(CWND_BITS + 1)
             m.d.comb += [cc_thr.eq(Mux((a_cc.cwnd >> CC_INCREASE_SHIFT) == 0, 1,
                                        a_cc.cwnd >> CC_INCREASE_SHIFT)),
-                         cc_sum.eq(a_cc.acc + clear_len)]
+                         cc_sum.eq(a_cc.acc + Mux(clear_len == 0, 1, clear_len))]
             with m.If(cc_sum >= (cc_thr << 1)):
                 m.d.comb += [cc_write.cwnd.eq(Mux(a_cc.cwnd + 2 < cc_max, a_cc.cwnd + 2, cc_max)),
                              cc_write.acc.eq(Mux(cc_sum - (cc_thr << 1) < cc_thr,

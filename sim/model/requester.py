@@ -448,9 +448,9 @@ class RequesterModel:
         """The ECN window (``docs/requester.md``; it limits sending only with CONFIG ``cc``):
         an ACK echoing CE for a PSN sent after the last decrease takes 1/8 (at least one) off
         the PSNs in flight before it (``flight``; floor :data:`CC_MIN_WINDOW`); every
-        ``cwnd >> CC_INCREASE_SHIFT`` PSNs (at least one) that unmarked ACKs acknowledge
-        cumulatively (``advanced``) widen it by one PSN, at most two per ACK (byte counting
-        with a limit of two), up to MPR."""
+        ``cwnd >> CC_INCREASE_SHIFT`` (at least one) PSNs counted widen it by one PSN, at most
+        two per ACK (byte counting with a limit of two), up to MPR; an unmarked ACK counts the
+        PSNs it acknowledges cumulatively (``advanced``), at least one."""
         if ecn:
             if P.psn_diff(psn, qp.cc_recover) >= 0:
                 base = min(qp.cwnd, flight)
@@ -458,7 +458,7 @@ class RequesterModel:
                 qp.cc_acc, qp.cc_recover = 0, qp.next_psn
             return
         threshold = max(qp.cwnd >> CC_INCREASE_SHIFT, 1)
-        total = qp.cc_acc + advanced
+        total = qp.cc_acc + max(advanced, 1)
         steps = min(total // threshold, 2)
         qp.cwnd = min(qp.cwnd + steps, qp.mpr * P.MPR_UNIT_PSNS)
         qp.cc_acc = min(total - steps * threshold, threshold - 1)
