@@ -17,7 +17,12 @@ from amaranth.sim import Simulator
 from hdl import protocol as P
 from hdl.config import NicConfig
 from hdl.packet.headers import PacketKind
-from hdl.transport.req_defs import CC_MIN_WINDOW, REQUESTER_COUNTERS, RequesterCommand
+from hdl.transport.req_defs import (
+    CC_MAX_STEPS,
+    CC_MIN_WINDOW,
+    REQUESTER_COUNTERS,
+    RequesterCommand,
+)
 from hdl.transport.requester import Requester, block_ram_bits
 from sim.model.requester import RequesterModel
 from sim.tb.amsim import StreamCollector, StreamDriver, const_to_dict
@@ -374,9 +379,9 @@ def test_window_and_slot_limits_match_model():
 def test_ecn_window_matches_model():
     """CONFIG cc: a CE echo for a PSN sent after the last decrease takes 1/8 off the PSNs in
     flight before it, a second one in the same window does nothing, every cwnd/4 PSNs that
-    unmarked ACKs acknowledge (at least one per ACK) widen the window by one PSN (at most two
-    per ACK); the segmenter stops at the window, the packet that fills it asks for an ACK, and
-    the window (QP_READ page 3) equals the model's after every step."""
+    unmarked ACKs acknowledge (at least one per ACK) widen the window by one PSN (at most
+    CC_MAX_STEPS per ACK); the segmenter stops at the window, the packet that fills it asks
+    for an ACK, and the window (QP_READ page 3) equals the model's after every step."""
     bench = Bench(seed=31)
     psn0 = 0xFFFFF0                                 # the window wraps the PSN space
     ce = int(P.AckFlags.ECN_ECHO)
@@ -396,7 +401,7 @@ def test_ecn_window_matches_model():
         await bench.control(ctx, RequesterCommand.QP_WRITE, qpn=2, state=P.QpState.RTS,
                             psn=psn0, mpr=1, max_wimm=1)
         assert await window(ctx) == 128 | psn0 << 32
-        bench.post([{"qpn": 2, "opcode": W.RDMA_WRITE, "wr_id": 7, "length": 400 * 256}])
+        bench.post([{"qpn": 2, "opcode": W.RDMA_WRITE, "wr_id": 7, "length": 600 * 256}])
         await bench.settle_sends(ctx)
         await bench.report_evs(ctx)
         assert len(bench.send.items) == 128                     # MPR
@@ -419,19 +424,22 @@ def test_ecn_window_matches_model():
             await step(ctx, offset, psn=offset + 1)
         assert await window(ctx) == 114 | P.psn_add(psn0, 128) << 32
         assert len(bench.send.items) == 76 + 114
-        # One ACK for 86 PSNs: at most two PSNs per ACK (114 -> 116), and what is left is
-        # kept below the threshold (min(86 - 2 * 28, 28 - 1) = 27).
-        assert await step(ctx, 161, psn=100) == 116 | 27 << 12 | P.psn_add(psn0, 128) << 32
-        assert len(bench.send.items) == 162 + 116
+        # One ACK for 86 PSNs: 86 // 28 = 3 PSNs (114 -> 117), 2 left.
+        assert await step(ctx, 161, psn=100) == 117 | 2 << 12 | P.psn_add(psn0, 128) << 32
+        assert len(bench.send.items) == 162 + 117
         # An ACK that acknowledges nothing new still counts one.
-        assert await step(ctx, 161, psn=100) == 116 | 28 << 12 | P.psn_add(psn0, 128) << 32
+        assert await step(ctx, 161, psn=100) == 117 | 3 << 12 | P.psn_add(psn0, 128) << 32
         # A mark for a PSN at or after 128 shrinks it again, from the PSNs in flight before
         # the ACK (here all of the window, although the ACK itself acknowledges six of them).
         cwnd = await step(ctx, 167, psn=200, flags=ce)
-        flight = 116
-        assert cwnd == (flight - (flight >> 3)) | P.psn_add(psn0, 162 + 116) << 32
+        flight = 117
+        assert cwnd == (flight - (flight >> 3)) | P.psn_add(psn0, 162 + 117) << 32
+        # Sent 279, una 168: an ACK for all 111 in flight (cwnd 103, a threshold of 25) adds
+        # CC_MAX_STEPS = 4 (111 // 25), what is left (11) is kept.
+        assert CC_MAX_STEPS == 4
+        assert await step(ctx, 278, psn=278) == 107 | 11 << 12 | P.psn_add(psn0, 279) << 32
         # Marks on the newest PSN, una creeping up: never below CC_MIN_WINDOW.
-        una = 168
+        una = 279
         for _ in range(80):
             sent = len(bench.send.items)
             una = min(una + 3, sent)

@@ -21,7 +21,7 @@ __all__ = [
     "RETRY_EXPONENT_MAX", "RETRY_COUNT_BITS", "INFER_K_BITS", "INFER_K_DEFAULT",
     "REO_WND_BITS",
     "YOUNG_CAP_LOG2", "timer_page", "cc_page", "CC_MIN_WINDOW", "CC_DECREASE_SHIFT",
-    "CC_INCREASE_SHIFT", "CWND_BITS",
+    "CC_INCREASE_SHIFT", "CC_MAX_STEPS", "CWND_BITS",
 ]
 
 #: A work request may span at most this many packets; a longer one is refused with
@@ -53,9 +53,13 @@ CC_MIN_WINDOW = 2
 #: (*project choice*).
 CC_DECREASE_SHIFT = 3
 #: The window widens by one PSN per cwnd / 2**CC_INCREASE_SHIFT PSNs (at least one) that
-#: unmarked ACKs acknowledge, at most two per ACK: about four PSNs per round trip
+#: unmarked ACKs acknowledge, at most CC_MAX_STEPS per ACK: about four PSNs per round trip
 #: (*project choice*).
 CC_INCREASE_SHIFT = 2
+#: The window widens by at most this many PSNs per ACK (*project choice*: with an ACK per
+#: window, as coalesced ACKs give a window-limited QP, the growth is still about four PSNs per
+#: round trip; an ACK can acknowledge more than cwnd PSNs, hence a limit).
+CC_MAX_STEPS = 4
 #: Width of the per-QP congestion window: up to 16 x 128 PSNs (the largest MPR).
 CWND_BITS = 12
 

@@ -44,6 +44,7 @@ from .req_defs import (
     ACKREQ_EVERY_BITS,
     CC_DECREASE_SHIFT,
     CC_INCREASE_SHIFT,
+    CC_MAX_STEPS,
     CC_MIN_WINDOW,
     CWND_BITS,
     INFER_K_BITS,
@@ -855,7 +856,7 @@ class Requester(wiring.Component):
         # The ECN window: an ACK echoing CE for a PSN sent after the last decrease takes 1/8
         # (at least one) off the PSNs in flight before it (floor CC_MIN_WINDOW); an unmarked ACK
         # counts the PSNs it acknowledges cumulatively (at least one), every cwnd/4 counted add
-        # one PSN (byte counting, at most two PSNs per ACK), up to MPR.
+        # one PSN (byte counting, at most CC_MAX_STEPS per ACK), up to MPR.
         a_cc = a_ports["cc"].data
         cc_max = Cat(C(0, 7), a_ports["cfg"].data.mpr)
         cc_flight = _psn_sub(a_next, a_una)        # in flight when the marked ACK left
@@ -877,15 +878,15 @@ class Requester(wiring.Component):
             m.d.comb += [cc_thr.eq(Mux((a_cc.cwnd >> CC_INCREASE_SHIFT) == 0, 1,
                                        a_cc.cwnd >> CC_INCREASE_SHIFT)),
                          cc_sum.eq(a_cc.acc + Mux(clear_len == 0, 1, clear_len))]
-            with m.If(cc_sum >= (cc_thr << 1)):
-                m.d.comb += [cc_write.cwnd.eq(Mux(a_cc.cwnd + 2 < cc_max, a_cc.cwnd + 2, cc_max)),
-                             cc_write.acc.eq(Mux(cc_sum - (cc_thr << 1) < cc_thr,
-                                                 cc_sum - (cc_thr << 1), cc_thr - 1))]
-            with m.Elif(cc_sum >= cc_thr):
-                m.d.comb += [cc_write.cwnd.eq(Mux(a_cc.cwnd < cc_max, a_cc.cwnd + 1, cc_max)),
-                             cc_write.acc.eq(cc_sum - cc_thr)]
-            with m.Else():
-                m.d.comb += cc_write.acc.eq(cc_sum)
+            cc_steps = Signal(range(CC_MAX_STEPS + 1))
+            cc_used = Signal(CWND_BITS + 3)
+            for k in range(1, CC_MAX_STEPS + 1):    # the last true condition wins
+                with m.If(cc_sum >= cc_thr * k):
+                    m.d.comb += [cc_steps.eq(k), cc_used.eq(cc_thr * k)]
+            cc_left = (cc_sum - cc_used)[:CWND_BITS + 1]
+            cc_grown = a_cc.cwnd + cc_steps
+            m.d.comb += [cc_write.cwnd.eq(Mux(cc_grown < cc_max, cc_grown, cc_max)),
+                         cc_write.acc.eq(Mux(cc_left < cc_thr, cc_left, cc_thr - 1))]
         with m.If(ctl_write):
             m.d.comb += [wps["cc"].addr.eq(ctl_qpn), wps["cc"].en.eq(1),
                          wps["cc"].data.cwnd.eq(Cat(C(0, 7), ctl_req.mpr)),

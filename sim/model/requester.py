@@ -28,6 +28,7 @@ from hdl.packet.headers import PacketKind
 from hdl.transport.req_defs import (
     CC_DECREASE_SHIFT,
     CC_INCREASE_SHIFT,
+    CC_MAX_STEPS,
     CC_MIN_WINDOW,
     FATAL_NAK_STATUS,
     INFER_K_DEFAULT,
@@ -449,8 +450,8 @@ class RequesterModel:
         an ACK echoing CE for a PSN sent after the last decrease takes 1/8 (at least one) off
         the PSNs in flight before it (``flight``; floor :data:`CC_MIN_WINDOW`); every
         ``cwnd >> CC_INCREASE_SHIFT`` (at least one) PSNs counted widen it by one PSN, at most
-        two per ACK (byte counting with a limit of two), up to MPR; an unmarked ACK counts the
-        PSNs it acknowledges cumulatively (``advanced``), at least one."""
+        :data:`CC_MAX_STEPS` per ACK (byte counting with a limit), up to MPR; an unmarked ACK
+        counts the PSNs it acknowledges cumulatively (``advanced``), at least one."""
         if ecn:
             if P.psn_diff(psn, qp.cc_recover) >= 0:
                 base = min(qp.cwnd, flight)
@@ -459,7 +460,7 @@ class RequesterModel:
             return
         threshold = max(qp.cwnd >> CC_INCREASE_SHIFT, 1)
         total = qp.cc_acc + max(advanced, 1)
-        steps = min(total // threshold, 2)
+        steps = min(total // threshold, CC_MAX_STEPS)
         qp.cwnd = min(qp.cwnd + steps, qp.mpr * P.MPR_UNIT_PSNS)
         qp.cc_acc = min(total - steps * threshold, threshold - 1)
 
