@@ -361,6 +361,39 @@ def test_timeout_walk_resends_oldest_then_old_holes():
     bench.run(testbench)
 
 
+def test_timeout_gives_no_lost_for_an_oldest_psn_resent_since_the_timer_started():
+    """The oldest PSN, trimmed and resent 6 units before the timer expires: the TIMEOUT walk
+    resends it again but gives no LOST (that copy has not had its time, and its EV did not lose
+    the PSN); one base timeout later the next expiry gives LOST for the EV it went out on."""
+    bench = TimedBench(seed=93)
+    qpn, t = 2, 4                                   # base timeout 16 units
+
+    async def testbench(ctx):
+        t0 = bench.now = 5_000
+        await qp_write(bench, ctx, qpn, psn=10, timeout=t, linear=7, exp=25)
+        await bench.control(ctx, RequesterCommand.CONFIG, infer_k=0)
+        bench.post([write_wr(qpn, 1, 3)])           # PSNs 10, 11, 12 at t0
+        await bench.settle(ctx)
+        bench.now = t0 + 10
+        await bench.receive(ctx, [ack_header(qpn, 9, psn=10, syndrome=P.nak_syndrome(
+            P.NakCode.TRIMMED))])
+        await bench.settle(ctx)
+        assert [p.context.psn for p in bench.send.items] == [10, 11, 12, 10]
+        n = len(bench.send.items)
+        assert await bench.expire(ctx, qpn, t0 + 16) == "timeout"
+        assert sorted(p.context.psn for p in bench.send.items[n:]) == [10, 11, 12]
+        await bench.feedback.wait(ctx, len(bench.model.feedback))
+        assert not [f for f in bench.feedback.items if f.kind == LOST]
+        assert not [f for f in bench.model.feedback if f["kind"] == LOST]
+        ev = bench.model.last_ev(qpn, 10)           # where the walk's copy of PSN 10 went
+        assert await bench.expire(ctx, qpn, t0 + 32) == "timeout"
+        await bench.feedback.wait(ctx, len(bench.model.feedback))
+        assert [f.ev for f in bench.feedback.items if f.kind == LOST] == [ev]
+        await bench.check_all(ctx)
+
+    bench.run(testbench)
+
+
 # -- SACK inference ----------------------------------------------------------------------------
 
 def test_inferred_losses_resent_once_without_waiting():

@@ -641,13 +641,17 @@ class Requester(wiring.Component):
         count("retx_ignored", r1_valid & ~r1_walk & ~r1_ok)
         count("walk_skipped", r1_valid & r1_walk & ~r1_walk_ok)
         # LOST feedback for the EV a PSN last went out on: every PSN an INFER walk resends, and
-        # the oldest PSN of a TIMEOUT walk (the one the timer is about). The older holes a
+        # the oldest PSN of a TIMEOUT walk (the one the timer is about) unless it was resent
+        # less than the base timeout ago (by an INFER, REORDER or TRIM resend after the timer
+        # last restarted: that copy has not had its time, and its EV is not the one that lost
+        # the PSN; the walk still resends it). The older holes a
         # TIMEOUT walk also resends give none: after a long queueing delay they are mostly
         # late, not lost, and a LOST per hole would strike every plane at once. Nor do the
         # holes of a REORDER walk (the time rule alone): late by the reorder window is weaker
         # evidence than K later PSNs, and a false LOST costs a path (with fate sharing, a port).
         lost_push = r2_load & r1_walk & ((r1_kind == WalkKind.INFER)
-                                         | ((r1_kind == WalkKind.TIMEOUT) & r1_first))
+                                         | ((r1_kind == WalkKind.TIMEOUT) & r1_first
+                                            & ~r1_young))
         lost_value = Signal(fb_layout)
         m.d.comb += [
             lost_value.qpn.eq(r1_qpn), lost_value.ev.eq(r_ports["ev"].data),

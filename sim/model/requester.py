@@ -522,7 +522,8 @@ class RequesterModel:
 
     def _walk_step(self):
         """One PSN of the oldest walk: a retransmission (with LOST feedback for every PSN of
-        an INFER walk and the first of a TIMEOUT walk), or ``None`` (skipped and counted)."""
+        an INFER walk and the first of a TIMEOUT walk unless that one was resent less than the
+        base timeout ago), or ``None`` (skipped and counted)."""
         walk = self._walks[0]
         kind, qpn, psn, count, first = walk
         walk[2:5] = [P.psn_add(psn, 1), count - 1, False]
@@ -543,8 +544,9 @@ class RequesterModel:
             return None
         self.counters["timeout_retransmissions" if kind == WalkKind.TIMEOUT
                       else "inferred_losses"] += 1
-        # A TIMEOUT walk's older holes and a REORDER walk's holes give no LOST.
-        if kind == WalkKind.INFER or (kind == WalkKind.TIMEOUT and first):
+        # A TIMEOUT walk's older holes and a REORDER walk's holes give no LOST; nor does the
+        # oldest PSN of a TIMEOUT walk when it was resent less than the base timeout ago.
+        if kind == WalkKind.INFER or (kind == WalkKind.TIMEOUT and first and not young):
             self.counters["lost_feedback"] += 1
             self.feedback.append({"qpn": qpn, "ev": self._ev.get(key, 0),
                                   "kind": P.FeedbackKind.LOST})
