@@ -15,6 +15,8 @@ its report's key figures, side by side:
 * ``ecmp`` against ``mrc-8qp``: the single-path baseline against MRC with as many QPs as
   planes (target ratio >= 1.5);
 * ``loss1``: 1 % random loss (target efficiency >= 0.9);
+* ``loss1-reorder``: the same with time-based inference on (``reo_wnd`` 48 units, the setting
+  ``docs/performance.md`` recommends on a lossy fabric; off by default);
 * simulated cycles per second of the two-NIC system per simulator (a short run each).
 
 ``recovery.json`` puts ``plane-failure``, ``timeout-only`` and ``plane-failure-reorder``
@@ -32,9 +34,10 @@ from .scenario import scenario
 __all__ = ["run", "ENTRIES"]
 
 ENTRIES = ("clean", "clean-coalesced", "plane-failure", "timeout-only", "plane-failure-reorder",
-           "ecmp", "mrc-8qp", "loss1")
+           "ecmp", "mrc-8qp", "loss1", "loss1-reorder")
 #: Entries that are a named scenario with other settings (``SIZES``).
-BASES = {"clean-coalesced": "clean", "plane-failure-reorder": "plane-failure"}
+BASES = {"clean-coalesced": "clean", "plane-failure-reorder": "plane-failure",
+         "loss1-reorder": "loss1"}
 #: Per-entry changes to the named scenarios: transfers long enough that the first and last
 #: round trips weigh little, and a failure in the middle with a recovery (goodput before,
 #: during and after).
@@ -60,6 +63,7 @@ SIZES = {
     "ecmp": {"bytes": 512 << 10},
     "mrc-8qp": {"bytes": 512 << 10},
     "loss1": {"bytes": 1 << 20, "fate": 0},
+    "loss1-reorder": {"bytes": 1 << 20, "fate": 0, "reo_wnd": 48},
 }
 
 
