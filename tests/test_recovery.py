@@ -142,6 +142,15 @@ async def expect_expiries(bench, ctx, start, t, linear, exp, retries, *, jump=Fa
     return start, exhausted_flags
 
 
+async def start_timer_only(bench, ctx, qpn, *, psn, t, linear=7, exp=25, packets):
+    """QP ``qpn`` (timeout ``t``), SACK inference off, one WR of ``packets`` packets sent at
+    the bench's present time: the timer is the only recovery."""
+    await qp_write(bench, ctx, qpn, psn=psn, timeout=t, linear=linear, exp=exp)
+    await bench.control(ctx, RequesterCommand.CONFIG, infer_k=0)
+    bench.post([write_wr(qpn, 1, packets)])
+    await bench.settle(ctx)
+
+
 def write_wr(qpn, wr_id, packets, *, remote_addr=0x4000):
     return {"qpn": qpn, "opcode": W.RDMA_WRITE, "wr_id": wr_id,
             "length": packets * CONFIG.mtu - 7, "remote_addr": remote_addr + wr_id * 0x10000,
@@ -210,10 +219,8 @@ def test_timer_expires_on_schedule(linear, exp, expiries):
 
     async def testbench(ctx):
         bench.now = 5_000
-        await qp_write(bench, ctx, qpn, psn=0xFFFFFF, timeout=t, linear=linear, exp=exp)
-        await bench.control(ctx, RequesterCommand.CONFIG, infer_k=0)
-        bench.post([write_wr(qpn, 1, 2)])
-        await bench.settle(ctx)
+        await start_timer_only(bench, ctx, qpn, psn=0xFFFFFF, t=t, linear=linear, exp=exp,
+                               packets=2)
         start = bench.now
         assert await bench.read_timer(ctx, qpn) == timer_page(armed=1, retries=0, start=start)
         bench.step = 1
@@ -321,10 +328,7 @@ def test_timeout_walk_resends_oldest_then_old_holes():
 
     async def testbench(ctx):
         t0 = bench.now = 4_000
-        await qp_write(bench, ctx, qpn, psn=0xFFFFFE, timeout=t, linear=7, exp=25)
-        await bench.control(ctx, RequesterCommand.CONFIG, infer_k=0)
-        bench.post([write_wr(qpn, 1, 6)])           # PSNs -2..3 at t0
-        await bench.settle(ctx)
+        await start_timer_only(bench, ctx, qpn, psn=0xFFFFFE, t=t, packets=6)  # -2..3 at t0
         bench.now = t0 + 10
         bench.post([write_wr(qpn, 2, 2)])           # PSNs 4, 5 at t0 + 10: young below
         await bench.settle(ctx)
@@ -370,10 +374,7 @@ def test_timeout_gives_no_lost_for_an_oldest_psn_resent_since_the_timer_started(
 
     async def testbench(ctx):
         t0 = bench.now = 5_000
-        await qp_write(bench, ctx, qpn, psn=10, timeout=t, linear=7, exp=25)
-        await bench.control(ctx, RequesterCommand.CONFIG, infer_k=0)
-        bench.post([write_wr(qpn, 1, 3)])           # PSNs 10, 11, 12 at t0
-        await bench.settle(ctx)
+        await start_timer_only(bench, ctx, qpn, psn=10, t=t, packets=3)   # 10, 11, 12 at t0
         bench.now = t0 + 10
         await bench.receive(ctx, [ack_header(qpn, 9, psn=10, syndrome=P.nak_syndrome(
             P.NakCode.TRIMMED))])
