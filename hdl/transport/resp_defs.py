@@ -28,11 +28,6 @@ DEFAULT_ACK_EVERY = 4           #: ACK every 4 in-order packets ...
 DEFAULT_ACK_DELAY = 128         #: ... or 128 cycles (1 us at 125 MHz) after the first unACKed one
 DEFAULT_NAK_INTERVAL = 1024     #: at most one out-of-window NAK per QP per 1024 cycles
 GAP_DEPTH_BITS = 4              #: CONFIG gap_depth: 0 (off, reset) .. 15
-#: Completion ACKs (a packet that fills a hole and so completes a message is ACKed at once,
-#: even when coalescing) leave by the ports in turn, skipping a port that has delivered nothing
-#: during the last ``LIVE_ARRIVALS_PER_PORT * ports`` packets received (*project choice*; the
-#: filling packet came by the slowest path, and its own port would carry every such ACK).
-LIVE_ARRIVALS_PER_PORT = 4
 
 
 class ResponderVerdict(enum.Enum, shape=4):

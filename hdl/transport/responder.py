@@ -27,7 +27,6 @@ from .resp_defs import (
     DEFAULT_ACK_EVERY,
     DEFAULT_NAK_INTERVAL,
     GAP_DEPTH_BITS,
-    LIVE_ARRIVALS_PER_PORT,
     PD_BITS,
     RESPONDER_COUNTERS,
     VERDICT_NAK,
@@ -272,8 +271,6 @@ class Responder(wiring.Component):
         e_cmd = Signal(cmd_layout)
         e_timer = Signal(timer_layout)
         e_ack_want = Signal()           # a continued packet owes an ACK at its last step
-        e_cack = Signal()               # ... and it is a completion ACK, by port e_cport
-        e_cport = Signal(PORT_BITS)
         pkt_place = Signal()            # the packet in flight is being placed
         pkt_addr = Signal(64)           # address of its next payload beat
         in_packet = Signal()            # between a packet's first and last input beat
@@ -482,49 +479,11 @@ class Responder(wiring.Component):
         gap = (distance != 0) | (advance > 1) | e_cont
         count_next = qp.ack_count + 1
         ack_now = Signal()
-        ack_rule = Signal()
         # A packet placed above a hole as the gap_depth-th (or later) PSN received above it.
         deep = (gap_depth != 0) & (distance != 0) & (qp.above + 1 >= gap_depth)
-        m.d.comb += ack_rule.eq(h.bth.ackreq | ce | (gap & ~coalesce_gaps) | deep |
-                                (count_next >= ack_every) |
-                                ((qp.ack_count == 0) & ~timer_room))
-        # A packet that fills a hole and so moves the cumulative PSN past a message's end (of a
-        # packet received earlier, whose ackreq was answered while the hole was open): the
-        # requester's completion waits for this ACK, so it goes at once (a completion ACK)
-        # even when coalescing. In-order packets are not concerned (a gap is a fill here, as
-        # nothing is passed when the packet lands above a hole).
-        ends = (last1 & passed).any() & gap
-        cack = Signal()
-        m.d.comb += [cack.eq(placed & ends & ~ack_rule), ack_now.eq(ack_rule | ends)]
-
-        # Completion ACK ports: per port, the packets received since it last delivered one
-        # (saturating at `live_limit`: the port is live below it), and the next live port after
-        # the last completion ACK's (round robin). The filling packet's own port is the slow
-        # one, which would otherwise carry every completion ACK.
-        ports = config.ports
-        live_limit = LIVE_ARRIVALS_PER_PORT * ports
-        since = Array(Signal(range(live_limit + 1), init=live_limit, name=f"since{p}")
-                      for p in range(ports))
-        since_next = [Signal(range(live_limit + 1), name=f"since_next{p}") for p in range(ports)]
-        live = Signal(ports)
-        for p in range(ports):
-            m.d.comb += [
-                since_next[p].eq(Mux(h.port == p, 0,
-                                     Mux(since[p] == live_limit, live_limit, since[p] + 1))),
-                live[p].eq(since_next[p] < live_limit),
-            ]
-        with m.If(e_fire & is_first):
-            m.d.sync += [since[p].eq(since_next[p]) for p in range(ports)]
-        ack_port = Signal(PORT_BITS, init=ports - 1)
-        # The live ports after ack_port first, then those up to it: a rotate-free first set bit.
-        after = Signal(ports)
-        m.d.comb += after.eq(live & ~below_mask(m, ack_port + 1, ports, name="upto_ack_port"))
-        first_after = _lowest_set(m, after, "first_after")
-        first_live = _lowest_set(m, live, "first_live")
-        cport = Signal(PORT_BITS)
-        m.d.comb += cport.eq(Mux(after.any(), first_after, Mux(live.any(), first_live, h.port)))
-        with m.If(e_fire & cack):
-            m.d.sync += ack_port.eq(cport)
+        m.d.comb += ack_now.eq(h.bth.ackreq | ce | (gap & ~coalesce_gaps) | deep |
+                               (count_next >= ack_every) |
+                               ((qp.ack_count == 0) & ~timer_room))
         start_timer = placed & ~ack_now & (qp.ack_count == 0)
 
         nak_quiet = (nak_interval != 0) & qp.nak_armed & \
@@ -549,8 +508,7 @@ class Responder(wiring.Component):
             m.d.comb += tmpl.eq(e_timer.template)
         with m.Else():
             m.d.comb += [
-                tmpl.port.eq(Mux(cack, cport, Mux(is_cont & e_cack, e_cport, h.port))),
-                tmpl.eth_src.eq(h.eth_src), tmpl.eth_dst.eq(h.eth_dst),
+                tmpl.port.eq(h.port), tmpl.eth_src.eq(h.eth_src), tmpl.eth_dst.eq(h.eth_dst),
                 tmpl.vlan_valid.eq(h.vlan_valid), tmpl.vlan_tci.eq(h.vlan_tci),
                 tmpl.ipv6.eq(h.ipv6), tmpl.ip_src.eq(h.ip_src), tmpl.ip_dst.eq(h.ip_dst),
                 tmpl.flow_label.eq(h.flow_label), tmpl.udp_sport.eq(h.udp_sport),
@@ -671,7 +629,7 @@ class Responder(wiring.Component):
             ]
         with m.If(e_fire & is_first):
             m.d.sync += [pkt_place.eq(placed), pkt_addr.eq(h.reth.va + lanes),
-                         e_ack_want.eq(ack_now), e_cack.eq(cack), e_cport.eq(cport)]
+                         e_ack_want.eq(ack_now)]
         with m.Elif(e_fire & is_beat):
             m.d.sync += pkt_addr.eq(pkt_addr + lanes)
         with m.If(e_fire & need_ack):

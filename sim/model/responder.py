@@ -28,7 +28,6 @@ from hdl.transport.resp_defs import (
     DEFAULT_ACK_EVERY,
     DEFAULT_NAK_INTERVAL,
     GAP_DEPTH_BITS,
-    LIVE_ARRIVALS_PER_PORT,
     RESPONDER_COUNTERS,
     VERDICT_NAK,
     ResponderCommand,
@@ -128,11 +127,6 @@ class ResponderModel:
         self.memory = Memory() if memory is None else memory
         self.window = config.window_psns
         self.qps = [_Qp() for _ in range(config.qps)]
-        # Completion-ACK ports: packets received since each port last delivered one (a port
-        # is live below live_limit), and the port the last completion ACK left by.
-        self.live_limit = LIVE_ARRIVALS_PER_PORT * config.ports
-        self.since = [self.live_limit] * config.ports
-        self.ack_port = config.ports - 1
         self.mrs = [_Mr() for _ in range(mr_slots)]
         self.ack_every = DEFAULT_ACK_EVERY
         self.ack_delay = DEFAULT_ACK_DELAY
@@ -221,7 +215,6 @@ class ResponderModel:
         psn = bth["psn"]
         name = verdict.name.lower()
         self.counters[name] += 1
-        self._arrival(h["port"])
 
         if verdict == ResponderVerdict.BAD_QP:
             self._nak(result, h, None, VERDICT_NAK[verdict], dqpn=bth["dqpn"], now_ns=now_ns)
@@ -262,14 +255,10 @@ class ResponderModel:
             qp.last.add(psn)
         if opcode in P.IMMEDIATE_OPCODES:
             qp.wimm[psn] = h["immdt"]["imm"]
-        msn = qp.msn
         moved, more = self._step(qp, bth["dqpn"], result)
         gap = distance != 0 or moved > 1 or more
         while more:
             _, more = self._step(qp, bth["dqpn"], result)
-        # A fill that moved the cumulative PSN past a message's end (in-order packets are not
-        # concerned; nothing is passed when the packet lands above a hole).
-        ends = qp.msn != msn and gap
 
         immediate = (bool(bth["ackreq"]) or (h["tclass"] & 3) == P.ECN_CE
                      or (gap and not self.coalesce_gaps) or deep)
@@ -278,11 +267,6 @@ class ResponderModel:
                 immediate = True
             elif qp.ack_count == 0 and len(self._timers) >= self.timers:
                 immediate = True
-        if ends and not immediate:
-            # A completion ACK: the requester's completion waits for it. Its port is the next
-            # live one after the last completion ACK's, not the (slow) port it came by.
-            immediate = True
-            h = {**h, "port": self._next_live_port(h["port"])}
         if immediate:
             qp.ack_count = 0
             result.replies.append(self._reply(h, qp, P.AETH_ACK, now_ns, now_ns))
@@ -347,20 +331,6 @@ class ResponderModel:
         if opcode in P.IMMEDIATE_OPCODES and len(qp.wimm) >= qp.max_wimm:
             return ResponderVerdict.WIMM_OVERFLOW, qp
         return ResponderVerdict.PLACED, qp
-
-    def _arrival(self, port):
-        """A packet came by ``port``: it is live, every other port one packet older."""
-        for p in range(len(self.since)):
-            self.since[p] = 0 if p == port else min(self.since[p] + 1, self.live_limit)
-
-    def _next_live_port(self, port):
-        """The first live port after the last completion ACK's (wrapping); ``port`` (the
-        arriving packet's) if none is live, which only a port number >= ports can cause."""
-        ports = len(self.since)
-        live = [p for p in range(ports) if self.since[p] < self.live_limit]
-        after = [p for p in live if p > self.ack_port]
-        self.ack_port = (after or live or [port])[0]
-        return self.ack_port
 
     def _step(self, qp, qpn, result):
         """One cumulative advance: up to the first PSN not received, but stopping just before
