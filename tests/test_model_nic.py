@@ -101,6 +101,27 @@ def test_a_failed_plane_is_recovered_and_its_evs_marked_bad():
     assert all(e["time_us"] >= 10.0 for e in result["ev_events"])
 
 
+def test_reorder_windows_expire_without_a_later_ack_or_timer_event():
+    """Time-based inference alone (count rule off, reo_wnd 8 units) against a plane that dies
+    for good, with a retransmit timeout of 1,049 us: the model NIC polls each running reorder
+    window when it expires, as the gateware's scanner does each scan period, so holes are
+    resent reo_wnd after their window armed even when no later ACK or timer event comes.
+    The run then ends after one timeout per side (time-rule resends give no LOST feedback,
+    so only that timeout takes the dead plane out of a resend's way: docs/recovery.md).
+    When the model NIC polled only at timer expiries, windows that no ACK followed waited for
+    the timer and the run had not finished after 2,000 us."""
+    scn = SMALL.replace(fail_plane=2, fail_at_us=10.0, recover_at_us=None, infer_k=0,
+                        reo_wnd=8, timeout=10)
+    result, network = run_small(scn, fail_plane=2, fail_at_ns=10_000.0)
+    check_run(result, scn)
+    assert network.dropped > 0
+    for side in "ab":
+        requester = result["counters"][side]["requester_counters"]
+        assert requester["reorder_expiries"] > 0 and requester["retransmissions"] > 0
+        assert requester["timeouts"] <= 1
+    assert result["done_ns"] < 1.2 * 1_049_000
+
+
 def test_trimmed_packets_are_nacked_and_resent():
     result, network = run_small(trim_plane=1, trim_every=2)
     check_run(result, SMALL)

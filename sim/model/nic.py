@@ -485,8 +485,8 @@ class ModelNic:
         return int(now_ns) >> TIME_SHIFT
 
     def _next_timer(self):
-        """When the next QP's retransmit timer expires (ns), or ``None``: QPs with PSNs
-        outstanding whose timer is not armed yet are armed at the next unit."""
+        """When the next QP's retransmit timer or reorder window expires (ns), or ``None``:
+        QPs with PSNs outstanding whose timer is not armed yet are armed at the next unit."""
         if not self._timer_dirty:
             return self._timer_due
         self._timer_dirty = False
@@ -498,6 +498,9 @@ class ModelNic:
             timer = self.requester.timer(qpn)
             units = timer["start"] + timer["wait"] if timer["armed"] \
                 else self._units(self._time) + 1
+            reorder = self.requester.reorder_due(qpn)
+            if reorder is not None:
+                units = min(units, reorder)
             due = units if due is None else min(due, units)
         self._timer_due = None if due is None else float(due << TIME_SHIFT)
         return self._timer_due

@@ -304,6 +304,16 @@ class RequesterModel:
         return {"armed": qp.armed, "start": qp.start, "retries": qp.retries, "wait": wait,
                 "exhausted": exhausted}
 
+    def reorder_due(self, qpn):
+        """When QP ``qpn``'s reorder window expires (units), or ``None`` if it does not run:
+        the gateware's scanner polls every QP each scan period, so a model NIC must poll by
+        then (:meth:`poll_reorder`)."""
+        qp = self._qps[qpn]
+        if not self._live(qp) or qp.una == qp.next_psn:
+            return None
+        _, running, _ = self._reorder_window(qp)
+        return qp.reo_at + self.reo_wnd if running else None
+
     def poll_timers(self, now_units=None):
         """Expire every armed QP whose wait has passed (at most once each), and every
         reorder window that has run ``reo_wnd`` (:meth:`poll_reorder`). Returns
