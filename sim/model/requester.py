@@ -309,10 +309,15 @@ class RequesterModel:
         the gateware's scanner polls every QP each scan period, so a model NIC must poll by
         then (:meth:`poll_reorder`)."""
         qp = self._qps[qpn]
-        if not self._live(qp) or qp.una == qp.next_psn:
+        if not self._waiting(qp):
             return None
         _, running, _ = self._reorder_window(qp)
-        return qp.reo_at + self.reo_wnd if running else None
+        if not running:
+            return None
+        # reo_at is kept in TIME_BITS like the gateware's; count from now_units so the due
+        # time stays right across the wrap of that field.
+        elapsed = (self._time() - qp.reo_at) % (1 << TIME_BITS)
+        return self.now_units + max(0, self.reo_wnd - elapsed)
 
     def poll_timers(self, now_units=None):
         """Expire every armed QP whose wait has passed (at most once each), and every
@@ -324,7 +329,7 @@ class RequesterModel:
         for qpn, qp in enumerate(self._qps):
             if self.reo_wnd:
                 self.poll_reorder(qpn)
-            if not self._live(qp) or qp.una == qp.next_psn:
+            if not self._waiting(qp):
                 qp.armed, qp.retries = False, 0
                 continue
             if not qp.armed:
@@ -341,7 +346,7 @@ class RequesterModel:
         to ERROR with RETRY_EXC_ERR. Returns ``"timeout"``, ``"exceeded"`` or ``None`` (nothing
         outstanding)."""
         qp = self._qps[qpn]
-        if not self._live(qp) or qp.una == qp.next_psn:
+        if not self._waiting(qp):
             return None
         _, exhausted = retry_expiry(qp.timeout, qp.retry_linear, qp.retry_exp, qp.retries)
         qp.armed, qp.start = True, self.now_units
@@ -455,6 +460,11 @@ class RequesterModel:
     def _live(qp):
         return qp.state == P.QpState.RTS and not qp.error
 
+    @classmethod
+    def _waiting(cls, qp):
+        """Live with PSNs outstanding: what the timer and the reorder window act on."""
+        return cls._live(qp) and qp.una != qp.next_psn
+
     def _congestion(self, qp, psn, ecn, advanced, flight):
         """The ECN window (``docs/requester.md``; it limits sending only with CONFIG ``cc``):
         an ACK echoing CE for a PSN sent after the last decrease takes 1/8 (at least one) off
@@ -519,7 +529,7 @@ class RequesterModel:
         are resent (a REORDER walk up to the PSN it armed with: no LOST feedback) and it
         stops. Returns whether it expired."""
         qp = self._qps[qpn]
-        if not self._live(qp) or qp.una == qp.next_psn:
+        if not self._waiting(qp):
             return False
         lower, running, expired = self._reorder_window(qp)
         qp.reo_armed = running and not expired
