@@ -14,6 +14,7 @@
                                  ├─ PROBE request ─► ProbeResponder ─► tx arbiter (priority)
                                  └─ PROBE response ─► ProbeRequester ─► RTT results
     feedback: Requester (ACK/ECN/TRIM), ProbeRequester (PROBE_OK) ─► PathSelect
+    PortWatch: data sends per port + ACK echoes per port ─► port down ─► PathSelect (sweep)
     EvExpander ◄─► PathSelect (expansion and generation of EV entries)
     bus ─► RegisterBus ─► every block's control port, counters and event queues
 
@@ -42,6 +43,7 @@ from .path.expand import EvExpander
 from .path.probe import ProbeRequester, ProbeResponder, probe_context_layout
 from .path.select import COUNTERS as PATH_COUNTERS
 from .path.select import PathSelect
+from .path.watch import PortWatch
 from .protocol import Errno, Opcode
 from .timebase import Timebase
 from .transport.req_defs import send_context_layout
@@ -145,6 +147,7 @@ class MrcNic(wiring.Component):
             layout=completion_layout(config), count=2)
         m.submodules.feedback = feedback = StreamMerge(layout=feedback_layout(config), count=2)
         m.submodules.regs = regs = RegisterBus(self._regmap)
+        m.submodules.watch = watch = PortWatch(ports=config.ports)
 
         for block in (requester, responder, probe_req, probe_resp, txformer):
             m.d.comb += block.now_ns.eq(timebase.ns)
@@ -223,6 +226,23 @@ class MrcNic(wiring.Component):
         wiring.connect(m, probe_req.feedback, feedback.i[1])
         wiring.connect(m, feedback.o, path.feedback)
 
+        # Port watch: data sends per port against the ACKs that come back on each port; a
+        # port that stopped answering is swept in path select (docs/recovery.md).
+        ack_in = rx_demux.o[RxRoute.ACK]
+        m.d.comb += [
+            watch.now_ns.eq(timebase.ns),
+            watch.window.eq(regs.settings.port_wnd),
+            watch.quiet.eq(regs.settings.port_quiet),
+            watch.sent_valid.eq(txformer.sent.valid & txformer.sent.ready),
+            watch.sent_port.eq(txformer.sent_port),
+            watch.sent_ts.eq(txformer.sent_ts),
+            watch.ack_valid.eq(ack_in.valid & ack_in.ready & ack_in.p.first),
+            watch.ack_port.eq(ack_in.p.header.port),
+            watch.ack_echo.eq(ack_in.p.header.macketh.ts_echo),
+            path.port_down_valid.eq(watch.down_valid),
+            path.port_down_port.eq(watch.down_port),
+        ]
+
         # Transmit: ACKs and probe responses (one-beat headers, taking turns) before data and
         # probe requests at every frame boundary. Both answer a packet the receive path has
         # taken, and the receive path waits while its answer cannot leave: behind data they
@@ -259,7 +279,8 @@ class MrcNic(wiring.Component):
         tx_counters = {"tx_length_errors": engine.tx_length_errors,
                        "tx_bad_port": engine.tx_bad_port, "no_path": txformer.no_path,
                        "rx_unrouted": rx_demux.dropped,
-                       "probe_results_dropped": probe_req.results_dropped}
+                       "probe_results_dropped": probe_req.results_dropped,
+                       "port_downs": watch.downs, "port_watch_overflows": watch.overflows}
         for name in TX_COUNTERS:
             m.d.comb += regs.tx_counters[name].eq(tx_counters[name])
         m.d.comb += [regs.requester_counters.eq(requester.counters),

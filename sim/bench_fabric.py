@@ -55,7 +55,7 @@ BASES = {"clean-coalesced": "clean", "plane-failure-reorder": "plane-failure",
 SIZES = {
     "clean": {"bytes": 1 << 20},
     "clean-coalesced": {"bytes": 1 << 20, "ack_every": 16, "ack_delay": 4096,
-                        "coalesce_gaps": 1, "gap_depth": 8},
+                        "coalesce_gaps": 1, "gap_depth": 8, "port_wnd": 0},
     "plane-failure": {"bytes": 1 << 20, "fail_at_us": 300.0, "recover_at_us": 700.0},
     "timeout-only": {"bytes": 1 << 20, "fail_at_us": 300.0, "recover_at_us": 700.0},
     "plane-failure-reorder": {"bytes": 1 << 20, "fail_at_us": 300.0, "recover_at_us": 700.0,

@@ -45,6 +45,10 @@ FLAGS = [
     ("--infer-k", "infer_k", int, "SACK loss inference threshold K (0: off)"),
     ("--reo-wnd", "reo_wnd", int, "time-based loss inference: reorder window, 1.024 us units "
      "(0: off)"),
+    ("--port-wnd", "port_wnd", int, "port watch: sweep a plane whose ACKs lag the others' "
+     "by this window, 1.024 us units (0: off)"),
+    ("--port-quiet", "port_quiet", int, "port watch: and no ACK came back on it for this long, "
+     "1.024 us units"),
     ("--ack-every", "ack_every", int, "responder: ACK every N packets, 1-255"),
     ("--ack-delay", "ack_delay", int, "responder: ACK delay timer, engine cycles"),
     ("--coalesce-gaps", "coalesce_gaps", int, "responder: 1 = out-of-order arrivals are "

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from hdl import protocol as P
 from hdl.config import NicConfig
+from hdl.path.watch import WATCH_WINDOW_BITS
 from hdl.transport.req_defs import INFER_K_BITS, REO_WND_BITS
 from hdl.transport.resp_defs import GAP_DEPTH_BITS
 
@@ -69,6 +70,8 @@ class Scenario:
     retry_exponential: int = P.RETRY_INFINITE
     infer_k: int = 8
     reo_wnd: int = 0
+    port_wnd: int = 20
+    port_quiet: int = 20
     fate: int = 1
     cc: int = 1
     ack_every: int = 4
@@ -127,6 +130,8 @@ class Scenario:
         integer("retry_exponential", 0, P.RETRY_EXPONENTIAL_MAX)
         integer("infer_k", 0, (1 << INFER_K_BITS) - 1)
         integer("reo_wnd", 0, (1 << REO_WND_BITS) - 1)
+        integer("port_wnd", 0, (1 << WATCH_WINDOW_BITS) - 1)
+        integer("port_quiet", 0, (1 << WATCH_WINDOW_BITS) - 1)
         integer("fate", 0, 1)
         integer("cc", 0, 1)
         integer("ack_every", 1, 255)

@@ -89,9 +89,12 @@ def test_two_nics_survive(name, build_dir, tmp_path):
         bad_ports = {e["port"] for e in report["ev_events"] if e["state"] == "ASSUMED_BAD"}
         assert bad_ports == {2}, report["ev_events"]       # EV ports count from 1
     if name == "blackhole":
-        # Port fate sharing: the first loss on plane 1 took all of its EVs on each NIC.
+        # Port fate sharing (a sweep by the port watch or a second LOST) took all of plane
+        # 1's EVs on each NIC.
         for side in counters.values():
             assert side["path_counters"]["fate_sweeps"] >= 1
+            # The port watch (on by default in scenarios) reported the silent plane.
+            assert side["tx_counters"]["port_downs"] >= 1
         per_nic = {(e["nic"], e["index"]) for e in report["ev_events"]
                    if e["state"] == "ASSUMED_BAD"}
         assert len(per_nic) == 2 * RUNS[name].evs // RUNS[name].planes

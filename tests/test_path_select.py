@@ -487,6 +487,44 @@ def test_port_fate_sharing_two_losses_abandon_the_whole_port_floor_permitting():
     assert bench.counters["fate_sweeps"] == 7 and bench.counters["fate_marked"] == 56
 
 
+def test_a_port_the_port_watch_reports_down_is_swept_in_fate_sharing_profiles_only():
+    """``port_down`` (from the port watch) sweeps its port as a second strike does: every EV
+    on it in a fate-sharing profile goes ASSUMED_BAD (the floor permitting), a profile
+    without fate sharing is untouched, port 0 and ports above P do nothing, and the model's
+    ``port_down`` gives the same events."""
+    bench = Bench(NicConfig(qps=16, ev_profiles=4, evs_per_profile=64, ports=8), seed=13,
+                  event_depth=128, profiles={0: udp_profile(), 1: udp_profile()})
+
+    async def pulse(ctx, port):
+        ctx.set(bench.dut.port_down_valid, 1)
+        ctx.set(bench.dut.port_down_port, port)
+        await ctx.tick()
+        ctx.set(bench.dut.port_down_valid, 0)
+        if 1 <= port <= 8:
+            bench.model.port_down(port)
+        for _ in range(2 * 4 * 64 + 32):
+            await ctx.tick()
+
+    async def script(bench, ctx):
+        await bench.commands(ctx, bring_up_commands(0, 64, ports=8, min_active=8, fate=1,
+                                                    qpns=(0, 1)))
+        await bench.commands(ctx, bring_up_commands(1, 16, ports=8, qpns=(5,)))
+        for port in (0, 9, 15):                     # not ports: nothing
+            await pulse(ctx, port)
+        await pulse(ctx, 4)
+        await bench.requests(ctx, [{"qpn": n % 2} for n in range(100)])
+        await bench.command(ctx, command(PathCommand.PROFILE_READ, profile=0))
+
+    bench.run(script)
+    bench.check(events=False)
+    events = bench.events.as_dicts()
+    assert sorted(map(str, events)) == sorted(str(e.as_dict()) for e in bench.model.pop_events())
+    assert Counter((e["profile"], e["port"], e["state"]) for e in events) == {
+        (0, 4, EvState.ASSUMED_BAD): 8}
+    assert all(d["port"] != 3 for d in bench.decisions.as_dicts())     # 0-based port 3
+    assert bench.counters["fate_sweeps"] == 1 and bench.counters["fate_marked"] == 8
+
+
 def test_selection_waits_for_a_lost_and_its_fate_sweep():
     """A retransmission presented right after its LOST (the port's second) is decided only once
     the LOST and the sweep it starts are applied: no decision lands on the lost EV's port (the

@@ -12,7 +12,7 @@ __all__ = ["nic_register_map", "NIC_SETTINGS", "TX_COUNTERS", "counter_layout"]
 
 #: Counters of the transmit side and the receive demultiplexer.
 TX_COUNTERS = ("tx_length_errors", "tx_bad_port", "no_path", "rx_unrouted",
-               "probe_results_dropped")
+               "probe_results_dropped", "port_downs", "port_watch_overflows")
 
 
 def counter_layout(names):
@@ -21,8 +21,11 @@ def counter_layout(names):
 
 def NIC_SETTINGS(config):
     """NIC-wide settings (a control block) and their reset values."""
-    layout = data.StructLayout({"trim_dscp": unsigned(6)})
-    return layout, {"trim_dscp": config.trim_dscp}
+    from ..path.watch import WATCH_WINDOW_BITS
+    layout = data.StructLayout({"trim_dscp": unsigned(6),
+                                "port_wnd": unsigned(WATCH_WINDOW_BITS),
+                                "port_quiet": unsigned(WATCH_WINDOW_BITS)})
+    return layout, {"trim_dscp": config.trim_dscp, "port_wnd": 0, "port_quiet": 0}
 
 
 def nic_register_map(config):
@@ -54,7 +57,9 @@ def nic_register_map(config):
     settings, settings_init = NIC_SETTINGS(config)
     errno_only = data.StructLayout({"errno": P.Errno})
     return RegisterMap([
-        ControlBlock("settings", settings, "NIC-wide settings.", init=settings_init),
+        ControlBlock("settings", settings, "NIC-wide settings: the DSCP of trimmed packets; "
+                     "the port watch's window and quiet time (1.024 us units; window 0: off; "
+                     "docs/recovery.md, Port watch).", init=settings_init),
         CommandBlock("requester", requester_command_layout(config),
                      requester_response_layout(config),
                      "Requester QP attributes and settings (docs/requester.md).",
@@ -86,7 +91,9 @@ def nic_register_map(config):
                     "(docs/parser.md)."),
         StatusBlock("tx_counters", counter_layout(TX_COUNTERS),
                     "NIC-level counters: transmit errors, packets no path or receive route "
-                    "took, probe results dropped on a full result FIFO (docs/probes.md)."),
+                    "took, probe results dropped on a full result FIFO (docs/probes.md), "
+                    "ports the port watch reported down and sends it could not remember "
+                    "(docs/recovery.md, Port watch)."),
         StatusBlock("requester_counters", counter_layout(REQUESTER_COUNTERS),
                     "Requester counters (docs/requester.md)."),
         StatusBlock("responder_counters", counter_layout(RESPONDER_COUNTERS),

@@ -232,6 +232,9 @@ class PathSelect(wiring.Component):
     ctl_resp : ``Out(stream.Signature(path_response_layout(config)))``
     exp_req, exp_resp, gen_req, gen_resp : master ports to the EV expander
     profile_online : ``Out(config.ev_profiles)``, bit p set while profile p is ONLINE
+    port_down_valid, port_down_port : ``In``
+        Port ``port_down_port`` (1..P) is down (:class:`~hdl.path.watch.PortWatch`): sweep it
+        as a second fate-sharing strike does. Port 0 and ports above P are ignored.
     decisions, no_path, feedback_acked, feedback_ecn, feedback_trimmed, feedback_lost,
     feedback_probe_ok, feedback_ignored, state_changes, events_dropped : ``Out(32)`` counters
     """
@@ -276,6 +279,8 @@ class PathSelect(wiring.Component):
             "gen_req": Out(stream.Signature(generate_request_layout(config))),
             "gen_resp": In(stream.Signature(generate_response_layout(config))),
             "profile_online": Out(config.ev_profiles),
+            "port_down_valid": In(1),
+            "port_down_port": In(EV_PORT_BITS),
         }
         members.update({name: Out(32) for name in COUNTERS})
         super().__init__(members)
@@ -562,8 +567,12 @@ class PathSelect(wiring.Component):
             m.d.comb += cleared.bit_select(next_port, 1).eq(0)
             m.d.sync += [fate_active.eq(1), fate_port.eq(next_port), fate_index.eq(0),
                          self.fate_sweeps.eq(self.fate_sweeps + 1)]
+        # A port the port watch (``hdl/path/watch.py``) found down is swept like a second
+        # strike.
         m.d.sync += fate_pending.eq(
-            cleared | Mux(fate_trigger, (C(1, fate_ports) << fate_trigger_port)[:fate_ports], 0))
+            cleared | Mux(fate_trigger, (C(1, fate_ports) << fate_trigger_port)[:fate_ports], 0)
+            | Mux(self.port_down_valid & (self.port_down_port != 0),
+                  (C(1, fate_ports) << self.port_down_port)[:fate_ports], 0))
 
         e1_valid = Signal()
         e1_op = Signal(_Op)

@@ -19,7 +19,7 @@ from amaranth.lib.wiring import In, Out
 from .. import protocol as P
 from ..config import NicConfig
 from ..interfaces import fetch_beat_layout, fetch_request_layout, path_decision_layout
-from ..packet.headers import PacketKind, packet_beat_layout, packet_header_layout
+from ..packet.headers import PORT_BITS, PacketKind, packet_beat_layout, packet_header_layout
 from ..util import validating
 
 __all__ = ["TxFormer", "TxCommand", "tx_context_layout", "tx_command_layout", "DATA_TCLASS",
@@ -81,6 +81,7 @@ class TxFormer(wiring.Component):
     fetch_req : ``Out(stream.Signature(fetch_request_layout(config)))``
     fetch : ``In(stream.Signature(fetch_beat_layout(config)))``
     sent : ``Out(stream.Signature({qpn, psn, ev}))``: the EV each data PSN went out on.
+    sent_port, sent_ts : ``Out``, with ``sent``: its port (0-based) and MDETH ``tx_ts``.
     ctl : ``In(stream.Signature(...))``, ctl_resp : ``Out(stream.Signature({errno}))``
     now_ns : ``In(32)``
     no_path : ``Out(32)``
@@ -103,6 +104,8 @@ class TxFormer(wiring.Component):
             "ctl": In(stream.Signature(tx_command_layout(config))),
             "ctl_resp": Out(stream.Signature(data.StructLayout({"errno": P.Errno}))),
             "now_ns": In(32),
+            "sent_port": Out(PORT_BITS),
+            "sent_ts": Out(32),
             "no_path": Out(32),
         })
 
@@ -217,6 +220,8 @@ class TxFormer(wiring.Component):
             self.sent.p.qpn.eq(b.qpn),
             self.sent.p.psn.eq(send.psn),
             self.sent.p.ev.eq(b.ev),
+            self.sent_port.eq(b.port),
+            self.sent_ts.eq(self.now_ns),
         ]
         with m.If(b_moves & b.no_path):
             m.d.sync += self.no_path.eq(self.no_path + 1)

@@ -13,6 +13,7 @@ from hdl import protocol as P
 from hdl.path.ev import EvProfile, generate_entries
 from hdl.path.expand import DefineOp
 from hdl.path.select import PathCommand, ProbeRecovery
+from hdl.path.watch import WATCH_WINDOW_BITS
 from hdl.transport.req_defs import INFER_K_BITS, REO_WND_BITS, RequesterCommand
 from hdl.transport.resp_defs import GAP_DEPTH_BITS, ResponderCommand
 from hdl.transport.txformer import TxCommand
@@ -93,6 +94,15 @@ class NicDriver(RegisterDriver):
 
     async def set_trim_dscp(self, dscp):
         await self.configure("settings", trim_dscp=dscp)
+
+    async def set_port_watch(self, window, quiet=0):
+        """The port watch (``docs/recovery.md``, "Port watch"), both in 1.024 us units: a port
+        whose oldest data packet no ACK on it has covered lags the newest echo on any port by
+        ``window`` (0: off), while no ACK arrived on it for ``quiet``, is swept."""
+        for name, value in (("port_wnd", window), ("port_quiet", quiet)):
+            if not 0 <= value < 1 << WATCH_WINDOW_BITS:
+                self._error(P.Errno.EINVAL, "settings", {name: value})
+        await self.configure("settings", port_wnd=window, port_quiet=quiet)
 
     async def configure_acks(self, *, ack_every=4, ack_delay=128, nak_interval=1024,
                              coalesce_gaps=False, gap_depth=0):

@@ -32,6 +32,7 @@ from hdl.control.nicmap import TX_COUNTERS
 from hdl.packet.headers import DropReason, PacketKind
 from hdl.path.ev import EvProfile, generate_entries
 from hdl.path.select import PathCommand, ProbeRecovery
+from hdl.path.watch import WATCH_WINDOW_BITS
 from hdl.transport.req_defs import INFER_K_DEFAULT, TIME_SHIFT, RequesterCommand
 from hdl.transport.resp_defs import GAP_DEPTH_BITS
 from hdl.transport.txformer import DATA_HOP_LIMIT, DATA_TCLASS
@@ -42,6 +43,7 @@ from sim.rtlpackets import header_from_scapy, packet_from_header
 from .path import PathModel, ReferenceExpander, command
 from .requester import RequesterModel
 from .responder import ResponderModel, full_header
+from .watch import PortWatchModel
 
 __all__ = ["ModelNic", "RegionMemory", "MODEL_COUNTERS", "MAX_FRAME_OVERHEAD"]
 
@@ -174,6 +176,7 @@ class ModelNic:
             "path_counters": self.path.counters,
             "model": dict.fromkeys(MODEL_COUNTERS, 0),
         }
+        self.watch = PortWatchModel(config.ports, counters=self.counters["tx_counters"])
         # Event state: time of the last event applied, the engine, pending ACKs, timers.
         self._time = 0.0
         self._engine_free = 0.0
@@ -301,6 +304,14 @@ class ModelNic:
         self._check(errno, "requester", {"ackreq_every": ackreq_every, "infer_k": infer_k,
                                          "reo_wnd": reo_wnd})
 
+    def set_port_watch(self, window, quiet=0):
+        """The port watch's window and quiet time (1.024 us units; window 0: off;
+        ``docs/recovery.md``, "Port watch")."""
+        for name, value in (("port_wnd", window), ("port_quiet", quiet)):
+            if not 0 <= value < 1 << WATCH_WINDOW_BITS:
+                raise DriverError(P.Errno.EINVAL, "settings", {name: value})
+        self.watch.window, self.watch.quiet = window, quiet
+
     def counters_snapshot(self):
         """A copy of :attr:`counters`."""
         return {block: dict(values) for block, values in self.counters.items()}
@@ -338,6 +349,7 @@ class ModelNic:
             for completion in result.completions:
                 self._complete(completion, now_ns)
         elif kind == PacketKind.ACK:
+            self._port_watch(self.watch.ack(plane, header["macketh"]["ts_echo"], now_ns))
             self.requester.receive(header, self._units(now_ns))
             self._timer_dirty = True
             self._collect_requester()
@@ -366,6 +378,8 @@ class ModelNic:
             times.append(self._ack_deadlines[0] * self.period_ns)
         if (due := self._next_timer()) is not None:
             times.append(due)
+        if (due := self.watch.due(self._time)) is not None:
+            times.append(due)
         return min(times) if times else None
 
     @property
@@ -391,6 +405,8 @@ class ModelNic:
                 candidates.append((self._ack_deadlines[0] * self.period_ns, 0))
             if (due := self._next_timer()) is not None:
                 candidates.append((due, 1))
+            if (due := self.watch.due(self._time)) is not None:
+                candidates.append((due, 3))
             if not candidates:
                 break
             when, what = min(candidates)
@@ -399,10 +415,18 @@ class ModelNic:
             self._time = max(self._time, when)
             if what == 0:
                 self._fire_ack_timers(when)
+            elif what == 3:
+                self._port_watch(self.watch.poll(when))
             elif what == 1:
                 self._drive_timers(when)
             else:
                 self._start_frame(when)
+
+    def _port_watch(self, down):
+        """Sweep the ports (1-based) the port watch found down."""
+        for port in down:
+            self.path.port_down(port)
+        self._collect_events()
 
     def _fire_ack_timers(self, when):
         replies = self.responder.expire(self._cycles(when), now_ns=int(when))
@@ -439,6 +463,7 @@ class ModelNic:
                     self.counters["model"]["fetch_unmapped"] += 1
                     payload = bytes(send["dma_len"])
             header = self.data_header(decision, send, when)
+            self.watch.sent(decision.port, header["mdeth"]["tx_ts"])
             self._emit(when, decision.port, raw(packet_from_header(header, payload,
                                                                    self.config)))
             return

@@ -203,6 +203,7 @@ def bring_up(scn, config, work):
         for wr in work[side]:
             nic.memory.write(wr["local_addr"], wr["data"])
         nic.configure_requester(infer_k=scn.infer_k, cc=bool(scn.cc), reo_wnd=scn.reo_wnd)
+        nic.set_port_watch(scn.port_wnd, scn.port_quiet)
         nic.configure_acks(ack_every=scn.ack_every, ack_delay=scn.ack_delay,
                            nak_interval=extra.get("nak_interval", 1024),
                            coalesce_gaps=bool(scn.coalesce_gaps), gap_depth=scn.gap_depth)

@@ -341,6 +341,12 @@ class PathModel:
                     self._set_state(number, index, EvState.ASSUMED_BAD)
                     self.counters["fate_marked"] += 1
 
+    def port_down(self, port):
+        """The port watch found ``port`` (1..P) down: sweep it as a second fate-sharing strike
+        does (the strike, if any, stands)."""
+        if 1 <= port <= self.config.ports:
+            self.fate_sweep(port)
+
     def decay_tick(self):
         """One decay sweep: every penalty halves."""
         for profile in self.profiles:

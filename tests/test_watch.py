@@ -1,0 +1,194 @@
+# amaranth: UnusedElaboratable=no
+"""PortWatch (``hdl/path/watch.py``) in the Amaranth simulator against its model.
+
+The unit's inputs are strobes (a send, an ACK), not streams: it never stalls, so there is no
+backpressure to apply; the random tests space the strobes with random idle cycles instead.
+"""
+
+import random
+
+import pytest
+from amaranth.sim import Simulator
+
+from hdl.path.watch import WATCH_DEPTH, WATCH_UNIT_SHIFT, PortWatch
+from sim.model.watch import PortWatchModel
+
+UNIT = 1 << WATCH_UNIT_SHIFT
+NS_PER_CYCLE = 8
+
+
+def run(ports, script, *, window, quiet=0, cycles, depth=WATCH_DEPTH, start_ns=1_000_000):
+    """Drive ``script``: {cycle: [("send", port) | ("ack", port, echo_ns)]} into the unit and
+    the model (the model polled every cycle); returns (unit reports, model reports, counters)
+    with reports as (cycle, port 1..P)."""
+    dut = PortWatch(ports=ports, depth=depth)
+    model = PortWatchModel(ports, depth=depth)
+    model.window, model.quiet = window, quiet
+    got, want, counters = [], [], {}
+
+    async def bench(ctx):
+        ctx.set(dut.window, window)
+        ctx.set(dut.quiet, quiet)
+        for cycle in range(cycles):
+            now = start_ns + cycle * NS_PER_CYCLE
+            ctx.set(dut.now_ns, now & 0xFFFF_FFFF)
+            ctx.set(dut.sent_valid, 0)
+            ctx.set(dut.ack_valid, 0)
+            for item in script.get(cycle, ()):
+                if item[0] == "send":
+                    ctx.set(dut.sent_valid, 1)
+                    ctx.set(dut.sent_port, item[1])
+                    ctx.set(dut.sent_ts, now & 0xFFFF_FFFF)
+                    model.sent(item[1], now)
+                else:
+                    ctx.set(dut.ack_valid, 1)
+                    ctx.set(dut.ack_port, item[1])
+                    ctx.set(dut.ack_echo, item[2] & 0xFFFF_FFFF)
+                    want.extend((cycle, p) for p in model.ack(item[1], item[2], now))
+            want.extend((cycle, p) for p in model.poll(now))
+            await ctx.tick()
+            if ctx.get(dut.down_valid):
+                got.append((cycle, ctx.get(dut.down_port)))
+        counters["downs"] = ctx.get(dut.downs)
+        counters["overflows"] = ctx.get(dut.overflows)
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    return got, want, counters, model
+
+
+def same_reports(got, want, ports):
+    """The unit reports the model's ports in order, each within ``ports`` + 3 cycles."""
+    assert [p for _, p in got] == [p for _, p in want]
+    for (g, _), (w, _) in zip(got, want, strict=True):
+        assert w <= g <= w + ports + 3, (got, want)
+
+
+def traffic(ports, cycles, *, dead=None, dead_from=0, rtt_cycles=(1500, 2500), gap=40,
+            seed=0):
+    """Sends sprayed over the ports every ``gap`` cycles (jittered); every send on a live
+    port is ACKed on its port a random round trip later, echoing its time; from
+    ``dead_from`` the sends on port ``dead`` get no ACK."""
+    rng = random.Random(seed)
+    script = {}
+    cycle = 0
+    port = 0
+    while cycle < cycles:
+        script.setdefault(cycle, []).append(("send", port))
+        if port != dead or cycle < dead_from:
+            at = cycle + rng.randint(*rtt_cycles)
+            while any(item[0] == "ack" for item in script.get(at, ())):
+                at += 1                                 # one ACK per cycle, as the unit takes
+            script.setdefault(at, []).append(("ack", port, 1_000_000 + cycle * NS_PER_CYCLE))
+        port = (port + 1) % ports
+        cycle += rng.randint(gap // 2, gap + gap // 2)
+    return script
+
+
+def test_a_dead_port_is_reported_once_and_live_ports_never():
+    """Eight ports, ACKs coming back 12-20 us after their sends; port 5 stops answering at
+    cycle 20,000. With a 24 us window and 8 us of quiet it alone is reported, once, within
+    the window plus a round trip of its last answered send; the model agrees cycle for
+    cycle (within the unit's scan). Sends go on (nothing here steers them away, as path
+    selection would), so it is reported again each time fresh sends lag by the window."""
+    script = traffic(8, 40_000, dead=5, dead_from=20_000, seed=1)
+    got, want, counters, _ = run(8, script, window=24, quiet=8, cycles=42_000)
+    same_reports(got, want, 8)
+    assert got and {p for _, p in got} == {6}
+    # The first unanswered send is at or after cycle 20,000 (within one round of the 8
+    # ports); the report comes once an echo 24 units (3,072 cycles) newer has come back.
+    assert 20_000 + 3_072 + 1_500 <= got[0][0] <= 20_000 + 8 * 60 + 3_072 + 2_500 + 60
+    cycles = [c for c, _ in got]
+    assert all(b - a >= 3_072 for a, b in zip(cycles, cycles[1:], strict=False))
+    assert counters == {"downs": len(got), "overflows": 0}
+
+
+def test_a_slow_port_that_still_answers_is_not_reported_while_quiet_holds():
+    """Port 2's queue builds up from cycle 6,000 until its round trip is 30 us longer than the
+    others': from then on its oldest send lags the newest echo by more than the window, but
+    its ACKs keep coming, so with a quiet time longer than its ACK spacing it is never
+    reported; without the quiet condition (0) the lag alone reports it."""
+    rng = random.Random(2)
+    script = {}
+    for cycle in range(0, 30_000, 37):
+        port = (cycle // 37) % 4
+        script.setdefault(cycle, []).append(("send", port))
+        extra = min(3_750, max(0, cycle - 6_000) // 2) if port == 2 else 0
+        rtt = rng.randint(1500, 1800) + extra
+        script.setdefault(cycle + rtt, []).append(("ack", port, 1_000_000 + cycle * 8))
+    got, want, counters, _ = run(4, script, window=16, quiet=8, cycles=36_000)
+    same_reports(got, want, 4)
+    assert got == []
+    got, want, counters, _ = run(4, script, window=16, quiet=0, cycles=36_000)
+    same_reports(got, want, 4)
+    assert got and {p for _, p in got} == {3}
+    assert counters["downs"] == len(got)
+
+
+def test_window_zero_is_off_and_reports_write_the_sends_off():
+    """Window 0 reports nothing. After a report the port's sends are written off: a port
+    that stays silent is reported again only once new sends lag by the window."""
+    script = traffic(4, 30_000, dead=1, dead_from=5_000, seed=3, gap=60)
+    got, want, counters, _ = run(4, script, window=0, cycles=32_000)
+    assert got == want == [] and counters["downs"] == 0
+    got, want, counters, _ = run(4, script, window=8, quiet=4, cycles=32_000)
+    same_reports(got, want, 4)
+    assert {p for _, p in got} == {2}
+    # Sends every ~4 x 60 cycles on the dead port: each report needs its own fresh lag of
+    # 8 units (1,024 cycles), so reports are at least that far apart.
+    cycles = [c for c, _ in got]
+    assert len(cycles) >= 5
+    assert all(b - a >= 1_024 for a, b in zip(cycles, cycles[1:], strict=False))
+
+
+def test_overflow_is_counted_and_future_echoes_are_ignored():
+    """More sends than the FIFO holds are counted (the port then looks younger, never older);
+    an echo later than now (not one of ours) neither covers sends nor moves the newest echo;
+    an ACK on a port beyond P is ignored."""
+    script = {c: [("send", 0)] for c in range(0, 20 * 10, 10)}      # 20 sends, depth 16
+    script.setdefault(300, []).append(("ack", 1, 1_000_000 + 10_000_000))   # the future
+    script.setdefault(310, []).append(("ack", 7, 1_000_000 + 100))          # no port 7
+    got, want, counters, model = run(4, script, window=1, cycles=2_000, depth=16)
+    assert counters["overflows"] == 4 == model.counters["port_watch_overflows"]
+    assert got == want == []
+    # A genuine echo 1.024 us after the first send reports port 0 (its first send lags).
+    script.setdefault(400, []).append(("ack", 1, 1_000_000 + 199 * 8 + UNIT))
+    script.setdefault(150, []).append(("send", 1))
+    got, want, counters, _ = run(4, script, window=1, cycles=2_000, depth=16)
+    same_reports(got, want, 4)
+    assert [p for _, p in got] == [1]
+
+
+@pytest.mark.parametrize("seed", [4, 5, 6, 7])
+def test_random_traffic_matches_the_model(seed):
+    """Random spacing, round trips, dead port and time of death, window (above the round
+    trips' spread, so only the dead port lags) and quiet time: the unit reports what the model
+    reports, each within its scan."""
+    rng = random.Random(seed)
+    ports = rng.choice([2, 4, 8])
+    rtt = rng.randint(600, 3_000)
+    # Fewer sends in flight per port than the FIFO holds (the unit pops one covered send per
+    # cycle, the model all at once: only a full FIFO could tell them apart).
+    gap = rng.randint(max(8, rtt // (12 * ports)), 80 + rtt // (12 * ports))
+    dead = rng.randrange(ports)
+    script = traffic(ports, 25_000, dead=dead, dead_from=rng.randrange(20_000),
+                     rtt_cycles=(400, rtt), gap=gap, seed=seed)
+    spread = ((rtt - 400) + ports * gap * 3 // 2) * NS_PER_CYCLE // UNIT + 1
+    got, want, counters, _ = run(ports, script, window=spread + rng.randint(1, 8),
+                                 quiet=rng.randint(0, 6), cycles=28_000)
+    same_reports(got, want, ports)
+    assert got and {p for _, p in got} == {dead + 1}
+    assert counters["downs"] == len(got)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"ports": 0}, "ports must be an integer in 1..16"),
+    ({"ports": 17}, "ports must be an integer in 1..16"),
+    ({"ports": 4, "depth": 1}, "depth must be an integer in 2..1024"),
+])
+def test_bad_parameters_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        PortWatch(**kwargs)
+
