@@ -19,6 +19,9 @@ its report's key figures, side by side:
   ``docs/performance.md`` recommends on a lossy fabric; off by default);
 * simulated cycles per second of the two-NIC system per simulator (a short run each).
 
+The port watch (``docs/recovery.md``) runs with the scenarios' 20 / 20 units in every entry
+but ``clean-coalesced`` (an ACK per 16 packets leaves each port silent too long for it).
+
 ``recovery.json`` puts ``plane-failure``, ``timeout-only`` and ``plane-failure-reorder``
 side by side (issue #6's measurement).
 """
@@ -76,6 +79,9 @@ def _figures(report):
     out["goodput_over_line_rate"] = round(report["goodput_gbps"] / report["line_rate_gbps"], 4)
     out["failure"] = report["failure"]
     out["ev_events"] = len(report["ev_events"])
+    # Ports the port watch reported down, per NIC (docs/recovery.md, "Port watch").
+    out["port_downs"] = {side: counters["tx_counters"]["port_downs"]
+                         for side, counters in report.get("counters", {}).items()}
     out["sim"] = report["sim"]
     return out
 
@@ -118,6 +124,7 @@ def run(out_dir=None, *, entries=ENTRIES, sims=("verilator",), log=print, **over
                            "retransmissions": results[name]["retransmissions"],
                            "timeouts": results[name]["timeouts"],
                            "inferred_losses": results[name]["inferred_losses"],
+                           "port_downs": results[name]["port_downs"],
                            "bytes_lost": results[name]["bytes_lost"]}
                     for name in ("plane-failure", "timeout-only", "plane-failure-reorder")
                     if name in results}
