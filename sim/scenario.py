@@ -69,7 +69,7 @@ class Scenario:
     retry_linear: int = P.RETRY_LINEAR_MAX
     retry_exponential: int = P.RETRY_INFINITE
     infer_k: int = 8
-    reo_wnd: int = 0
+    reo_wnd: int = 24
     port_wnd: int = 20
     port_quiet: int = 20
     fate: int = 1
@@ -193,7 +193,7 @@ SCENARIOS = {
     "default": Scenario(),
     "clean": Scenario(name="clean", fail_plane=None, fail_at_us=None, recover_at_us=None),
     "plane-failure": Scenario(name="plane-failure", recover_at_us=None),
-    "timeout-only": Scenario(name="timeout-only", recover_at_us=None, infer_k=0),
+    "timeout-only": Scenario(name="timeout-only", recover_at_us=None, infer_k=0, reo_wnd=0),
     "flap": Scenario(name="flap", fail_kind="flap", fail_at_us=30.0, recover_at_us=150.0,
                      flap_period_us=30.0),
     "loss1": Scenario(name="loss1", fail_plane=None, fail_at_us=None, recover_at_us=None,
