@@ -17,7 +17,17 @@ UNIT = 1 << WATCH_UNIT_SHIFT
 NS_PER_CYCLE = 8
 
 
-def run(ports, script, *, window, quiet=0, cycles, depth=WATCH_DEPTH, start_ns=1_000_000):
+def clock(cycle, start_ns=1_000_000, jump=None):
+    """The time (ns) at ``cycle``; ``jump`` = (cycle, ns): time leaps ahead there (an idle
+    spell, without simulating its cycles)."""
+    now = start_ns + cycle * NS_PER_CYCLE
+    if jump is not None and cycle >= jump[0]:
+        now += jump[1]
+    return now
+
+
+def run(ports, script, *, window, quiet=0, cycles, depth=WATCH_DEPTH, start_ns=1_000_000,
+        jump=None):
     """Drive ``script``: {cycle: [("send", port) | ("ack", port, echo_ns)]} into the unit and
     the model (the model polled every cycle); returns (unit reports, model reports, counters)
     with reports as (cycle, port 1..P)."""
@@ -30,7 +40,7 @@ def run(ports, script, *, window, quiet=0, cycles, depth=WATCH_DEPTH, start_ns=1
         ctx.set(dut.window, window)
         ctx.set(dut.quiet, quiet)
         for cycle in range(cycles):
-            now = start_ns + cycle * NS_PER_CYCLE
+            now = clock(cycle, start_ns, jump)
             ctx.set(dut.now_ns, now & 0xFFFF_FFFF)
             ctx.set(dut.sent_valid, 0)
             ctx.set(dut.ack_valid, 0)
@@ -67,7 +77,7 @@ def same_reports(got, want, ports):
 
 
 def traffic(ports, cycles, *, dead=None, dead_from=0, rtt_cycles=(1500, 2500), gap=40,
-            seed=0):
+            seed=0, start_ns=1_000_000, jump=None):
     """Sends sprayed over the ports every ``gap`` cycles (jittered); every send on a live
     port is ACKed on its port a random round trip later, echoing its time; from
     ``dead_from`` the sends on port ``dead`` get no ACK."""
@@ -81,9 +91,11 @@ def traffic(ports, cycles, *, dead=None, dead_from=0, rtt_cycles=(1500, 2500), g
             at = cycle + rng.randint(*rtt_cycles)
             while any(item[0] == "ack" for item in script.get(at, ())):
                 at += 1                                 # one ACK per cycle, as the unit takes
-            script.setdefault(at, []).append(("ack", port, 1_000_000 + cycle * NS_PER_CYCLE))
+            script.setdefault(at, []).append(("ack", port, clock(cycle, start_ns, jump)))
         port = (port + 1) % ports
         cycle += rng.randint(gap // 2, gap + gap // 2)
+        if jump is not None and at >= jump[0] > cycle:
+            cycle = jump[0] + 2_000         # nothing is sent during the idle spell
     return script
 
 
@@ -181,6 +193,47 @@ def test_random_traffic_matches_the_model(seed):
     same_reports(got, want, ports)
     assert got and {p for _, p in got} == {dead + 1}
     assert counters["downs"] == len(got)
+
+
+@pytest.mark.parametrize("start_ns", [
+    (1 << 22) - 60_000,         # the 64 ns stamps wrap (16 bits: every 4.19 ms) mid-run
+    (1 << 26) - 80_000,         # the 1.024 us ACK arrival counts wrap (every 67.1 ms)
+    (1 << 32) - 100_000,        # the ns time itself wraps (every 4.29 s)
+])
+def test_reports_are_unchanged_across_the_wraps_of_stamps_and_counts(start_ns):
+    """Sends, echoes and ACK arrivals are kept as 16-bit stamps and counts, compared modulo
+    2**16: a run that crosses a wrap reports the dead port as one that does not, and the
+    model (which keeps the same stamps) agrees."""
+    def reports(start):
+        script = traffic(4, 24_000, dead=2, dead_from=8_000, seed=8, gap=50, start_ns=start)
+        got, want, counters, _ = run(4, script, window=12, quiet=4, cycles=26_000,
+                                     start_ns=start)
+        same_reports(got, want, 4)
+        return got
+    got = reports(start_ns)
+    assert got and {p for _, p in got} == {3}
+    # The same traffic far from any wrap, shifted by a whole number of stamps and counts.
+    shift = 1 << 26
+    plain = reports(start_ns - shift if start_ns > shift else start_ns + shift)
+    assert [p for _, p in got] == [p for _, p in plain]
+    assert all(abs(a - b) <= 4 + 3 for (a, _), (b, _) in zip(got, plain, strict=True))
+
+
+@pytest.mark.parametrize("idle_ms", [1.5, 3.0, 5.0])
+def test_after_an_idle_spell_fresh_sends_are_not_reported_but_a_dead_port_still_is(idle_ms):
+    """Traffic, then nothing sent or answered for ``idle_ms`` (past the point where the 64 ns
+    stamps' modulo comparison turns an old ``newest`` into a future one: 2.1 ms), then
+    traffic again. The old newest echo is stale: fresh sends are not measured against it, so
+    no live port is reported when traffic resumes; a port that dies later is still found."""
+    jump = (6_000, int(idle_ms * 1e6))
+    script = traffic(4, 24_000, seed=9, gap=50, jump=jump)
+    got, want, counters, _ = run(4, script, window=12, quiet=4, cycles=26_000, jump=jump)
+    same_reports(got, want, 4)
+    assert got == []
+    script = traffic(4, 24_000, dead=1, dead_from=14_000, seed=9, gap=50, jump=jump)
+    got, want, counters, _ = run(4, script, window=12, quiet=4, cycles=26_000, jump=jump)
+    same_reports(got, want, 4)
+    assert got and {p for _, p in got} == {2} and got[0][0] >= 14_000
 
 
 @pytest.mark.parametrize("kwargs, message", [

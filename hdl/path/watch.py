@@ -22,10 +22,24 @@ the port's FIFO is emptied (its sends are written off) and watching starts again
 next send, so a port that stays in use (the floor kept some EV on it) is reported again one
 window later, not every cycle.
 
-Times are ns modulo 2**32 (the :class:`~hdl.timebase.Timebase`'s ``ns``, the data packets'
-``tx_ts``) compared as differences modulo 2**32, so they wrap safely as long as an ACK comes
-within 2**31 ns (2.1 s). An echo from the future (later than ``now_ns``: not one of ours) is
-ignored.
+Times are kept as 16-bit *stamps* of 64 ns (bits 6-21 of the ns time: the transmit times
+of the data packets' ``tx_ts``, the echoes, ``newest``) and ACK arrivals as 16-bit counts of
+1.024 us (bits 10-25), each compared as a difference modulo 2**16: lags up to 2**15 stamps
+(2.1 ms) are told apart, and a port silent for 2**15 units (33.5 ms) or more counts as silent
+until its count wraps (then it looks as if it had just heard for the next 33.5 ms; a dead port
+is reported long before that). Full 32-bit ns times cost half as much logic again for nothing:
+the window is a whole number of 1.024 us units. Two sends on one port within one stamp would
+be covered together by an echo of the first (the port looks younger, never older); data
+packets on one port are further apart than that. An echo from the future (later than
+``now_ns``: not one of ours) is ignored.
+
+Stale times. ``newest`` is only a reference while it is recent: once it is 2**14 stamps
+(1.05 ms) old (no ACK for that long: after reset, or a NIC idle for a while) it is marked stale,
+nothing is reported, and the next ACK sets it whatever its old value. Without that, a modulo
+comparison against an old ``newest`` makes fresh sends look late: after an idle spell of half
+the range every port that sends would be reported down at once (with 32-bit ns times, after
+2.1 s). Likewise a send into an empty FIFO first moves the port's ``covered`` to just before
+it, so an old ``covered`` cannot cover (pop) fresh sends.
 """
 
 from amaranth import *
@@ -37,7 +51,8 @@ from ..packet.headers import PORT_BITS
 from ..util import validating
 from .select import EV_PORT_BITS
 
-__all__ = ["PortWatch", "WATCH_WINDOW_BITS", "WATCH_UNIT_SHIFT", "WATCH_DEPTH"]
+__all__ = ["PortWatch", "WATCH_WINDOW_BITS", "WATCH_UNIT_SHIFT", "WATCH_DEPTH",
+           "WATCH_STAMP_SHIFT", "WATCH_STAMP_BITS", "WATCH_STALE_STAMPS"]
 
 #: Width of the ``window`` setting (units of 1.024 us; 0 turns the watch off).
 WATCH_WINDOW_BITS = 6
@@ -46,11 +61,22 @@ WATCH_UNIT_SHIFT = 10
 #: Sends remembered per port by default (more are counted in ``overflows`` and not
 #: remembered: the port then looks younger than it is, never older).
 WATCH_DEPTH = 16
+#: Transmit times and echoes are kept as stamps of 2**6 ns (64 ns) ...
+WATCH_STAMP_SHIFT = 6
+#: ... and stamps, like ACK arrival times (in window units), as 16-bit counts.
+WATCH_STAMP_BITS = 16
+#: ``newest`` is stale (no lag is measured against it) once it is this many stamps old.
+WATCH_STALE_STAMPS = 1 << (WATCH_STAMP_BITS - 2)
 
 
 def _not_before(a, b):
-    """``a`` is not earlier than ``b`` (32-bit times modulo 2**32)."""
-    return ~(a - b)[31]
+    """``a`` is not earlier than ``b`` (stamps or units modulo 2**WATCH_STAMP_BITS)."""
+    return ~(a - b)[WATCH_STAMP_BITS - 1]
+
+
+def _stamp(ns):
+    """The 64 ns stamp of a 32-bit ns time."""
+    return ns[WATCH_STAMP_SHIFT:WATCH_STAMP_SHIFT + WATCH_STAMP_BITS]
 
 
 class PortWatch(wiring.Component):
@@ -113,24 +139,38 @@ class PortWatch(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         P = self._ports
+        bits = WATCH_STAMP_BITS
+        per_unit = WATCH_UNIT_SHIFT - WATCH_STAMP_SHIFT     # a window unit in stamps (log2)
 
-        newest = Signal(32)             # newest echo of any ACK on any port
-        covered = [Signal(32, name=f"covered{p}") for p in range(P)]
-        heard = [Signal(32, name=f"heard{p}") for p in range(P)]     # last ACK's arrival
-        last_sent = [Signal(32, name=f"last_sent{p}") for p in range(P)]
+        now = Signal(bits)              # the current time as a stamp ...
+        now_units = Signal(bits)        # ... and in window units
+        sent = Signal(bits)
+        echo = Signal(bits)
+        m.d.comb += [now.eq(_stamp(self.now_ns)),
+                     now_units.eq(self.now_ns[WATCH_UNIT_SHIFT:WATCH_UNIT_SHIFT + bits]),
+                     sent.eq(_stamp(self.sent_ts)),
+                     echo.eq(_stamp(self.ack_echo))]
+
+        newest = Signal(bits)           # newest echo of any ACK on any port ...
+        fresh = Signal()                # ... while it is recent (module docstring)
+        covered = [Signal(bits, name=f"covered{p}") for p in range(P)]
+        heard = [Signal(bits, name=f"heard{p}") for p in range(P)]   # last ACK's arrival
+        last_sent = [Signal(bits, name=f"last_sent{p}") for p in range(P)]
         fifos = []
         pops = []
         pushes = []
+        firsts = []                     # a send into an empty FIFO
         for p in range(P):
-            fifo = SyncFIFOBuffered(width=32, depth=self._depth)
+            fifo = SyncFIFOBuffered(width=bits, depth=self._depth)
             m.submodules[f"fifo{p}"] = fifo
             fifos.append(fifo)
             push = Signal(name=f"push{p}")
             m.d.comb += push.eq(self.sent_valid & (self.sent_port == p))
             pushes.append(push)
-            m.d.comb += [fifo.w_data.eq(self.sent_ts), fifo.w_en.eq(push)]
+            firsts.append(push & (fifo.level == 0))
+            m.d.comb += [fifo.w_data.eq(sent), fifo.w_en.eq(push)]
             with m.If(push):
-                m.d.sync += last_sent[p].eq(self.sent_ts)
+                m.d.sync += last_sent[p].eq(sent)
             # Pop every send the port's ACKs (or a report) have covered, one per cycle.
             pop = Signal(name=f"pop{p}")
             m.d.comb += [pop.eq(fifo.r_rdy & _not_before(covered[p], fifo.r_data)),
@@ -143,13 +183,14 @@ class PortWatch(wiring.Component):
 
         # An ACK covers its port's sends up to its echo and may advance ``newest``.
         ours = Signal()
-        m.d.comb += ours.eq(self.ack_valid & (self.ack_port < P)
-                            & _not_before(self.now_ns, self.ack_echo))
-        with m.If(ours & ~_not_before(newest, self.ack_echo)):
-            m.d.sync += newest.eq(self.ack_echo)
+        m.d.comb += ours.eq(self.ack_valid & (self.ack_port < P) & _not_before(now, echo))
+        with m.If(ours & (~fresh | ~_not_before(newest, echo))):
+            m.d.sync += [newest.eq(echo), fresh.eq(1)]
+        with m.Elif((now - newest) >= WATCH_STALE_STAMPS):
+            m.d.sync += fresh.eq(0)
         for p in range(P):
             with m.If(ours & (self.ack_port == p)):
-                m.d.sync += heard[p].eq(self.now_ns)
+                m.d.sync += heard[p].eq(now_units)
 
         # The check visits one port per cycle: A registers its oldest uncovered send's lag,
         # B reports it if that send is still the port's oldest (no ACK popped it meanwhile).
@@ -159,15 +200,15 @@ class PortWatch(wiring.Component):
         live = Array(f.r_rdy & ~pop for f, pop in zip(fifos, pops, strict=True))
         a_valid = Signal()
         a_port = Signal(range(P))
-        a_head = Signal(32)
-        lag = Signal(32)
-        silence = Signal(32)
+        a_head = Signal(bits)
+        lag = Signal(bits)
+        silence = Signal(bits)
         m.d.comb += [lag.eq(newest - heads[scan]),
-                     silence.eq(self.now_ns - Array(heard)[scan])]
+                     silence.eq(now_units - Array(heard)[scan])]
         m.d.sync += [
-            a_valid.eq((self.window != 0) & live[scan] & ~lag[31]
-                       & (lag >= (self.window << WATCH_UNIT_SHIFT))
-                       & (silence[31] | (silence >= (self.quiet << WATCH_UNIT_SHIFT)))),
+            a_valid.eq((self.window != 0) & fresh & live[scan] & ~lag[-1]
+                       & (lag >= (self.window << per_unit))
+                       & (silence[-1] | (silence >= self.quiet))),
             a_port.eq(scan),
             a_head.eq(heads[scan]),
         ]
@@ -180,7 +221,10 @@ class PortWatch(wiring.Component):
         for p in range(P):
             with m.If(fire & (a_port == p)):
                 # Write the port's sends off: they pop over the next cycles.
-                m.d.sync += covered[p].eq(Mux(pushes[p], self.sent_ts, last_sent[p]))
-            with m.Elif(ours & (self.ack_port == p) & ~_not_before(covered[p], self.ack_echo)):
-                m.d.sync += covered[p].eq(self.ack_echo)
+                m.d.sync += covered[p].eq(Mux(pushes[p], sent, last_sent[p]))
+            with m.Elif(firsts[p]):
+                # Nothing outstanding: every earlier send is covered, this one is not.
+                m.d.sync += covered[p].eq(sent - 1)
+            with m.Elif(ours & (self.ack_port == p) & ~_not_before(covered[p], echo)):
+                m.d.sync += covered[p].eq(echo)
         return m

@@ -3,17 +3,35 @@ that stop coming back on it (``docs/recovery.md``, "Port watch")."""
 
 from collections import deque
 
-from hdl.path.watch import WATCH_DEPTH, WATCH_UNIT_SHIFT
+from hdl.path.watch import (
+    WATCH_DEPTH,
+    WATCH_STALE_STAMPS,
+    WATCH_STAMP_BITS,
+    WATCH_STAMP_SHIFT,
+    WATCH_UNIT_SHIFT,
+)
 
 __all__ = ["PortWatchModel"]
 
-_MASK = 0xFFFF_FFFF
-_SIGN = 0x8000_0000
+_MASK = (1 << WATCH_STAMP_BITS) - 1
+_SIGN = 1 << (WATCH_STAMP_BITS - 1)
+#: One window unit in stamps.
+_PER_UNIT = 1 << (WATCH_UNIT_SHIFT - WATCH_STAMP_SHIFT)
 
 
 def _not_before(a, b):
-    """``a`` is not earlier than ``b`` (32-bit ns modulo 2**32)."""
+    """``a`` is not earlier than ``b`` (stamps or units modulo 2**16)."""
     return not (a - b) & _SIGN
+
+
+def _stamp(ns):
+    """The gateware's 64 ns stamp of a time in ns."""
+    return (int(ns) >> WATCH_STAMP_SHIFT) & _MASK
+
+
+def _units(ns):
+    """The gateware's 1.024 us count of a time in ns (ACK arrivals)."""
+    return (int(ns) >> WATCH_UNIT_SHIFT) & _MASK
 
 
 class PortWatchModel:
@@ -26,7 +44,8 @@ class PortWatchModel:
     The lag only grows with an ACK (``newest`` moves), the silence with time: :meth:`ack`
     checks at each ACK, :meth:`due` says when a lagging port's silence will be long enough
     and :meth:`poll` checks then. The gateware visits one port per cycle, so it reports up to
-    ``ports`` + 2 cycles later than the model."""
+    ``ports`` + 2 cycles later than the model. Times are kept as the gateware keeps them: sends
+    and echoes as 16-bit stamps of 64 ns, ACK arrivals as 16-bit counts of 1.024 us."""
 
     def __init__(self, ports, *, depth=WATCH_DEPTH, counters=None):
         self.ports = ports
@@ -34,8 +53,11 @@ class PortWatchModel:
         self.window = 0
         self.quiet = 0
         self.sends = [deque() for _ in range(ports)]
-        self.heard = [0] * ports        # ns of the last ACK on each port
-        self.newest = 0
+        self.heard = [0] * ports        # 1.024 us units of the last ACK on each port
+        self.newest = 0                 # stamp
+        #: The stamp count (not wrapped) at which ``newest`` would read 0: it is fresh while
+        #: less than WATCH_STALE_STAMPS older than now (``None``: no ACK yet).
+        self._newest_base = None
         #: ``port_downs``, ``port_watch_overflows`` (the NIC's ``tx_counters`` when given)
         self.counters = {} if counters is None else counters
         for name in ("port_downs", "port_watch_overflows"):
@@ -48,44 +70,51 @@ class PortWatchModel:
         if len(self.sends[port]) >= self.depth:
             self.counters["port_watch_overflows"] += 1
             return
-        self.sends[port].append(tx_ts & _MASK)
+        self.sends[port].append(_stamp(tx_ts))
 
     def ack(self, port, echo, now_ns):
         """An ACK or NAK arrived on ``port`` (0-based) echoing ``echo``: the ports (1-based)
         now found down."""
-        echo &= _MASK
-        now = int(now_ns) & _MASK
-        if not 0 <= port < self.ports or not _not_before(now, echo):
+        echo = _stamp(echo)
+        if not 0 <= port < self.ports or not _not_before(_stamp(now_ns), echo):
             return []
-        self.heard[port] = now
-        if not _not_before(self.newest, echo):
+        self.heard[port] = _units(now_ns)
+        if not self._fresh(now_ns) or not _not_before(self.newest, echo):
             self.newest = echo
+            age = (_stamp(now_ns) - echo) & _MASK
+            self._newest_base = (int(now_ns) >> WATCH_STAMP_SHIFT) - age
         sends = self.sends[port]
         while sends and _not_before(echo, sends[0]):
             sends.popleft()
         return self.poll(now_ns)
 
-    def _lagging(self):
+    def _fresh(self, now_ns):
+        """``newest`` is recent enough to measure lags against (the gateware's ``fresh``)."""
+        return (self._newest_base is not None
+                and (int(now_ns) >> WATCH_STAMP_SHIFT) - self._newest_base < WATCH_STALE_STAMPS)
+
+    def _lagging(self, now_ns):
         """Ports (0-based) whose oldest uncovered send lags ``newest`` by the window."""
-        if not self.window:
+        if not self.window or not self._fresh(now_ns):
             return []
         out = []
         for number, sends in enumerate(self.sends):
             if sends:
                 lag = (self.newest - sends[0]) & _MASK
-                if not lag & _SIGN and lag >= self.window << WATCH_UNIT_SHIFT:
+                if not lag & _SIGN and lag >= self.window * _PER_UNIT:
                     out.append(number)
         return out
 
     def _silence(self, port, now_ns):
-        return (int(now_ns) - self.heard[port]) & _MASK
+        """Whole 1.024 us units since the port's last ACK, as the gateware counts them."""
+        return (_units(now_ns) - self.heard[port]) & _MASK
 
     def poll(self, now_ns):
         """The ports (1-based) found down at ``now_ns``; their sends are written off."""
         down = []
-        for number in self._lagging():
+        for number in self._lagging(now_ns):
             silence = self._silence(number, now_ns)
-            if silence & _SIGN or silence >= self.quiet << WATCH_UNIT_SHIFT:
+            if silence & _SIGN or silence >= self.quiet:
                 self.sends[number].clear()
                 self.counters["port_downs"] += 1
                 down.append(number + 1)
@@ -95,8 +124,10 @@ class PortWatchModel:
         """When the next lagging port's silence reaches ``quiet`` (ns, not before ``now_ns``),
         or ``None`` when no port lags."""
         times = []
-        for number in self._lagging():
+        unit = 1 << WATCH_UNIT_SHIFT
+        for number in self._lagging(now_ns):
             silence = self._silence(number, now_ns)
-            left = 0 if silence & _SIGN else max(0, (self.quiet << WATCH_UNIT_SHIFT) - silence)
-            times.append(now_ns + left)
+            left = 0 if silence & _SIGN else max(0, self.quiet - silence)
+            # The silence count steps at each multiple of a unit: the step that reaches it.
+            times.append(now_ns if not left else (int(now_ns) // unit + left) * unit)
         return min(times) if times else None
