@@ -219,6 +219,27 @@ def test_reports_are_unchanged_across_the_wraps_of_stamps_and_counts(start_ns):
     assert all(abs(a - b) <= 4 + 3 for (a, _), (b, _) in zip(got, plain, strict=True))
 
 
+def test_quiet_counts_whole_units_without_cutting_the_quiet_time_short():
+    """ACK arrivals are kept in whole 1.024 us units. An ACK heard at the very end of a unit
+    must still leave the port a full ``quiet`` of real silence before it is reported: with
+    quiet 2 (2,048 ns, 256 cycles) and the last ACK on port 0 at cycle 250 (1,016 ns into its
+    unit), the report comes no earlier than cycle 506, and at most one unit and a scan
+    later."""
+    start = 1_024_000 + 1_016 - 250 * NS_PER_CYCLE      # cycle 250 ends a unit
+    script = {
+        0: [("send", 0)],
+        200: [("send", 1)],
+        # An ACK on port 0 for something older than its send: heard, but nothing covered.
+        250: [("ack", 0, start - 5_000)],
+        # Port 1's send made the round trip: port 0's send now lags by more than a unit.
+        300: [("ack", 1, start + 200 * NS_PER_CYCLE)],
+    }
+    got, want, _, _ = run(2, script, window=1, quiet=2, cycles=1_000, start_ns=start)
+    same_reports(got, want, 2)
+    assert [p for _, p in got] == [1]
+    assert 250 + 256 <= got[0][0] <= 250 + 3 * 128 + 2 + 3
+
+
 @pytest.mark.parametrize("idle_ms", [1.5, 3.0, 5.0])
 def test_after_an_idle_spell_fresh_sends_are_not_reported_but_a_dead_port_still_is(idle_ms):
     """Traffic, then nothing sent or answered for ``idle_ms`` (past the point where the 64 ns

@@ -203,12 +203,16 @@ class PortWatch(wiring.Component):
         a_head = Signal(bits)
         lag = Signal(bits)
         silence = Signal(bits)
+        quiet_done = Signal()
         m.d.comb += [lag.eq(newest - heads[scan]),
-                     silence.eq(now_units - Array(heard)[scan])]
+                     silence.eq(now_units - Array(heard)[scan]),
+                     # Whole units since the last ACK: more than ``quiet`` of them is more
+                     # than ``quiet`` units of real time (``quiet`` of them may be less).
+                     quiet_done.eq((self.quiet == 0) | silence[-1] | (silence > self.quiet))]
         m.d.sync += [
             a_valid.eq((self.window != 0) & fresh & live[scan] & ~lag[-1]
                        & (lag >= (self.window << per_unit))
-                       & (silence[-1] | (silence >= self.quiet))),
+                       & quiet_done),
             a_port.eq(scan),
             a_head.eq(heads[scan]),
         ]

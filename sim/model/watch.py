@@ -106,7 +106,8 @@ class PortWatchModel:
         return out
 
     def _silence(self, port, now_ns):
-        """Whole 1.024 us units since the port's last ACK, as the gateware counts them."""
+        """Whole 1.024 us units since the port's last ACK, as the gateware counts them (more
+        than ``quiet`` of them is more than ``quiet`` units of real time)."""
         return (_units(now_ns) - self.heard[port]) & _MASK
 
     def poll(self, now_ns):
@@ -114,7 +115,7 @@ class PortWatchModel:
         down = []
         for number in self._lagging(now_ns):
             silence = self._silence(number, now_ns)
-            if silence & _SIGN or silence >= self.quiet:
+            if not self.quiet or silence & _SIGN or silence > self.quiet:
                 self.sends[number].clear()
                 self.counters["port_downs"] += 1
                 down.append(number + 1)
@@ -127,7 +128,7 @@ class PortWatchModel:
         unit = 1 << WATCH_UNIT_SHIFT
         for number in self._lagging(now_ns):
             silence = self._silence(number, now_ns)
-            left = 0 if silence & _SIGN else max(0, self.quiet - silence)
+            left = 0 if not self.quiet or silence & _SIGN else max(0, self.quiet + 1 - silence)
             # The silence count steps at each multiple of a unit: the step that reaches it.
             times.append(now_ns if not left else (int(now_ns) // unit + left) * unit)
         return min(times) if times else None
