@@ -11,8 +11,8 @@ its report's key figures, side by side:
   line rate (target >= 0.85), bytes lost (must be 0) and the recovery figures, with the
   scenarios' defaults (SACK inference K = 8, time-based inference ``reo_wnd`` 24, the port
   watch);
-* ``timeout-only``: the same failure with SACK and time-based loss inference off (recovery by
-  timeout only);
+* ``timeout-only``: the same failure with every inference off: SACK and time-based loss
+  inference and the port watch (recovery by the retransmit timer alone);
 * ``plane-failure-sack``: the same failure with SACK inference alone (``reo_wnd`` 0, the
   default before the time rule was);
 * ``ecmp`` against ``mrc-8qp``: the single-path baseline against MRC with as many QPs as
@@ -22,8 +22,9 @@ its report's key figures, side by side:
 * simulated cycles per second of the two-NIC system per simulator (a short run each).
 
 The port watch (``docs/recovery.md``) runs with the scenarios' 20 / 20 units in every entry
-but ``clean-coalesced`` (an ACK per 16 packets leaves each port silent too long for it; that
-entry also keeps ``reo_wnd`` 0, the setting its ACK policy was measured with).
+but ``timeout-only`` (no inference at all) and ``clean-coalesced`` (an ACK per 16 packets
+leaves each port silent too long for it; that entry also keeps ``reo_wnd`` 0, the setting its
+ACK policy was measured with).
 
 ``recovery.json`` puts ``plane-failure``, ``timeout-only`` and ``plane-failure-sack`` side by
 side (issue #6's measurement).
@@ -135,7 +136,7 @@ def run(out_dir=None, *, entries=ENTRIES, sims=("verilator",), log=print, **over
             {"benchmark": "one of 8 planes blackholed mid-transfer: SACK plus time-based "
                           "inference (plane-failure, the default) against timeout only "
                           "(timeout-only) and SACK inference alone (plane-failure-sack); the "
-                          "port watch on in all three",
+                          "port watch on in the first and the last",
              "results": recovery}, indent=2, default=str) + "\n")
     log(f"wrote {out_dir / 'fabric.json'}")
     return document
