@@ -107,8 +107,6 @@ def path_request_layout(config, context=None):
 
     ``avoid_ev_valid``/``avoid_ev``: a retransmission must not reuse the EV that lost it.
     ``probe``: a probe may use an ASSUMED_BAD EV (``ev`` names it; selection is skipped).
-    ``msg_start``: the first packet of a message (not a resend): its rotation starts one EV
-    after the QP's previous message's start (``docs/path-select.md``, "Spraying").
     ``context`` is carried through unchanged for the consumer.
     """
     fields = {
@@ -117,7 +115,6 @@ def path_request_layout(config, context=None):
         "avoid_ev": unsigned(config.ev_index_bits),
         "probe": unsigned(1),
         "ev": unsigned(config.ev_index_bits),
-        "msg_start": unsigned(1),
     }
     if context is not None:
         fields["context"] = context

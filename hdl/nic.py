@@ -212,7 +212,6 @@ class MrcNic(wiring.Component):
                 path.i.p.qpn.eq(req_send.p.qpn),
                 path.i.p.avoid_ev_valid.eq(req_send.p.avoid_ev_valid),
                 path.i.p.avoid_ev.eq(req_send.p.avoid_ev),
-                path.i.p.msg_start.eq(req_send.p.msg_start),
                 path.i.p.context.send.eq(req_send.p.context),
                 req_send.ready.eq(path.i.ready),
             ]

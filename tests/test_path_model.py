@@ -73,27 +73,6 @@ def test_rotation_starts_at_offset_and_walks_every_ev():
     assert (decision.port, decision.fields["udp_sport"]) == (2 % 4, 0xC000 | 2)
 
 
-def test_each_message_starts_one_ev_after_the_previous_message_start():
-    """Messages of 8 packets over 8 EVs: with a plain rotation every message would start on
-    EV 0 (and every trigger at a fixed place in a message, such as an ``ackreq`` on its last
-    packet, would land on one plane); each message starts one EV further instead, and within
-    a message the rotation walks on as before. Resends in between move only the packet
-    rotation."""
-    model = make_model()
-    run(model, bring_up_commands(0, 8, ports=4, qpns=(3,), offsets=(0,)))
-    starts = []
-    for _ in range(9):
-        picks = [model.select(3, msg_start=n == 0).ev for n in range(8)]
-        starts.append(picks[0])
-        assert picks == [(picks[0] + n) % 8 for n in range(8)]
-        model.select(3, avoid_ev=picks[0])            # a resend of the message's first
-    assert starts == [0, 1, 2, 3, 4, 5, 6, 7, 0]
-    # A message start skips an EV that is not usable, as any pick does.
-    model.feedback(3, 2, FeedbackKind.LOST)
-    assert model.profiles[0].entries[2].state == EvState.ASSUMED_BAD
-    assert [model.select(3, msg_start=True).ev for _ in range(2)] == [1, 3]
-
-
 def test_denied_and_assumed_bad_are_skipped_for_data_but_probes_use_their_ev():
     model = make_model()
     states = [EvState.GOOD, EvState.DENIED, EvState.GOOD, EvState.GOOD]
@@ -276,7 +255,7 @@ def test_not_fully_populated_explicit_profile_cannot_go_online():
 def test_profile_read_and_entry_read():
     model = make_model()
     run(model, bring_up_commands(0, 4, ports=4, min_active=1, adaptive=1))
-    model.bindings[0] = [0, 0, 0]
+    model.bindings[0] = [0, 0]
     model.feedback(0, 3, FeedbackKind.TRIMMED)
     errno, word = model.command(command(PathCommand.ENTRY_READ, profile=0, index=3))
     assert errno == Errno.OK and word == EvState.GOOD | 4 << 8 | PENALTY_TRIMMED << 16

@@ -160,12 +160,11 @@ class Bench:
             decision = self.model.select(request["qpn"], avoid_ev=avoid,
                                          probe=bool(request.get("probe")),
                                          ev=request.get("ev", 0),
-                                         context=request.get("context", 0),
-                                         msg_start=bool(request.get("msg_start")))
+                                         context=request.get("context", 0))
             self.expected.append(decision.as_dict())
             self.sent.append(request)
         self.requests_in.send([{"avoid_ev_valid": 0, "avoid_ev": 0, "probe": 0, "ev": 0,
-                                "msg_start": 0, "context": 0, **r} for r in requests])
+                                "context": 0, **r} for r in requests])
         if wait:
             await self.decisions.wait(ctx, len(self.expected))
 
@@ -189,9 +188,8 @@ class Bench:
         for _ in range(4):                          # f1 -> e1 -> e2 -> committed
             await ctx.tick()
 
-    def random_request(self, qpns, evs, *, avoid=0.2, probe=0.1, msg_start=0.2):
-        request = {"qpn": self.rng.choice(qpns), "context": self.rng.getrandbits(16),
-                   "msg_start": int(self.rng.random() < msg_start)}
+    def random_request(self, qpns, evs, *, avoid=0.2, probe=0.1):
+        request = {"qpn": self.rng.choice(qpns), "context": self.rng.getrandbits(16)}
         if self.rng.random() < avoid:
             request.update(avoid_ev_valid=1, avoid_ev=self.rng.randrange(evs))
         if self.rng.random() < probe:

@@ -277,7 +277,7 @@ def test_requester_sends_probes_through_path_selection():
     for command, (_offered, time, _payload), request in zip(commands, taken, sink.as_dicts(),
                                                             strict=True):
         assert request == {"qpn": command["qpn"], "avoid_ev_valid": 0, "avoid_ev": 0,
-                           "probe": 1, "ev": command["ev"], "msg_start": 0,
+                           "probe": 1, "ev": command["ev"],
                            "context": {"probe_id": command["probe_id"], "tx_ts": time}}
 
 

@@ -347,11 +347,9 @@ class PathSelect(wiring.Component):
             m.d.comb += self.profile_online[p].eq(p_state[p] == ProfileState.ONLINE)
 
         # -- block RAMs ----------------------------------------------------------------------
-        # ``pointer``: where the next packet's search starts; ``start``: where the QP's next
-        # message's search starts (one past its previous message's first EV).
         qp_layout = data.StructLayout({
             "bound": unsigned(1), "profile": unsigned(profile_bits),
-            "pointer": unsigned(index_bits), "start": unsigned(index_bits)})
+            "pointer": unsigned(index_bits)})
         m.submodules.qp_mem = qp_mem = Memory(shape=qp_layout, depth=cfg.qps, init=[])
         qp_wr = qp_mem.write_port()
         qp_sel_rd = qp_mem.read_port(domain="sync", transparent_for=(qp_wr,))
@@ -439,10 +437,8 @@ class PathSelect(wiring.Component):
         m.d.comb += avoided.eq(candidates & ~(C(1, n_evs) << s1_req.avoid_ev)[:n_evs])
         eligible = Signal(n_evs)
         m.d.comb += eligible.eq(Mux(s1_req.avoid_ev_valid & avoided.any(), avoided, candidates))
-        search_from = Signal(index_bits)
-        m.d.comb += search_from.eq(Mux(s1_req.msg_start, qp.start, qp.pointer))
         at_or_after = Signal(n_evs)
-        m.d.comb += at_or_after.eq(eligible & (C(all_evs, n_evs) << search_from)[:n_evs])
+        m.d.comb += at_or_after.eq(eligible & (C(all_evs, n_evs) << qp.pointer)[:n_evs])
         found_after, index_after = _first_set(at_or_after, n_evs)
         found_any, index_any = _first_set(eligible, n_evs)
         pick = Signal(index_bits)
@@ -472,7 +468,6 @@ class PathSelect(wiring.Component):
                 qp_wr.data.bound.eq(1),
                 qp_wr.data.profile.eq(qp.profile),
                 qp_wr.data.pointer.eq(pick + 1),
-                qp_wr.data.start.eq(Mux(s1_req.msg_start, pick + 1, qp.start)),
             ]
         m.d.comb += [
             fields_rd.addr.eq(Cat(chosen, qp.profile)),
@@ -1045,7 +1040,6 @@ class PathSelect(wiring.Component):
                     ctl_qp_data.pointer.eq(Mux(c_mode == EvMode.AUTO,
                                                (hash_h * c_num)[16:16 + index_bits],
                                                cmd.offset)),
-                    ctl_qp_data.start.eq(ctl_qp_data.pointer),
                 ]
                 respond(Errno.OK)
 

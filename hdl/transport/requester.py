@@ -705,7 +705,7 @@ class Requester(wiring.Component):
             m.d.sync += [
                 out_valid.eq(1),
                 out.qpn.eq(r2_qpn), out.avoid_ev_valid.eq(1), out.avoid_ev.eq(r2_ev),
-                out.probe.eq(0), out.ev.eq(0), out.msg_start.eq(0),
+                out.probe.eq(0), out.ev.eq(0),
                 ctx.psn.eq(r2_psn), ctx.opcode.eq(opcode(r2_index == 0, r2_last, r2_imm)),
                 ctx.ackreq.eq(1), ctx.va.eq(slot.va + r2_offset), ctx.rkey.eq(slot.rkey),
                 ctx.dma_len.eq(r2_dma_len), ctx.imm.eq(Mux(r2_imm, slot.imm, 0)),
@@ -719,7 +719,7 @@ class Requester(wiring.Component):
             m.d.sync += [
                 out_valid.eq(1),
                 out.qpn.eq(s2_qpn), out.avoid_ev_valid.eq(0), out.avoid_ev.eq(0),
-                out.probe.eq(0), out.ev.eq(0), out.msg_start.eq(s2_first),
+                out.probe.eq(0), out.ev.eq(0),
                 ctx.psn.eq(s2_psn), ctx.opcode.eq(opcode(s2_first, s2_last, s2_imm_now)),
                 ctx.ackreq.eq(s2_ackreq), ctx.va.eq(s2_va), ctx.rkey.eq(s2_rkey),
                 ctx.dma_len.eq(s2_dma_len), ctx.imm.eq(Mux(s2_imm_now, s2_imm, 0)),

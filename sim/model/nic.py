@@ -448,8 +448,7 @@ class ModelNic:
             self._collect_requester()
             decision = self.path.select(request["qpn"], avoid_ev=request["avoid_ev"]
                                         if request["avoid_ev_valid"] else None,
-                                        context=request["context"],
-                                        msg_start=bool(request["msg_start"]))
+                                        context=request["context"])
             if decision.no_path:
                 # Not sent: the requester's loss recovery resends it (as in the RTL).
                 self.counters["tx_counters"]["no_path"] += 1

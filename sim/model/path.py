@@ -208,7 +208,7 @@ class PathModel:
         self.modify_online = modify_online
         self.hash_seed = hash_seed
         self.profiles = [_Profile(config.evs_per_profile) for _ in range(config.ev_profiles)]
-        self.bindings = {}                      # qpn -> [profile, pointer, message start]
+        self.bindings = {}                      # qpn -> [profile, pointer]
         self.events = deque()
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.strikes = set()        #: ports with one fate-sharing loss standing
@@ -247,17 +247,15 @@ class PathModel:
                 return low
         return good
 
-    def select(self, qpn, *, avoid_ev=None, probe=False, ev=0, context=None, msg_start=False):
-        """The decision for one send request; advances the QP's rotation pointer. The first
-        packet of a message (``msg_start``) searches from the QP's message start instead, one
-        EV past its previous message's first."""
+    def select(self, qpn, *, avoid_ev=None, probe=False, ev=0, context=None):
+        """The decision for one send request; advances the QP's rotation pointer."""
         self.counters["decisions"] += 1
         binding = self.bindings.get(qpn)
         no_path = Decision(qpn, 1, ev if probe else 0, 0, dict(ZERO_FIELDS), context)
         if binding is None:
             self.counters["no_path"] += 1
             return no_path
-        number, pointer, start = binding
+        number, pointer = binding
         profile = self.profiles[number]
         if profile.state != ProfileState.ONLINE:
             self.counters["no_path"] += 1
@@ -274,13 +272,10 @@ class PathModel:
         if not candidates:
             self.counters["no_path"] += 1
             return no_path
-        search_from = start if msg_start else pointer
-        after = [i for i in candidates if i >= search_from]
+        after = [i for i in candidates if i >= pointer]
         pick = after[0] if after else candidates[0]
         if profile.mode != EvMode.AUTO:
             binding[1] = (pick + 1) % (1 << self.config.ev_index_bits)
-            if msg_start:
-                binding[2] = binding[1]
         entry = profile.entries[pick]
         return Decision(qpn, 0, pick, entry.port - 1, dict(entry.fields), context)
 
@@ -500,7 +495,7 @@ class PathModel:
             pointer = auto_index(cmd["qpn"], profile.num_evs, self.hash_seed)
         else:
             pointer = cmd["offset"]
-        self.bindings[cmd["qpn"]] = [cmd["profile"], pointer, pointer]
+        self.bindings[cmd["qpn"]] = [cmd["profile"], pointer]
         return Errno.OK
 
     def _profile_read(self, cmd, profile):

@@ -618,7 +618,6 @@ class RequesterModel:
         return {
             "qpn": qpn, "avoid_ev_valid": int(avoid_ev is not None),
             "avoid_ev": avoid_ev or 0, "probe": 0, "ev": 0,
-            "msg_start": int(offset == 0 and not retransmission),
             "context": {
                 "psn": psn, "opcode": int(opcode), "ackreq": int(ackreq),
                 "va": (wr.remote_addr + offset) % (1 << 64), "rkey": wr.rkey,
