@@ -97,7 +97,8 @@ class PortWatch(wiring.Component):
         How far (1.024 us units) a port's oldest uncovered send may lag the newest echo before
         the port is reported down; 0 turns the watch off (nothing reported, sends still kept).
     quiet : ``In(WATCH_WINDOW_BITS)``
-        And how long (1.024 us units) no ACK may have arrived on the port; 0: no such
+        And for more than how many whole 1.024 us units (counted as ACK arrivals are kept,
+        so at least that much real time) no ACK may have arrived on the port; 0: no such
         condition (the lag alone decides).
     sent_valid, sent_port, sent_ts : ``In``
         A data packet left for port ``sent_port`` (0-based) stamped ``sent_ts``.
