@@ -11,7 +11,7 @@ from hdl.packet.layouts import BTH, IMMDT, MDETH, RETH
 from .fabric.frames import parse
 from .scenario import line_rate_gbps
 
-__all__ = ["analyse", "data_info", "base_rtt_ns", "loaded_rtt_ns"]
+__all__ = ["analyse", "data_info", "base_rtt_ns", "loaded_rtt_ns", "wire_shares"]
 
 _IMM = frozenset(int(op) for op in P.IMMEDIATE_OPCODES)
 _BTH, _RETH, _IMMDT = BTH.size, RETH.size, IMMDT.size
@@ -70,6 +70,34 @@ def loaded_rtt_ns(records, lo_ns, hi_ns):
     return data[len(data) // 2] + acks[len(acks) // 2]
 
 
+def wire_shares(records, overhead_bytes=0):
+    """How the NICs' transmit wire time was spent, over the sides that sent data: first
+    transmissions of data packets, retransmissions (the MDETH retransmission flag), and every
+    other frame those sides sent (ACKs, NAKs, probes: *control*), each as a share of the wire
+    bytes (frame plus ``overhead_bytes``) of those sides. With traffic both ways a side's
+    ACKs share its planes with its data; one way they travel on the otherwise idle reverse
+    planes and are not counted. ``first_transmission`` bounds the efficiency: it is the
+    efficiency the run would have had with the planes busy all the time (``docs/sim.md``).
+    ``None`` without records (no capture) or without data."""
+    sides = {}
+    for r in records:
+        if "duplicate" in r.marks:          # the fabric's copy, not something a NIC sent
+            continue
+        wire = r.sent_len + overhead_bytes
+        info = data_info(r.frame) if r.sent_len > 60 else None
+        kind = "control" if info is None else "retransmission" if info[2] else "first"
+        side = sides.setdefault(r.src, {"first": 0, "retransmission": 0, "control": 0})
+        side[kind] += wire
+    senders = [v for v in sides.values() if v["first"] or v["retransmission"]]
+    total = sum(sum(v.values()) for v in senders)
+    if not total:
+        return None
+    share = {k: round(sum(v[k] for v in senders) / total, 4)
+             for k in ("first", "retransmission", "control")}
+    return {"first_transmission": share["first"], "retransmission": share["retransmission"],
+            "control": share["control"], "data_sides": len(senders)}
+
+
 def _window_goodput(stats, lo_ns, hi_ns, directions, line_rate):
     """Mean goodput over [lo, hi) from the per-plane bins, per direction, relative to the
     line rate (bins partly inside count pro rata)."""
@@ -96,6 +124,7 @@ def analyse(fabric, scn, config, *, end_ns):
         "trims": sum(1 for r in records if "trimmed" in r.marks),
         "ecn_marked": sum(1 for r in records if "ecn-marked" in r.marks),
         "fabric": {"planes": stats.to_dict()["planes"]},
+        "wire_shares": wire_shares(records, fabric.config.wire_overhead_bytes),
         "failure": None,
     }
     failure = scn.failure

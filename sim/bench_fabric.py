@@ -4,6 +4,11 @@ Each entry runs one scenario of the main job (:mod:`sim.mainjob`) on two RTL NIC
 its report's key figures, side by side:
 
 * ``clean``: efficiency on a clean 8-plane fabric (target >= 0.97);
+* ``clean-oneway``: the same transfer from one NIC only, as ``ib_write_bw`` measures by
+  default: the ACKs then travel on the otherwise idle reverse planes, so the figure is the
+  NIC's own datapath efficiency; with traffic both ways each side's ACKs share its planes with
+  its data (``wire_shares`` in the report: per-packet ACKs take about a tenth of the wire,
+  which bounds ``clean`` near 0.90);
 * ``clean-coalesced``: the same with coalesced ACKs (an ACK every 16 packets or 4,096 cycles,
   out-of-order arrivals included, at once only for a hole 8 deep: ``gap_depth`` = K), the
   ACK policy that suits a clean fabric and not a lossy one (see ``SIZES``);
@@ -19,6 +24,7 @@ its report's key figures, side by side:
   planes (target ratio >= 1.5);
 * ``loss1``: 1 % random loss (target efficiency >= 0.9), with the default ``reo_wnd`` 24;
 * ``loss1-reorder``: the same with a reorder window of 48 units;
+* ``loss1-oneway``: ``loss1`` from one NIC only (as ``clean-oneway``);
 * simulated cycles per second of the two-NIC system per simulator (a short run each).
 
 The port watch (``docs/recovery.md``) runs with the scenarios' 20 / 20 units in every entry
@@ -40,11 +46,12 @@ from .scenario import scenario
 
 __all__ = ["run", "ENTRIES"]
 
-ENTRIES = ("clean", "clean-coalesced", "plane-failure", "timeout-only", "plane-failure-sack",
-           "ecmp", "mrc-8qp", "loss1", "loss1-reorder")
+ENTRIES = ("clean", "clean-oneway", "clean-coalesced", "plane-failure", "timeout-only",
+           "plane-failure-sack", "ecmp", "mrc-8qp", "loss1", "loss1-reorder", "loss1-oneway")
 #: Entries that are a named scenario with other settings (``SIZES``).
-BASES = {"clean-coalesced": "clean", "plane-failure-sack": "plane-failure",
-         "loss1-reorder": "loss1"}
+BASES = {"clean-oneway": "clean", "clean-coalesced": "clean",
+         "plane-failure-sack": "plane-failure", "loss1-reorder": "loss1",
+         "loss1-oneway": "loss1"}
 #: Per-entry changes to the named scenarios: transfers long enough that the first and last
 #: round trips weigh little, and a failure in the middle with a recovery (goodput before,
 #: during and after).
@@ -61,6 +68,7 @@ BASES = {"clean-coalesced": "clean", "plane-failure-sack": "plane-failure",
 #: Fate sharing is off under random loss, where a single loss would cost a whole plane.
 SIZES = {
     "clean": {"bytes": 1 << 20},
+    "clean-oneway": {"bytes": 1 << 20, "both_ways": False},
     "clean-coalesced": {"bytes": 1 << 20, "ack_every": 16, "ack_delay": 4096,
                         "coalesce_gaps": 1, "gap_depth": 8, "port_wnd": 0, "reo_wnd": 0},
     "plane-failure": {"bytes": 1 << 20, "fail_at_us": 300.0, "recover_at_us": 700.0},
@@ -71,6 +79,7 @@ SIZES = {
     "mrc-8qp": {"bytes": 512 << 10},
     "loss1": {"bytes": 1 << 20, "fate": 0},
     "loss1-reorder": {"bytes": 1 << 20, "fate": 0, "reo_wnd": 48},
+    "loss1-oneway": {"bytes": 1 << 20, "fate": 0, "both_ways": False},
 }
 
 
@@ -82,6 +91,7 @@ def _figures(report):
     out = {k: report[k] for k in keys}
     out["goodput_over_line_rate"] = round(report["goodput_gbps"] / report["line_rate_gbps"], 4)
     out["failure"] = report["failure"]
+    out["wire_shares"] = report["wire_shares"]
     out["ev_events"] = len(report["ev_events"])
     # Ports the port watch reported down, per NIC (docs/recovery.md, "Port watch").
     out["port_downs"] = {side: counters["tx_counters"]["port_downs"]

@@ -77,6 +77,8 @@ def register(subparsers):
                    help="ecmp: one fixed EV per QP (the single-path baseline)")
     p.add_argument("--sim", choices=("verilator", "icarus"), default=None)
     p.add_argument("--waves", action="store_true", help="write FST waveforms")
+    p.add_argument("--one-way", action="store_true",
+                   help="only NIC a sends (its ACKs come back on the idle reverse planes)")
     p.add_argument("--out", type=Path, default=None, help="output folder")
     p.set_defaults(func=run)
 
@@ -95,6 +97,8 @@ def scenario_from_args(args):
             overrides[name] = getattr(args, name)
     if args.waves:
         overrides["waves"] = True
+    if args.one_way:
+        overrides["both_ways"] = False
     base = scenario(args.scenario)
     return base.replace(name=args.scenario, **overrides)
 
@@ -251,6 +255,7 @@ def make_report(scn, result, out):
         "ev_events": result.get("ev_events", []),
         "failure": analysis["failure"],
         "fabric": analysis["fabric"],
+        "wire_shares": analysis.get("wire_shares"),
         "duration_us": round(duration_ns / 1000, 3),
         "finished": result["finished"],
         "qp_errors": result.get("qp_errors", {}),
@@ -289,6 +294,12 @@ def summary(report):
         f"timeouts {report['timeouts']}, trims {report['trims']}, "
         f"EV events {len(report['ev_events'])}",
     ]
+    shares = report.get("wire_shares")
+    if shares:
+        lines.append(f"  wire of the sending side{'s' if shares['data_sides'] > 1 else ''}: "
+                     f"{shares['first_transmission']:.3f} first sends, "
+                     f"{shares['retransmission']:.3f} resends, {shares['control']:.3f} "
+                     f"ACKs and other control frames")
     failure = report["failure"]
     if failure:
         lines.append(f"  plane {failure['plane']} failed at {failure['at_us']} us: no new "

@@ -84,3 +84,24 @@ def test_sim_bad_flag_is_one_line_error(tmp_path, flag, value, message):
     assert result.returncode == 2
     assert result.stderr.strip() == f"mrc-nic sim: {message}"
     assert not (tmp_path / "report.json").exists()
+
+
+def test_sim_one_way_leaves_the_acks_off_the_sending_sides_wire(tmp_path):
+    """``--one-way``: only NIC a sends; its peer's ACKs cross the idle reverse planes, so none
+    of a's wire goes to control frames, while both ways each side's ACKs share its planes."""
+    shares = {}
+    for name, flags in (("one", ["--one-way"]), ("both", [])):
+        result = mrc_nic("sim", "--backend", "model", "--scenario", "clean", "--bytes", 65536,
+                         "--out", tmp_path / name, *flags)
+        assert result.returncode == 0, result.stdout + result.stderr
+        report = json.loads((tmp_path / name / "report.json").read_text())
+        assert report["scenario"]["both_ways"] is (name == "both")
+        assert report["bytes_delivered"] == report["bytes_offered"] == \
+            65536 * (2 if name == "both" else 1)
+        assert "wire of the sending side" in result.stdout
+        shares[name] = report["wire_shares"]
+    assert shares["one"]["data_sides"] == 1 and shares["one"]["control"] == 0
+    assert shares["both"]["data_sides"] == 2 and shares["both"]["control"] > 0.05
+    for s in shares.values():
+        assert s["first_transmission"] + s["retransmission"] + s["control"] == \
+            pytest.approx(1, abs=2e-4)

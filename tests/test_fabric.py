@@ -15,6 +15,7 @@ from scapy.utils import PcapNgReader, rdpcap
 from hdl import protocol as P
 from hdl.config import NicConfig
 from sim import packets as pk
+from sim.analysis import wire_shares
 from sim.fabric import Fabric, FabricConfig, Failure, Statistics, line_rate_gbps
 from sim.fabric.plot import plot_goodput
 
@@ -457,6 +458,32 @@ def test_goodput_statistics_count_intact_payload_per_bin_and_direction():
     assert both[3] == (expected["a"][3] + expected["b"][3]) * 8 / 10_000.0
     assert fabric.delivered_payload_bytes() == sum(sum(e.values()) for e in expected.values())
     assert fabric.stats.to_dict()["planes"][1]["sent"] == 101
+
+
+def test_wire_shares_split_the_data_sides_wire_into_first_sends_resends_and_control():
+    fabric = Fabric(config(wire_overhead_bytes=20, duplicate=1.0, seed=2))
+    first = [data(i, payload=512) for i in range(3)]
+    resend = data(1, payload=512, flags=int(P.DataFlags.RETRANSMISSION))
+    for i, frame in enumerate([*first, resend, ack(9)]):
+        fabric.send("a", 0, frame, i * 10_000.0)          # a sends data and one ACK ...
+        if i < 4:
+            fabric.send("b", 1, ack(i), i * 10_000.0)     # ... b only answers
+    wire = {"first": sum(len(f) + 20 for f in first), "resend": len(resend) + 20,
+            "control": len(ack(9)) + 20}
+    total = sum(wire.values())
+    shares = wire_shares(fabric.records, 20)
+    assert any("duplicate" in r.marks for r in fabric.records)
+    # The fabric's duplicates are not something a NIC sent; b sent no data, so its ACKs
+    # (on the reverse planes) are not counted.
+    assert shares == {"first_transmission": round(wire["first"] / total, 4),
+                      "retransmission": round(wire["resend"] / total, 4),
+                      "control": round(wire["control"] / total, 4), "data_sides": 1}
+    fabric.send("b", 1, data(7, payload=512), 50_000.0)   # now b sends data too
+    both = wire_shares(fabric.records, 20)
+    assert both["data_sides"] == 2
+    assert both["control"] == round((wire["control"] + 4 * (len(ack(0)) + 20))
+                                    / (total + 4 * (len(ack(0)) + 20) + len(first[0]) + 20), 4)
+    assert wire_shares([], 20) is None
 
 
 def test_plot_writes_a_png(tmp_path):
