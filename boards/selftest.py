@@ -484,8 +484,11 @@ class DelayLine(wiring.Component):
     """Hold every beat for at least ``delay`` cycles: a plane's propagation delay.
 
     A FIFO of ``depth`` beats (block RAM when large enough) whose entries carry the cycle they
-    entered; the head leaves once it is ``delay`` cycles old. Order is kept. At one beat per
-    cycle a plane needs ``depth >= delay`` to run at full rate; with less it backpressures.
+    may leave (entry cycle + ``delay``, 16 bits); the head leaves once that cycle has come.
+    Order is kept. At one beat per cycle a plane needs ``depth >= delay`` to run at full rate;
+    with less it backpressures. A head held back (by ``o.ready``) more than 2**15 cycles past
+    its due cycle looks early again until the 16-bit counter comes round (the self-test's
+    sinks are always ready).
 
     Members
     -------
@@ -506,19 +509,22 @@ class DelayLine(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
+        # Each entry carries the cycle it may leave (``due``), so the head's test is one
+        # subtract (its sign) after the block RAM, not a subtract and then a compare: that
+        # pair was the ECPIX-5 self-test's critical path at 100 MHz (docs/boards.md).
         now = Signal(16)
         m.d.sync += now.eq(now + 1)
-        entry = data.StructLayout({"beat": self._layout, "stamp": 16})
+        entry = data.StructLayout({"beat": self._layout, "due": 16})
         m.submodules.fifo = fifo = SyncFIFOBuffered(width=entry.size, depth=self._depth)
         head = data.View(entry, fifo.r_data)
-        age = Signal(16)
+        early = Signal(16)
         m.d.comb += [
-            fifo.w_data.eq(Cat(self.i.payload, now)),
+            fifo.w_data.eq(Cat(self.i.payload, (now + self._delay)[:16])),
             fifo.w_en.eq(self.i.valid),
             self.i.ready.eq(fifo.w_rdy),
-            age.eq(now - head.stamp),
+            early.eq(now - head.due),                   # negative (bit 15) while not due
             self.o.payload.eq(head.beat),
-            self.o.valid.eq(fifo.r_rdy & (age >= self._delay)),
+            self.o.valid.eq(fifo.r_rdy & ~early[15]),
             fifo.r_en.eq(self.o.valid & self.o.ready),
         ]
         return m

@@ -1,8 +1,9 @@
 """Platform tops: the self-test on each ECP5 board, the reduced top on the iCEBreaker, and the
 engine bench (the packet engine alone on an LFE5UM5G-85F, for fmax and resource figures).
 
-Every top takes its clock from the board's default oscillator (Amaranth makes the ``sync``
-domain from it); no PLL is used, so the engines run at the oscillator frequency.
+The ECPIX-5 and Versa self-tests run at the engine's target of 125 MHz, made from the board's
+100 MHz oscillator by the ECP5 PLL (:class:`~boards.pll.Ecp5Pll`); the other tops take their
+clock from the board's default oscillator (Amaranth makes the ``sync`` domain from it).
 """
 
 from amaranth import *
@@ -18,6 +19,7 @@ from hdl.config import NicConfig
 from hdl.packet.engine import PacketEngine
 from hdl.util import validating
 
+from .pll import Ecp5Pll
 from .selftest import SelfTest
 
 __all__ = [
@@ -56,12 +58,20 @@ class SelfTestTop(Elaboratable):
     second).
     """
 
-    def __init__(self, board):
+    def __init__(self, board, *, pll_hz=None):
         self.board = board
+        self.pll_hz = pll_hz
 
     def elaborate(self, platform):
         m = Module()
         clock_hz = platform.default_clk_frequency
+        if self.pll_hz is not None:
+            # The PLL makes ``sync`` at pll_hz from the oscillator (the platform then makes no
+            # default domain of its own).
+            m.submodules.pll = pll = Ecp5Pll(
+                platform.request(platform.default_clk, dir="-"), clki_hz=clock_hz,
+                clkop_hz=self.pll_hz)
+            clock_hz = pll.achieved_hz
         auto_kill = self.board == "ecpix5"
         m.submodules.selftest = selftest = SelfTest(
             config=selftest_config(clock_hz), max_payload=256, auto_kill=auto_kill)
@@ -204,15 +214,21 @@ def _ice40_top(board):
     return Ice40Top()
 
 
+#: The engine's target clock (64-bit datapath: 8 Gb/s), made by the PLL on the ECPIX-5 and Versa.
+ENGINE_HZ = NicConfig().clock_hz
+
 #: Boards of ``make bitstream BOARD=...``.
 BOARDS = {
-    "ecpix5": Board("ecpix5", ECPIX585Platform, SelfTestTop,
-                    "LambdaConcept ECPIX-5 85F (LFE5UM5G-85F-8BG554), self-test at 100 MHz"),
+    "ecpix5": Board("ecpix5", ECPIX585Platform,
+                    lambda name: SelfTestTop(name, pll_hz=ENGINE_HZ),
+                    "LambdaConcept ECPIX-5 85F (LFE5UM5G-85F-8BG554), self-test at 125 MHz "
+                    "(PLL from the 100 MHz oscillator)"),
     "ecpix5-ci": Board("ecpix5-ci", ECPIX585Platform, lambda name: NetworkSelftestTop(),
                        "LambdaConcept ECPIX-5 85F (LFE5UM5G-85F-8BG554), network-level "
                        "self-test (no packet engines) at 100 MHz, the CI bitstream"),
-    "versa": Board("versa", VersaECP5Platform, SelfTestTop,
-                   "Lattice Versa ECP5 (LFE5UM-45F-8BG381), self-test at 100 MHz"),
+    "versa": Board("versa", VersaECP5Platform, lambda name: SelfTestTop(name, pll_hz=ENGINE_HZ),
+                   "Lattice Versa ECP5 (LFE5UM-45F-8BG381), self-test at 125 MHz (PLL from the "
+                   "100 MHz oscillator)"),
     "ulx3s": Board("ulx3s", ULX3S_85F_Platform, SelfTestTop,
                    "Radiona ULX3S 85F (LFE5U-85F-6BG381), self-test at 25 MHz"),
     "icebreaker": Board("icebreaker", ICEBreakerPlatform, _ice40_top,

@@ -5,15 +5,18 @@ Amaranth simulator, and every board top elaborated against its platform (no tool
 import random
 
 import pytest
-from amaranth import Fragment, Module
+from amaranth import Fragment, Instance, Module
+from amaranth.build.res import ResourceManager
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
+from amaranth_boards.ecpix5 import ECPIX585Platform
 from scapy.layers.l2 import Ether
 
 from boards import selftest as S
 from boards.ice40 import ICE40_COUNTERS, Ice40Selftest, frame_template
+from boards.pll import PFD_HZ, VCO_HZ, Ecp5Pll, LockReset, ecp5_pll_dividers
 from boards.tops import BOARDS, EngineBench, selftest_config
 from boards.uart import UARTTx
 from hdl.config import NicConfig
@@ -230,8 +233,9 @@ def test_delay_line_holds_each_beat():
     sim.add_process(watch)
     sim.add_testbench(bench)
     sim.run()
-    for n in range(5):
-        assert times[("out", n)] - times[("in", n)] >= delay
+    waits = {times[("out", n)] - times[("in", n)] for n in range(5)}
+    # Every beat waits the same: the delay plus the FIFO's fixed latency.
+    assert len(waits) == 1 and delay <= waits.pop() <= delay + 3
 
 
 # ---------------------------------------------------------------------------------------------
@@ -597,3 +601,89 @@ def test_partial_report_of_a_stopped_build(tmp_path):
                                    "bram": {"used": 6, "available": 208}}
     assert report["fmax"] == {"clk": {"achieved_mhz_estimate": 58.09, "constraint_mhz": 125.0}}
     assert "stopped after 40 min during routing (94137 overused wires left)" in report["note"]
+
+
+# ---------------------------------------------------------------------------------------------
+# PLL
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("clki, clkop, expected", [
+    # ecppll's own choices, from files it generated (12 -> 16, 48 -> 160, 25 -> 168.75 MHz).
+    (12e6, 16e6, (3, 4, 37)), (48e6, 160e6, (3, 10, 4)), (25e6, 168.75e6, (4, 27, 4)),
+    # The boards' oscillators to the engine's 125 MHz.
+    (100e6, 125e6, (4, 5, 5)), (25e6, 125e6, (1, 5, 5)),
+])
+def test_pll_dividers_match_ecppll_and_keep_the_limits(clki, clkop, expected):
+    clki_div, clkfb_div, clkop_div, achieved = ecp5_pll_dividers(clki, clkop)
+    assert (clki_div, clkfb_div, clkop_div) == expected and achieved == pytest.approx(clkop)
+    pfd = clki / clki_div
+    assert PFD_HZ[0] <= pfd <= PFD_HZ[1] and VCO_HZ[0] <= achieved * clkop_div <= VCO_HZ[1]
+    assert achieved == pytest.approx(pfd * clkfb_div)
+
+
+@pytest.mark.parametrize("clki, clkop, message", [
+    (5e6, 125e6, "clki_hz must be from 8 to 400 MHz"),
+    (100e6, 500e6, "clkop_hz must be from 3.125 to 400 MHz"),
+    (100e6, "125", "clkop_hz must be from"),
+])
+def test_pll_frequencies_out_of_range_are_refused_by_name(clki, clkop, message):
+    with pytest.raises(ValueError, match=message):
+        ecp5_pll_dividers(clki, clkop)
+
+
+def test_pll_refuses_a_frequency_it_can_only_approach():
+    platform = ECPIX585Platform()
+    port = platform.request("clk100", dir="-")
+    with pytest.raises(ValueError, match=r"clkop_hz: the ECP5 PLL makes 12\.5 MHz at best"):
+        Ecp5Pll(port, clki_hz=100e6, clkop_hz=12.3456e6)
+
+
+def test_ecpix5_top_runs_the_selftest_at_125_mhz_from_the_pll():
+    platform = ECPIX585Platform()
+    top = BOARDS["ecpix5"].top("ecpix5")
+    fragment = Fragment.get(top, platform)
+    plls = [sub for _, sub in _walk(fragment) if isinstance(sub, Instance)
+            and sub.type == "EHXPLLL"]
+    assert len(plls) == 1
+    params = plls[0].parameters
+    assert (params["CLKI_DIV"], params["CLKFB_DIV"], params["CLKOP_DIV"]) == (4, 5, 5)
+    assert params["FEEDBK_PATH"] == "CLKOP"
+    # The self-test's UART divider and report period follow the PLL's clock ...
+    selftest = next(origin for origins, _ in _walk(fragment) for origin in origins
+                    if isinstance(origin, S.SelfTest))
+    assert selftest._config.clock_hz == 125_000_000
+    # ... whose constraint nextpnr derives from the oscillator's 100 MHz and the dividers (a
+    # constraint on the domain's clock signal would name a net synthesis renames).
+    assert {f for *_, f in platform.iter_port_clock_constraints()} == {100e6}
+    assert not list(ResourceManager.iter_signal_clock_constraints(platform))
+    assert plls[0].attrs["FREQUENCY_PIN_CLKOP"] == "125"
+
+
+def _walk(fragment):
+    """``(origins, fragment)`` of every fragment under ``fragment`` (origins: the
+    elaboratables that made it)."""
+    for sub, _, _ in fragment.subfragments:
+        yield tuple(getattr(sub, "origins", None) or ()), sub
+        if not isinstance(sub, Instance):
+            yield from _walk(sub)
+
+
+def test_lock_reset_holds_until_cycles_after_lock_and_again_on_loss():
+    dut = LockReset(cycles=2)
+    trace = []
+
+    async def bench(ctx):
+        for locked in [0] * 3 + [1] * 5 + [0] + [1] * 4:
+            ctx.set(dut.locked, locked)
+            await ctx.tick()
+            trace.append(ctx.get(dut.rst))
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    # Out of reset on the second edge after LOCK; back in reset on the edge that sees it
+    # fall, out again two edges after it returns.
+    assert trace == [1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 0, 0, 0]
+    with pytest.raises(ValueError, match="cycles must be an integer from 1 to 16, not 0"):
+        LockReset(cycles=0)
