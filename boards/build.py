@@ -57,12 +57,16 @@ class BuildResult:
     report: dict
 
 
-def _platform_build(platform, top, build_dir, *, seed, allow_timing_fail, family, timeout=None):
+def _platform_build(platform, top, build_dir, *, seed, allow_timing_fail, family, timeout=None,
+                    router=None):
     """Run the platform's build; with ``timeout`` (seconds) stop the tools after that long and
-    return the figures nextpnr logged so far (``complete: False``)."""
+    return the figures nextpnr logged so far (``complete: False``). ``router``: nextpnr's
+    ``--router`` (``None``: its default)."""
     build_dir = Path(build_dir)
     build_dir.mkdir(parents=True, exist_ok=True)
     nextpnr = f"--seed {seed} --report report.json"
+    if router is not None:
+        nextpnr += f" --router {router}"
     if allow_timing_fail:
         nextpnr += " --timing-allow-fail"
     options = dict(name="top", build_dir=str(build_dir), do_program=False,
@@ -134,14 +138,15 @@ def build_board(name, *, out_root=None, seed=SEED, allow_timing_fail=False):
     platform = board.platform()
     family = "ice40" if name == "icebreaker" else "ecp5"
     seconds, report = _platform_build(platform, board.top(name), out_root / name, seed=seed,
-                                      allow_timing_fail=allow_timing_fail, family=family)
+                                      allow_timing_fail=allow_timing_fail, family=family,
+                                      router=board.router)
     bitstream = out_root / name / ("top.bin" if family == "ice40" else "top.bit")
     if not bitstream.exists() or bitstream.stat().st_size == 0:
         raise BuildError(f"the tools exited normally but wrote no {bitstream}")
     report.update(kind="board", board=name, description=board.description,
                   device=f"{platform.device}-{getattr(platform, 'speed', '')}"
                          f"{platform.package}",
-                  build_seconds=round(seconds, 1), seed=seed)
+                  build_seconds=round(seconds, 1), seed=seed, router=board.router or "router1")
     return BuildResult(name, out_root / name, seconds, report)
 
 

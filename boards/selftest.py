@@ -795,28 +795,37 @@ class Reporter(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         items = self.line_items()
+        count = len(self._names)
         timer = Signal(range(self._period))
-        snapshot = Signal(data.ArrayLayout(32, len(self._names)))
+        # The snapshot is a shift register, the first counter's top nibble at its top: each
+        # nibble sent shifts it by 4 bits, so the digit to send is always its top nibble. An
+        # indexed pick of any nibble of any counter by position was a mux over 32 x N bits and
+        # the 125 MHz ECPIX-5 self-test's critical path (docs/boards.md).
+        snapshot = Signal(32 * count)
         position = Signal(range(len(items)))
         active = Signal()
+        is_char = Signal()
+        char = Signal(8)
 
         m.d.comb += self.tick.eq(timer == 0)
         m.d.sync += timer.eq(Mux(timer == self._period - 1, 0, timer + 1))
         with m.If(self.tick & ~active):
-            m.d.sync += [snapshot.eq(self.values), position.eq(0), active.eq(1)]
+            m.d.sync += [snapshot.eq(Cat(*reversed(list(self.values)))), position.eq(0),
+                         active.eq(1)]
 
         with m.Switch(position):
             for n, item in enumerate(items):
-                with m.Case(n):
-                    if item[0] == "char":
-                        m.d.comb += self.o.payload.eq(item[1])
-                    else:
-                        _, index, nibble = item
-                        m.d.comb += self.o.payload.eq(
-                            _nibble_ascii(snapshot[index][4 * nibble:4 * nibble + 4]))
-        m.d.comb += self.o.valid.eq(active)
+                if item[0] == "char":
+                    with m.Case(n):
+                        m.d.comb += [is_char.eq(1), char.eq(item[1])]
+        m.d.comb += [
+            self.o.payload.eq(Mux(is_char, char, _nibble_ascii(snapshot[-4:]))),
+            self.o.valid.eq(active),
+        ]
         with m.If(self.o.valid & self.o.ready):
             m.d.sync += position.eq(position + 1)
+            with m.If(~is_char):
+                m.d.sync += snapshot.eq(snapshot << 4)
             with m.If(position == len(items) - 1):
                 m.d.sync += active.eq(0)
         return m

@@ -200,13 +200,15 @@ class EngineBench(Elaboratable):
 
 
 class Board:
-    """A board the flow knows: its platform class, top and the engine config of its top."""
+    """A board the flow knows: its platform class, top and the engine config of its top, and
+    the nextpnr router its build uses (``None``: nextpnr's default, router1)."""
 
-    def __init__(self, name, platform, top, description):
+    def __init__(self, name, platform, top, description, *, router=None):
         self.name = name
         self.platform = platform
         self.top = top
         self.description = description
+        self.router = router
 
 
 def _ice40_top(board):
@@ -222,13 +224,13 @@ BOARDS = {
     "ecpix5": Board("ecpix5", ECPIX585Platform,
                     lambda name: SelfTestTop(name, pll_hz=ENGINE_HZ),
                     "LambdaConcept ECPIX-5 85F (LFE5UM5G-85F-8BG554), self-test at 125 MHz "
-                    "(PLL from the 100 MHz oscillator)"),
+                    "(PLL from the 100 MHz oscillator)", router="router2"),
     "ecpix5-ci": Board("ecpix5-ci", ECPIX585Platform, lambda name: NetworkSelftestTop(),
                        "LambdaConcept ECPIX-5 85F (LFE5UM5G-85F-8BG554), network-level "
                        "self-test (no packet engines) at 100 MHz, the CI bitstream"),
     "versa": Board("versa", VersaECP5Platform, lambda name: SelfTestTop(name, pll_hz=ENGINE_HZ),
                    "Lattice Versa ECP5 (LFE5UM-45F-8BG381), self-test at 125 MHz (PLL from the "
-                   "100 MHz oscillator)"),
+                   "100 MHz oscillator)", router="router2"),
     "ulx3s": Board("ulx3s", ULX3S_85F_Platform, SelfTestTop,
                    "Radiona ULX3S 85F (LFE5U-85F-6BG381), self-test at 25 MHz"),
     "icebreaker": Board("icebreaker", ICEBreakerPlatform, _ice40_top,

@@ -687,3 +687,24 @@ def test_lock_reset_holds_until_cycles_after_lock_and_again_on_loss():
     assert trace == [1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 0, 0, 0]
     with pytest.raises(ValueError, match="cycles must be an integer from 1 to 16, not 0"):
         LockReset(cycles=0)
+
+
+@pytest.mark.parametrize("router", [None, "router2"])
+def test_board_builds_pass_their_router_to_nextpnr(tmp_path, router):
+    """The ECPIX-5 and Versa self-tests route with router2 (it closed timing where router1
+    did not converge); the flow hands a board's router to nextpnr, and only then."""
+    from boards.build import _platform_build
+    seen = {}
+
+    class Platform:
+        def build(self, top, **options):
+            seen.update(options)
+            raise RuntimeError("stop here")
+
+    with pytest.raises(Exception, match="stop here"):
+        _platform_build(Platform(), None, tmp_path, seed=1, allow_timing_fail=False,
+                        family="ecp5", router=router)
+    assert ("--router router2" in seen["nextpnr_opts"]) is (router == "router2")
+    assert "--router" not in seen["nextpnr_opts"] or router
+    assert BOARDS["ecpix5"].router == BOARDS["versa"].router == "router2"
+    assert BOARDS["ecpix5-ci"].router is None
