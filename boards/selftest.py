@@ -797,35 +797,46 @@ class Reporter(wiring.Component):
         items = self.line_items()
         count = len(self._names)
         timer = Signal(range(self._period))
-        # The snapshot is a shift register, the first counter's top nibble at its top: each
-        # nibble sent shifts it by 4 bits, so the digit to send is always its top nibble. An
-        # indexed pick of any nibble of any counter by position was a mux over 32 x N bits and
-        # the 125 MHz ECPIX-5 self-test's critical path (docs/boards.md).
-        snapshot = Signal(32 * count)
+        # The digit sent is always the top nibble of ``current``, a copy of the counter being
+        # printed that shifts by 4 bits per digit; it is reloaded from the snapshot (by a
+        # registered counter index) while the text before the counter is sent. An indexed pick
+        # of any nibble of any counter by position (a mux over 32 x N bits), and then shifting
+        # the whole snapshot (an enable fanned out to 32 x N flip-flops), were in turn the
+        # 125 MHz ECPIX-5 self-test's critical path (docs/boards.md).
+        snapshot = Signal(data.ArrayLayout(32, count))
+        current = Signal(32)
+        index = Signal(range(count))
         position = Signal(range(len(items)))
         active = Signal()
         is_char = Signal()
         char = Signal(8)
+        last_digit = Signal()                   # the counter's last (lowest) digit
 
         m.d.comb += self.tick.eq(timer == 0)
         m.d.sync += timer.eq(Mux(timer == self._period - 1, 0, timer + 1))
         with m.If(self.tick & ~active):
-            m.d.sync += [snapshot.eq(Cat(*reversed(list(self.values)))), position.eq(0),
+            m.d.sync += [snapshot.eq(self.values), index.eq(0), position.eq(0),
                          active.eq(1)]
 
         with m.Switch(position):
             for n, item in enumerate(items):
-                if item[0] == "char":
-                    with m.Case(n):
+                with m.Case(n):
+                    if item[0] == "char":
                         m.d.comb += [is_char.eq(1), char.eq(item[1])]
+                    else:
+                        m.d.comb += last_digit.eq(item[2] == 0)
         m.d.comb += [
-            self.o.payload.eq(Mux(is_char, char, _nibble_ascii(snapshot[-4:]))),
+            self.o.payload.eq(Mux(is_char, char, _nibble_ascii(current[-4:]))),
             self.o.valid.eq(active),
         ]
+        with m.If(is_char):
+            m.d.sync += current.eq(snapshot[index])
         with m.If(self.o.valid & self.o.ready):
             m.d.sync += position.eq(position + 1)
             with m.If(~is_char):
-                m.d.sync += snapshot.eq(snapshot << 4)
+                m.d.sync += current.eq(current << 4)
+                with m.If(last_digit & (index != count - 1)):
+                    m.d.sync += index.eq(index + 1)
             with m.If(position == len(items) - 1):
                 m.d.sync += active.eq(0)
         return m
