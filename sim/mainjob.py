@@ -57,7 +57,7 @@ FLAGS = [
      "later received above a hole, even when coalescing (0: off, 1-15)"),
     ("--fate", "fate", int, "port fate sharing: 1 = a loss abandons its whole plane until "
      "probes answer, 0 = per EV only"),
-    ("--cc", "cc", int, "ECN congestion window: 1 = each QP takes 1/8 off its PSNs in flight "
+    ("--cc", "cc", int, "ECN congestion window: 1 = each QP takes 1/8 off the window it used "
      "per marked window and widens by one PSN per cwnd/4 PSNs acknowledged, 0 = MPR only"),
     ("--max-us", "max_us", float, "give up after this much simulated time"),
 ]

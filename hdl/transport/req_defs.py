@@ -49,8 +49,8 @@ REO_WND_BITS = 6
 #: The ECN window (CONFIG ``cc``, ``docs/requester.md``) never closes below this many PSNs
 #: (*project choice*).
 CC_MIN_WINDOW = 2
-#: A decrease takes 1/2**CC_DECREASE_SHIFT (at least one PSN) off the PSNs in flight
-#: (*project choice*).
+#: A decrease takes 1/2**CC_DECREASE_SHIFT (at least one PSN) off the window the QP used:
+#: the larger of the PSNs in flight and those sent since the last decrease (*project choice*).
 CC_DECREASE_SHIFT = 3
 #: The window widens by one PSN per cwnd / 2**CC_INCREASE_SHIFT PSNs (at least one) that
 #: unmarked ACKs acknowledge, at most CC_MAX_STEPS per ACK: about four PSNs per round trip

@@ -858,13 +858,16 @@ class Requester(wiring.Component):
             ]
 
         # The ECN window: an ACK echoing CE for a PSN sent after the last decrease takes 1/8
-        # (at least one) off the PSNs in flight before it (floor CC_MIN_WINDOW); an unmarked ACK
-        # counts the PSNs it acknowledges cumulatively (at least one), every cwnd/4 counted add
-        # one PSN (byte counting, at most CC_MAX_STEPS per ACK), up to MPR.
+        # (at least one) off the window the QP used (floor CC_MIN_WINDOW): the larger of the
+        # PSNs in flight before it and the PSNs sent since the last decrease, at most cwnd; an
+        # unmarked ACK counts the PSNs it acknowledges cumulatively (at least one), every
+        # cwnd/4 counted add one PSN (byte counting, at most CC_MAX_STEPS per ACK), up to MPR.
         a_cc = a_ports["cc"].data
         cc_max = Cat(C(0, 7), a_ports["cfg"].data.mpr)
         cc_flight = _psn_sub(a_next, a_una)        # in flight when the marked ACK left
-        cc_base = Mux(cc_flight < a_cc.cwnd, cc_flight[:CWND_BITS], a_cc.cwnd)
+        cc_sent = _psn_sub(a_next, a_cc.recover)   # sent since the last decrease
+        cc_window = Mux(cc_sent > cc_flight, cc_sent, cc_flight)
+        cc_base = Mux(cc_window < a_cc.cwnd, cc_window[:CWND_BITS], a_cc.cwnd)
         cc_step = cc_base >> CC_DECREASE_SHIFT
         cc_cut = (cc_base - Mux(cc_step == 0, 1, cc_step))[:CWND_BITS]
         cc_marked = (a1_flags & int(P.AckFlags.ECN_ECHO)).any()

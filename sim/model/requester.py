@@ -468,13 +468,16 @@ class RequesterModel:
     def _congestion(self, qp, psn, ecn, advanced, flight):
         """The ECN window (``docs/requester.md``; it limits sending only with CONFIG ``cc``):
         an ACK echoing CE for a PSN sent after the last decrease takes 1/8 (at least one) off
-        the PSNs in flight before it (``flight``; floor :data:`CC_MIN_WINDOW`); every
+        the window the QP used: the larger of the PSNs in flight before it (``flight``) and
+        the PSNs sent since the last decrease, at most ``cwnd`` (floor
+        :data:`CC_MIN_WINDOW`); every
         ``cwnd >> CC_INCREASE_SHIFT`` (at least one) PSNs counted widen it by one PSN, at most
         :data:`CC_MAX_STEPS` per ACK (byte counting with a limit), up to MPR; an unmarked ACK
         counts the PSNs it acknowledges cumulatively (``advanced``), at least one."""
         if ecn:
             if P.psn_diff(psn, qp.cc_recover) >= 0:
-                base = min(qp.cwnd, flight)
+                used = max(flight, P.psn_diff(qp.next_psn, qp.cc_recover))
+                base = min(qp.cwnd, used)
                 qp.cwnd = max(base - max(base >> CC_DECREASE_SHIFT, 1), CC_MIN_WINDOW)
                 qp.cc_acc, qp.cc_recover = 0, qp.next_psn
             return
