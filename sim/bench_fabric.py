@@ -16,6 +16,7 @@ its report's key figures, side by side:
   line rate (target >= 0.85), bytes lost (must be 0) and the recovery figures, with the
   scenarios' defaults (SACK inference K = 8, time-based inference ``reo_wnd`` 24, the port
   watch);
+* ``plane-failure-oneway``: ``plane-failure`` from one NIC only (as ``clean-oneway``);
 * ``timeout-only``: the same failure with every inference off: SACK and time-based loss
   inference and the port watch (recovery by the retransmit timer alone);
 * ``plane-failure-sack``: the same failure with SACK inference alone (``reo_wnd`` 0, the
@@ -46,11 +47,13 @@ from .scenario import scenario
 
 __all__ = ["run", "ENTRIES"]
 
-ENTRIES = ("clean", "clean-oneway", "clean-coalesced", "plane-failure", "timeout-only",
-           "plane-failure-sack", "ecmp", "mrc-8qp", "loss1", "loss1-reorder", "loss1-oneway")
+ENTRIES = ("clean", "clean-oneway", "clean-coalesced", "plane-failure", "plane-failure-oneway",
+           "timeout-only", "plane-failure-sack", "ecmp", "mrc-8qp", "loss1", "loss1-reorder",
+           "loss1-oneway")
 #: Entries that are a named scenario with other settings (``SIZES``).
 BASES = {"clean-oneway": "clean", "clean-coalesced": "clean",
-         "plane-failure-sack": "plane-failure", "loss1-reorder": "loss1",
+         "plane-failure-sack": "plane-failure", "plane-failure-oneway": "plane-failure",
+         "loss1-reorder": "loss1",
          "loss1-oneway": "loss1"}
 #: Per-entry changes to the named scenarios: transfers long enough that the first and last
 #: round trips weigh little, and a failure in the middle with a recovery (goodput before,
@@ -72,6 +75,8 @@ SIZES = {
     "clean-coalesced": {"bytes": 1 << 20, "ack_every": 16, "ack_delay": 4096,
                         "coalesce_gaps": 1, "gap_depth": 8, "port_wnd": 0, "reo_wnd": 0},
     "plane-failure": {"bytes": 1 << 20, "fail_at_us": 300.0, "recover_at_us": 700.0},
+    "plane-failure-oneway": {"bytes": 1 << 20, "fail_at_us": 300.0, "recover_at_us": 700.0,
+                             "both_ways": False},
     "timeout-only": {"bytes": 1 << 20, "fail_at_us": 300.0, "recover_at_us": 700.0},
     "plane-failure-sack": {"bytes": 1 << 20, "fail_at_us": 300.0, "recover_at_us": 700.0,
                            "reo_wnd": 0},
