@@ -1,9 +1,10 @@
 """Platform tops: the self-test on each ECP5 board, the reduced top on the iCEBreaker, and the
 engine bench (the packet engine alone on an LFE5UM5G-85F, for fmax and resource figures).
 
-The ECPIX-5 and Versa self-tests run at the engine's target of 125 MHz, made from the board's
-100 MHz oscillator by the ECP5 PLL (:class:`~boards.pll.Ecp5Pll`); the other tops take their
-clock from the board's default oscillator (Amaranth makes the ``sync`` domain from it).
+The self-tests take their clock from the board's default oscillator (Amaranth makes the
+``sync`` domain from it); ``ecpix5-125`` runs the ECPIX-5 self-test at the engine's target of
+125 MHz, made from the 100 MHz oscillator by the ECP5 PLL (:class:`~boards.pll.Ecp5Pll`). It
+misses 125 MHz today (98.1 MHz, placement-limited: docs/boards.md).
 """
 
 from amaranth import *
@@ -216,21 +217,23 @@ def _ice40_top(board):
     return Ice40Top()
 
 
-#: The engine's target clock (64-bit datapath: 8 Gb/s), made by the PLL on the ECPIX-5 and Versa.
+#: The engine's target clock (64-bit datapath: 8 Gb/s), made by the PLL for ``ecpix5-125``.
 ENGINE_HZ = NicConfig().clock_hz
 
 #: Boards of ``make bitstream BOARD=...``.
 BOARDS = {
-    "ecpix5": Board("ecpix5", ECPIX585Platform,
-                    lambda name: SelfTestTop(name, pll_hz=ENGINE_HZ),
-                    "LambdaConcept ECPIX-5 85F (LFE5UM5G-85F-8BG554), self-test at 125 MHz "
-                    "(PLL from the 100 MHz oscillator)", router="router2"),
+    "ecpix5": Board("ecpix5", ECPIX585Platform, SelfTestTop,
+                    "LambdaConcept ECPIX-5 85F (LFE5UM5G-85F-8BG554), self-test at 100 MHz"),
+    "ecpix5-125": Board("ecpix5-125", ECPIX585Platform,
+                        lambda name: SelfTestTop("ecpix5", pll_hz=ENGINE_HZ),
+                        "LambdaConcept ECPIX-5 85F (LFE5UM5G-85F-8BG554), self-test at the "
+                        "engine's 125 MHz (PLL from the 100 MHz oscillator; misses it today: "
+                        "98.1 MHz, build with --allow-timing-fail)", router="router2"),
     "ecpix5-ci": Board("ecpix5-ci", ECPIX585Platform, lambda name: NetworkSelftestTop(),
                        "LambdaConcept ECPIX-5 85F (LFE5UM5G-85F-8BG554), network-level "
                        "self-test (no packet engines) at 100 MHz, the CI bitstream"),
-    "versa": Board("versa", VersaECP5Platform, lambda name: SelfTestTop(name, pll_hz=ENGINE_HZ),
-                   "Lattice Versa ECP5 (LFE5UM-45F-8BG381), self-test at 125 MHz (PLL from the "
-                   "100 MHz oscillator)", router="router2"),
+    "versa": Board("versa", VersaECP5Platform, SelfTestTop,
+                   "Lattice Versa ECP5 (LFE5UM-45F-8BG381), self-test at 100 MHz"),
     "ulx3s": Board("ulx3s", ULX3S_85F_Platform, SelfTestTop,
                    "Radiona ULX3S 85F (LFE5U-85F-6BG381), self-test at 25 MHz"),
     "icebreaker": Board("icebreaker", ICEBreakerPlatform, _ice40_top,
