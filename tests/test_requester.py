@@ -376,6 +376,27 @@ def test_window_and_slot_limits_match_model():
     bench.run(testbench)
 
 
+def _ecn_steps(bench, qpn, psn0):
+    """``start(ctx)``: CONFIG cc on and the QP in RTS from ``psn0`` (MPR 1); ``window(ctx)``:
+    the QP's ECN window page (QP_READ page 3); ``step(ctx, offset, psn=, flags=)``: an ACK up
+    to ``psn0 + offset`` for PSN ``psn0 + psn``, then the window."""
+    async def start(ctx):
+        await bench.control(ctx, RequesterCommand.CONFIG, cc=1)
+        await bench.control(ctx, RequesterCommand.QP_WRITE, qpn=qpn, state=P.QpState.RTS,
+                            psn=psn0, mpr=1, max_wimm=1)
+
+    async def window(ctx):
+        return (await bench.control(ctx, RequesterCommand.QP_READ, qpn=qpn, page=3))[1]
+
+    async def step(ctx, offset, *, psn, flags=0):
+        await bench.receive(ctx, [ack_header(qpn, P.psn_add(psn0, offset),
+                                             psn=P.psn_add(psn0, psn), flags=flags)])
+        await bench.settle_sends(ctx)
+        await bench.report_evs(ctx)
+        return await window(ctx)
+    return start, window, step
+
+
 def test_ecn_window_matches_model():
     """CONFIG cc: a CE echo for a PSN sent after the last decrease takes 1/8 off the PSNs in
     flight before it, a second one in the same window does nothing, every cwnd/4 PSNs that
@@ -385,21 +406,10 @@ def test_ecn_window_matches_model():
     bench = Bench(seed=31)
     psn0 = 0xFFFFF0                                 # the window wraps the PSN space
     ce = int(P.AckFlags.ECN_ECHO)
-
-    async def window(ctx):
-        return (await bench.control(ctx, RequesterCommand.QP_READ, qpn=2, page=3))[1]
-
-    async def step(ctx, offset, *, psn, flags=0):
-        await bench.receive(ctx, [ack_header(2, P.psn_add(psn0, offset),
-                                             psn=P.psn_add(psn0, psn), flags=flags)])
-        await bench.settle_sends(ctx)
-        await bench.report_evs(ctx)
-        return await window(ctx)
+    start, window, step = _ecn_steps(bench, 2, psn0)
 
     async def testbench(ctx):
-        await bench.control(ctx, RequesterCommand.CONFIG, cc=1)
-        await bench.control(ctx, RequesterCommand.QP_WRITE, qpn=2, state=P.QpState.RTS,
-                            psn=psn0, mpr=1, max_wimm=1)
+        await start(ctx)
         assert await window(ctx) == 128 | psn0 << 32
         bench.post([{"qpn": 2, "opcode": W.RDMA_WRITE, "wr_id": 7, "length": 600 * 256}])
         await bench.settle_sends(ctx)
@@ -466,21 +476,10 @@ def test_ecn_window_cuts_the_window_a_bursty_qp_used():
     bench = Bench(seed=32)
     psn0 = 0xFFFFFA                                 # the burst wraps the PSN space
     ce = int(P.AckFlags.ECN_ECHO)
-
-    async def window(ctx):
-        return (await bench.control(ctx, RequesterCommand.QP_READ, qpn=1, page=3))[1]
-
-    async def step(ctx, offset, *, psn, flags=0):
-        await bench.receive(ctx, [ack_header(1, P.psn_add(psn0, offset),
-                                             psn=P.psn_add(psn0, psn), flags=flags)])
-        await bench.settle_sends(ctx)
-        await bench.report_evs(ctx)
-        return await window(ctx)
+    start, window, step = _ecn_steps(bench, 1, psn0)
 
     async def testbench(ctx):
-        await bench.control(ctx, RequesterCommand.CONFIG, cc=1)
-        await bench.control(ctx, RequesterCommand.QP_WRITE, qpn=1, state=P.QpState.RTS,
-                            psn=psn0, mpr=1, max_wimm=1)
+        await start(ctx)
         bench.post([{"qpn": 1, "opcode": W.RDMA_WRITE, "wr_id": 3, "length": 24 * 256}])
         await bench.settle_sends(ctx)
         await bench.report_evs(ctx)
