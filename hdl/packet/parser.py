@@ -497,6 +497,10 @@ class Parser(wiring.Component):
         d0_len = Signal(len_bits)
         d0_flag = {name: Signal(name=f"d0_{name}") for name in flag_names}
         d0_stack = Signal(4)
+        # The stack decoded one-hot (STACKS order) when the frame ends: D1's header windows
+        # select with these flip-flops directly (a 4-bit decode in front of a select that
+        # fans out to every window bit was the 125 MHz self-test's critical path).
+        d0_hot = Signal(len(STACKS))
         d0_port = Signal.like(port)
         d0_start = Signal(ptr_bits)
         d0_end = Signal(ptr_bits)
@@ -515,6 +519,7 @@ class Parser(wiring.Component):
                 d0_last_bytes.eq(last_bytes),
                 d0_len.eq(s1_beat * lanes + last_bytes),
                 d0_stack.eq(stack),
+                d0_hot.eq(Cat(stack == st.code for st in STACKS)),
                 d0_port.eq(port),
                 d0_start.eq(start_ptr),
                 d0_end.eq(Mux(stored, fifo.w_ptr + 1, start_ptr)),
@@ -583,16 +588,23 @@ class Parser(wiring.Component):
                         d1m.d.comb += code.eq(Cat(Const(1, 1),
                                                   Const(op in P.IMMEDIATE_OPCODES, 1),
                                                   Const(kind.value, 3)))
-        with d1m.Switch(d0_stack):
-            for s in STACKS:
-                with d1m.Case(s.code):
-                    d1m.d.sync += [
-                        d1_outer.eq(window(s.l3, IPV6.size)),
-                        d1_srh.eq(window(s.l3 + IPV6.size, SRH.size)),
-                        d1_inner.eq(window(s.x, IPV6.size)),
-                        d1_l4.eq(window(s.u, _L4_WINDOW)),
-                        Cat(d1_opcode_ok, d1_imm, d1_kind.as_value()).eq(opcode_class[s.code]),
-                    ]
+        def select(values):
+            # AND-OR on the one-hot stack (every stack code is in STACKS: one bit is set).
+            width = len(values[0])
+            picked = [value & d0_hot[n].replicate(width) for n, value in enumerate(values)]
+            result = picked[0]
+            for value in picked[1:]:
+                result = result | value
+            return result
+
+        d1m.d.sync += [
+            d1_outer.eq(select([window(s.l3, IPV6.size) for s in STACKS])),
+            d1_srh.eq(select([window(s.l3 + IPV6.size, SRH.size) for s in STACKS])),
+            d1_inner.eq(select([window(s.x, IPV6.size) for s in STACKS])),
+            d1_l4.eq(select([window(s.u, _L4_WINDOW) for s in STACKS])),
+            Cat(d1_opcode_ok, d1_imm, d1_kind.as_value()).eq(
+                select([opcode_class[s.code] for s in STACKS])),
+        ]
 
         # The low `sack_bytes` bytes of the bitmap are the ones right before the ICRC.
         tail_bytes = _bytes(d0_tail, tail_beats * lanes)
