@@ -4,7 +4,8 @@ from contextlib import contextmanager
 
 from amaranth.hdl import Cat, Const, Mux, Signal, Value
 
-__all__ = ["validating", "shift_right", "shift_left", "onehot", "below_mask"]
+__all__ = ["validating", "shift_right", "shift_left", "onehot", "below_mask", "any_of",
+           "onehot_select"]
 
 
 @contextmanager
@@ -67,3 +68,17 @@ def below_mask(m, count, width, *, name="below"):
     """A ``width``-bit vector with bits ``0 .. count-1`` set."""
     count = _signal(m, count, f"{name}_count")
     return _signal(m, Cat(count > position for position in range(width)), name)
+
+
+def any_of(values):
+    """The OR of ``values`` (a balanced tree is left to synthesis)."""
+    acc = values[0]
+    for value in values[1:]:
+        acc = acc | value
+    return acc
+
+
+def onehot_select(hot, values):
+    """``values[i]`` where bit ``i`` of the one-hot ``hot`` is set, as an AND-OR (no decode in
+    front of the select); 0 when no bit is set."""
+    return any_of([Mux(hot[i], value, 0) for i, value in enumerate(values)])

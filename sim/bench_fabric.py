@@ -53,8 +53,7 @@ ENTRIES = ("clean", "clean-oneway", "clean-coalesced", "plane-failure", "plane-f
 #: Entries that are a named scenario with other settings (``SIZES``).
 BASES = {"clean-oneway": "clean", "clean-coalesced": "clean",
          "plane-failure-sack": "plane-failure", "plane-failure-oneway": "plane-failure",
-         "loss1-reorder": "loss1",
-         "loss1-oneway": "loss1"}
+         "loss1-reorder": "loss1", "loss1-oneway": "loss1"}
 #: Per-entry changes to the named scenarios: transfers long enough that the first and last
 #: round trips weigh little, and a failure in the middle with a recovery (goodput before,
 #: during and after).

@@ -19,6 +19,7 @@ from amaranth.utils import ceil_log2, exact_log2
 
 from .. import protocol as P
 from ..config import NicConfig
+from ..util import onehot_select
 from . import layouts as L
 from .crc import CRC32
 from .headers import (
@@ -588,22 +589,14 @@ class Parser(wiring.Component):
                         d1m.d.comb += code.eq(Cat(Const(1, 1),
                                                   Const(op in P.IMMEDIATE_OPCODES, 1),
                                                   Const(kind.value, 3)))
-        def select(values):
-            # AND-OR on the one-hot stack (every stack code is in STACKS: one bit is set).
-            width = len(values[0])
-            picked = [value & d0_hot[n].replicate(width) for n, value in enumerate(values)]
-            result = picked[0]
-            for value in picked[1:]:
-                result = result | value
-            return result
-
+        # Every stack code is in STACKS: exactly one bit of d0_hot is set.
         d1m.d.sync += [
-            d1_outer.eq(select([window(s.l3, IPV6.size) for s in STACKS])),
-            d1_srh.eq(select([window(s.l3 + IPV6.size, SRH.size) for s in STACKS])),
-            d1_inner.eq(select([window(s.x, IPV6.size) for s in STACKS])),
-            d1_l4.eq(select([window(s.u, _L4_WINDOW) for s in STACKS])),
+            d1_outer.eq(onehot_select(d0_hot, [window(s.l3, IPV6.size) for s in STACKS])),
+            d1_srh.eq(onehot_select(d0_hot, [window(s.l3 + IPV6.size, SRH.size) for s in STACKS])),
+            d1_inner.eq(onehot_select(d0_hot, [window(s.x, IPV6.size) for s in STACKS])),
+            d1_l4.eq(onehot_select(d0_hot, [window(s.u, _L4_WINDOW) for s in STACKS])),
             Cat(d1_opcode_ok, d1_imm, d1_kind.as_value()).eq(
-                select([opcode_class[s.code] for s in STACKS])),
+                onehot_select(d0_hot, [opcode_class[s.code] for s in STACKS])),
         ]
 
         # The low `sack_bytes` bytes of the bitmap are the ones right before the ICRC.

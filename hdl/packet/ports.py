@@ -9,7 +9,7 @@ from amaranth import *
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..util import validating
+from ..util import any_of, onehot_select, validating
 from .headers import PORT_BITS, net_beat_layout
 
 __all__ = ["PortArbiter", "PortDemux"]
@@ -87,20 +87,14 @@ class PortArbiter(wiring.Component):
         current = Signal(n)
         m.d.comb += current.eq(Mux(busy, grant, ahead))
 
-        def any_of(values):
-            acc = values[0]
-            for value in values[1:]:
-                acc = acc | value
-            return acc
-
         payload = self.o.p
         m.d.comb += [
             self.o.valid.eq((current & req).any()),
-            payload.data.eq(any_of([Mux(current[p], self.i[p].p.data, 0) for p in range(n)])),
-            payload.keep.eq(any_of([Mux(current[p], self.i[p].p.keep, 0) for p in range(n)])),
+            payload.data.eq(onehot_select(current, [self.i[p].p.data for p in range(n)])),
+            payload.keep.eq(onehot_select(current, [self.i[p].p.keep for p in range(n)])),
             payload.first.eq(any_of([current[p] & self.i[p].p.first for p in range(n)])),
             payload.last.eq(any_of([current[p] & self.i[p].p.last for p in range(n)])),
-            payload.port.eq(any_of([Mux(current[p], p, 0) for p in range(n)])),
+            payload.port.eq(onehot_select(current, list(range(n)))),
         ]
         for p in range(n):
             m.d.comb += self.i[p].ready.eq(current[p] & self.o.ready)

@@ -469,9 +469,8 @@ class RequesterModel:
         """The ECN window (``docs/requester.md``; it limits sending only with CONFIG ``cc``):
         an ACK echoing CE for a PSN sent after the last decrease takes 1/8 (at least one) off
         the window the QP used: the larger of the PSNs in flight before it (``flight``) and
-        the PSNs sent since the last decrease, at most ``cwnd`` (floor
-        :data:`CC_MIN_WINDOW`); every
-        ``cwnd >> CC_INCREASE_SHIFT`` (at least one) PSNs counted widen it by one PSN, at most
+        the PSNs sent since the last decrease, at most ``cwnd`` (floor :data:`CC_MIN_WINDOW`);
+        every ``cwnd >> CC_INCREASE_SHIFT`` (at least one) PSNs counted widen it by one PSN, at most
         :data:`CC_MAX_STEPS` per ACK (byte counting with a limit), up to MPR; an unmarked ACK
         counts the PSNs it acknowledges cumulatively (``advanced``), at least one."""
         if ecn:
