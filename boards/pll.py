@@ -5,7 +5,8 @@ divider, feedback divider and CLKOP divider with CLKOP as the feedback path), wi
 LFE5U/LFE5UM data sheet's limits: input 8-400 MHz, phase detector 3.125-400 MHz, VCO
 400-800 MHz, output 3.125-400 MHz, dividers 1-128. :class:`Ecp5Pll` instantiates the PLL and
 makes the ``sync`` domain from its output, held in reset until the PLL has locked (and for
-two cycles after, so reset leaves every flip-flop on the same edge).
+two cycles after, so reset leaves every flip-flop on the same edge); the reset reaches the
+flip-flops through a global buffer (``DCCA``), not general routing.
 """
 
 from amaranth import *
@@ -89,6 +90,9 @@ class Ecp5Pll(Elaboratable):
     Raises :class:`ValueError` when the frequency cannot be made within 0.1 % (the UART's
     baud divider and the report period assume the frequency asked for).
 
+    ``global_reset`` (default ``True``): drive ``sync``'s reset through a ``DCCA`` so nextpnr
+    routes it on a global network; ``False`` wires :class:`LockReset`'s output directly.
+
     Members
     -------
     locked : ``Signal()``
@@ -97,8 +101,10 @@ class Ecp5Pll(Elaboratable):
         The output frequency the dividers give.
     """
 
-    def __init__(self, clk_port, *, clki_hz, clkop_hz):
+    def __init__(self, clk_port, *, clki_hz, clkop_hz, global_reset=True):
         with validating(self):
+            if not isinstance(global_reset, bool):
+                raise TypeError(f"global_reset must be a bool, not {global_reset!r}")
             self.clki_div, self.clkfb_div, self.clkop_div, self.achieved_hz = \
                 ecp5_pll_dividers(clki_hz, clkop_hz)
             if abs(self.achieved_hz - clkop_hz) > clkop_hz * 1e-3:
@@ -107,6 +113,7 @@ class Ecp5Pll(Elaboratable):
                                  f"{clkop_hz / 1e6:g} MHz")
         self._port = clk_port
         self._clki_hz = clki_hz
+        self.global_reset = global_reset
         self.locked = Signal()
 
     def elaborate(self, platform):
@@ -137,8 +144,18 @@ class Ecp5Pll(Elaboratable):
             cd_lock.clk.eq(clkop),
             cd_sync.clk.eq(clkop),
             lock_reset.locked.eq(self.locked),
-            cd_sync.rst.eq(lock_reset.rst),
         ]
+        if self.global_reset:
+            # The reset drives every ``sync`` flip-flop's LSR across the chip: through a DCCA
+            # (a primary clock buffer) nextpnr routes it on a global network, as it does a
+            # clock, instead of on general routing from one flip-flop (11 ns of routing at
+            # 125 MHz). nextpnr promotes only clocks to globals by itself; a net a DCCA drives
+            # it always routes on one. The DCCA adds no delay in nextpnr's model; the global's
+            # own wires replace the fabric's.
+            m.submodules.rst_buffer = Instance(
+                "DCCA", i_CLKI=lock_reset.rst, i_CE=Const(1), o_CLKO=cd_sync.rst)
+        else:
+            m.d.comb += cd_sync.rst.eq(lock_reset.rst)
         # No clock constraint of our own: nextpnr derives the output's from the oscillator's and
         # the dividers ("Derived frequency constraint of 125.0 MHz"); one on ``cd_sync.clk``
         # would name a net that synthesis renames, and nextpnr would ignore it with a warning.

@@ -668,6 +668,42 @@ def test_ecpix5_125_top_runs_the_selftest_at_125_mhz_from_the_pll():
         assert selftest._config.clock_hz == 100_000_000
 
 
+def test_pll_drives_the_sync_reset_through_a_global_buffer():
+    """The reset fans out to every ``sync`` flip-flop's LSR: a DCCA puts it on a global network
+    (nextpnr promotes only clocks by itself). The DCCA passes LockReset's output unchanged, so
+    reset still leaves every flip-flop on the same edge; ``global_reset=False`` wires it
+    directly. The 100 MHz tops have no PLL and no such buffer."""
+    platform = ECPIX585Platform()
+    port = platform.request("clk100", dir="-")
+    for global_reset in (True, False):
+        pll = Ecp5Pll(port, clki_hz=100e6, clkop_hz=125e6, global_reset=global_reset)
+        fragment = Fragment.get(pll, platform)
+        cd_sync = fragment.domains["sync"]
+        lock_reset = next(origin for origins, _ in _walk(fragment) for origin in origins
+                          if isinstance(origin, LockReset))
+        buffers = [sub for _, sub in _walk(fragment) if isinstance(sub, Instance)
+                   and sub.type == "DCCA"]
+        direct = [stmt for stmt in fragment.statements.get("comb", ())
+                  if stmt.lhs is cd_sync.rst]
+        if global_reset:
+            assert len(buffers) == 1 and not direct
+            ports = buffers[0].ports
+            assert ports["CLKI"][0] is lock_reset.rst and ports["CLKI"][1] == "i"
+            assert ports["CLKO"][0] is cd_sync.rst and ports["CLKO"][1] == "o"
+            assert ports["CE"][0].value == 1 and ports["CE"][1] == "i"
+        else:
+            assert not buffers
+            assert len(direct) == 1 and direct[0].rhs is lock_reset.rst
+    fragment = Fragment.get(BOARDS["ecpix5-125"].top("ecpix5-125"), ECPIX585Platform())
+    assert len([sub for _, sub in _walk(fragment) if isinstance(sub, Instance)
+                and sub.type == "DCCA"]) == 1
+    fragment = Fragment.get(BOARDS["ecpix5"].top("ecpix5"), ECPIX585Platform())
+    assert not [sub for _, sub in _walk(fragment) if isinstance(sub, Instance)
+                and sub.type == "DCCA"]
+    with pytest.raises(TypeError, match="global_reset must be a bool, not 1"):
+        Ecp5Pll(port, clki_hz=100e6, clkop_hz=125e6, global_reset=1)
+
+
 def _walk(fragment):
     """``(origins, fragment)`` of every fragment under ``fragment`` (origins: the
     elaboratables that made it)."""
