@@ -4,7 +4,7 @@ engine bench (the packet engine alone on an LFE5UM5G-85F, for fmax and resource 
 The self-tests take their clock from the board's default oscillator (Amaranth makes the
 ``sync`` domain from it); ``ecpix5-125`` runs the ECPIX-5 self-test at the engine's target of
 125 MHz, made from the 100 MHz oscillator by the ECP5 PLL (:class:`~boards.pll.Ecp5Pll`). It
-misses 125 MHz today (85.5 MHz, placement- and reset-fan-out-limited: docs/boards.md).
+misses 125 MHz today (99.7 MHz, placement-limited: docs/boards.md).
 """
 
 from amaranth import *
@@ -22,10 +22,11 @@ from hdl.util import validating
 
 from .pll import Ecp5Pll
 from .selftest import SelfTest
+from .transport import TransportSelfTest, transport_config
 
 __all__ = [
     "BOARDS", "Board", "selftest_config", "SelfTestTop", "NetworkSelftestTop", "EngineBench",
-    "EngineBenchPlatform",
+    "EngineBenchPlatform", "TransportSelfTestTop", "TRANSPORT_HZ",
 ]
 
 
@@ -138,6 +139,41 @@ class NetworkSelftestTop(Elaboratable):
         return m
 
 
+class TransportSelfTestTop(Elaboratable):
+    """:class:`~boards.transport.TransportSelfTest` (the whole NIC in loopback through the
+    impaired fabric) on the ECPIX-5, its ``sync`` domain at ``clock_hz`` from the ECP5 PLL.
+
+    RGB LED 0: heartbeat (green); 1: work completing in the last second (green), bring-up
+    not finished (blue); 2: error (red: a bad completion or placement, a parser drop or a
+    refused bring-up command) or pass (green); 3: plane 1 killed (red), else blue. The
+    ECPIX-5 has no user button: plane 1 is killed during every fourth report period.
+    """
+
+    def __init__(self, *, clock_hz):
+        self.clock_hz = clock_hz
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.pll = pll = Ecp5Pll(
+            platform.request(platform.default_clk, dir="-"),
+            clki_hz=platform.default_clk_frequency, clkop_hz=self.clock_hz)
+        m.submodules.selftest = selftest = TransportSelfTest(
+            config=transport_config(pll.achieved_hz), auto_kill=True)
+        leds = [platform.request("rgb_led", n, dir="-") for n in range(4)]
+        killed = selftest.killed_planes.any()
+        m.d.comb += [
+            output_pin(m, platform.request("uart", 0, dir="-").tx).eq(selftest.uart_tx),
+            output_pin(m, leds[0].g).eq(selftest.heartbeat),
+            output_pin(m, leds[1].g).eq(selftest.activity),
+            output_pin(m, leds[1].b).eq(~selftest.up),
+            output_pin(m, leds[2].r).eq(selftest.error),
+            output_pin(m, leds[2].g).eq(~selftest.error & selftest.activity),
+            output_pin(m, leds[3].r).eq(killed),
+            output_pin(m, leds[3].b).eq(~killed),
+        ]
+        return m
+
+
 class EngineBenchPlatform(LatticeECP5Platform):
     """An LFE5UM5G-85F (the ECPIX-5's device and package, speed 8) with one clock pin at the
     engine target of 125 MHz and two pins for the bench's scan chain; no board around it."""
@@ -220,6 +256,10 @@ def _ice40_top(board):
 #: The engine's target clock (64-bit datapath: 8 Gb/s), made by the PLL for ``ecpix5-125``.
 ENGINE_HZ = NicConfig().clock_hz
 
+#: The clock of the transport self-test (the whole NIC): made by the PLL for
+#: ``ecpix5-transport``.
+TRANSPORT_HZ = 50_000_000
+
 #: Boards of ``make bitstream BOARD=...``.
 BOARDS = {
     "ecpix5": Board("ecpix5", ECPIX585Platform, SelfTestTop,
@@ -228,10 +268,15 @@ BOARDS = {
                         lambda name: SelfTestTop("ecpix5", pll_hz=ENGINE_HZ),
                         "LambdaConcept ECPIX-5 85F (LFE5UM5G-85F-8BG554), self-test at the "
                         "engine's 125 MHz (PLL from the 100 MHz oscillator; misses it today: "
-                        "85.5 MHz, build with --allow-timing-fail)", router="router2"),
+                        "99.7 MHz, build with --allow-timing-fail)", router="router2"),
     "ecpix5-ci": Board("ecpix5-ci", ECPIX585Platform, lambda name: NetworkSelftestTop(),
                        "LambdaConcept ECPIX-5 85F (LFE5UM5G-85F-8BG554), network-level "
                        "self-test (no packet engines) at 100 MHz, the CI bitstream"),
+    "ecpix5-transport": Board(
+        "ecpix5-transport", ECPIX585Platform,
+        lambda name: TransportSelfTestTop(clock_hz=TRANSPORT_HZ),
+        "LambdaConcept ECPIX-5 85F (LFE5UM5G-85F-8BG554), transport self-test: the whole NIC "
+        "in loopback through the impaired fabric, 50 MHz from the PLL"),
     "versa": Board("versa", VersaECP5Platform, SelfTestTop,
                    "Lattice Versa ECP5 (LFE5UM-45F-8BG381), self-test at 100 MHz"),
     "ulx3s": Board("ulx3s", ULX3S_85F_Platform, SelfTestTop,
