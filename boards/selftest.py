@@ -14,9 +14,9 @@ short report period) and on the ECP5 boards (``boards/tops.py``). Everything the
 expects is derived from the PSN the generator put in the packet (payload length, payload
 pattern), so packets may arrive in any order over the planes.
 
-Today the engines are :class:`~hdl.packet.engine.PacketEngine` instances (header builder on A,
-parser on B); :class:`EngineAdapter` is the one place that changes when the transport blocks
-land (work requests into A, completions out of B, ACKs back through a second fabric).
+The engines are :class:`~hdl.packet.engine.PacketEngine` instances (header builder on A,
+parser on B). The whole NIC, transport blocks included, runs in the transport self-test
+(:mod:`boards.transport`), which reuses this module's fabric and report.
 """
 
 from ipaddress import IPv6Address

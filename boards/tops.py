@@ -21,6 +21,7 @@ from hdl.packet.engine import PacketEngine
 from hdl.util import validating
 
 from .pll import Ecp5Pll
+from .rgmii import PORT_COUNTERS, Ecp5Rgmii, GmiiPort
 from .selftest import SelfTest
 from .transport import TransportSelfTest, transport_config
 
@@ -147,18 +148,38 @@ class TransportSelfTestTop(Elaboratable):
     not finished (blue); 2: error (red: a bad completion or placement, a parser drop or a
     refused bring-up command) or pass (green); 3: plane 1 killed (red), else blue. The
     ECPIX-5 has no user button: plane 1 is killed during every fourth report period.
+
+    With ``rgmii``, plane 1 leaves the chip on the Ethernet port (``boards.rgmii``: MAC,
+    clock crossing, RGMII DDR I/O): plane 0 stays on chip, and it is the one killed by the
+    schedule. The port's counters are appended to the UART line.
     """
 
-    def __init__(self, *, clock_hz):
+    def __init__(self, *, clock_hz, rgmii=False):
         self.clock_hz = clock_hz
+        self.rgmii = rgmii
 
     def elaborate(self, platform):
         m = Module()
         m.submodules.pll = pll = Ecp5Pll(
             platform.request(platform.default_clk, dir="-"),
             clki_hz=platform.default_clk_frequency, clkop_hz=self.clock_hz)
-        m.submodules.selftest = selftest = TransportSelfTest(
-            config=transport_config(pll.achieved_hz), auto_kill=True)
+        config = transport_config(pll.achieved_hz)
+        if self.rgmii:
+            m.submodules.selftest = selftest = TransportSelfTest(
+                config=config, auto_kill=True, external_planes=(1,),
+                extra_counters=PORT_COUNTERS)
+            m.submodules.port = port = GmiiPort(data_width=config.data_width)
+            m.submodules.phy = phy = Ecp5Rgmii(platform.request("eth_rgmii", 0, dir="-"))
+            wiring.connect(m, selftest.ext_tx[0], port.tx)
+            wiring.connect(m, port.rx, selftest.ext_rx[0])
+            m.d.comb += [
+                selftest.extra.eq(port.counters),
+                phy.txd.eq(port.txd), phy.tx_en.eq(port.tx_en), phy.tx_er.eq(port.tx_er),
+                port.rxd.eq(phy.rxd), port.rx_dv.eq(phy.rx_dv), port.rx_er.eq(phy.rx_er),
+            ]
+        else:
+            m.submodules.selftest = selftest = TransportSelfTest(
+                config=config, auto_kill=True)
         leds = [platform.request("rgb_led", n, dir="-") for n in range(4)]
         killed = selftest.killed_planes.any()
         m.d.comb += [
@@ -277,6 +298,11 @@ BOARDS = {
         lambda name: TransportSelfTestTop(clock_hz=TRANSPORT_HZ),
         "LambdaConcept ECPIX-5 85F (LFE5UM5G-85F-8BG554), transport self-test: the whole NIC "
         "in loopback through the impaired fabric, 50 MHz from the PLL"),
+    "ecpix5-rgmii": Board(
+        "ecpix5-rgmii", ECPIX585Platform,
+        lambda name: TransportSelfTestTop(clock_hz=TRANSPORT_HZ, rgmii=True),
+        "LambdaConcept ECPIX-5 85F (LFE5UM5G-85F-8BG554), transport self-test with plane 1 on "
+        "the RGMII Ethernet port (1 Gb/s MAC), 50 MHz from the PLL"),
     "versa": Board("versa", VersaECP5Platform, SelfTestTop,
                    "Lattice Versa ECP5 (LFE5UM-45F-8BG381), self-test at 100 MHz"),
     "ulx3s": Board("ulx3s", ULX3S_85F_Platform, SelfTestTop,

@@ -56,7 +56,7 @@ from hdl.interfaces import (
     work_request_layout,
 )
 from hdl.nic import MrcNic
-from hdl.packet.headers import DropReason
+from hdl.packet.headers import DropReason, net_beat_layout
 from hdl.path.ev import load_profile_json
 from hdl.util import validating
 from sim import defaults as D
@@ -572,17 +572,29 @@ class TransportSelfTest(wiring.Component):
         Per-frame loss probability in 1/256, every plane (data and ACKs alike).
     report_period, baud, auto_kill, wr_limit, timeout
         As :class:`~boards.selftest.SelfTest`; ``wr_limit`` stops after that many work
-        requests (0: never); ``timeout`` is the QPs' local ACK timeout exponent.
+        requests (0: never); ``timeout`` is the QPs' local ACK timeout exponent. ``auto_kill``
+        kills the last on-chip plane.
+    external_planes : tuple of int
+        Planes that leave the chip instead of crossing the fabric (a real port,
+        :mod:`boards.rgmii`): their frames go out on ``ext_tx`` and come back on ``ext_rx``
+        (their ``delays`` entries are unused). At least one plane stays on chip.
+    extra_counters : tuple of str
+        Names of counters from outside (e.g. a real port's, ``boards.rgmii.PORT_COUNTERS``),
+        given on ``extra`` and appended to the UART line.
 
     Members
     -------
     uart_tx, kill, heartbeat, activity, error, killed_planes : as ``SelfTest``.
+    ext_tx, ext_rx : ``Out/In(stream.Signature(net_beat_layout(W))).array(len(external_planes))``
+        The external planes' frames, when there are any.
+    extra : ``In(data.ArrayLayout(32, len(extra_counters)))``, when there are any.
     up : ``Out(1)``: the bring-up script finished without error.
     counters : ``Out(data.ArrayLayout(32, len(counter_names)))``
     """
 
     def __init__(self, *, config, delays=None, loss_rate=8, report_period=None, baud=115200,
-                 auto_kill=False, wr_limit=0, outstanding=4, timeout=3):
+                 auto_kill=False, wr_limit=0, outstanding=4, timeout=3, external_planes=(),
+                 extra_counters=()):
         with validating(self):
             if not isinstance(config, NicConfig):
                 raise TypeError(f"config must be a NicConfig, not {config!r}")
@@ -594,6 +606,18 @@ class TransportSelfTest(wiring.Component):
             if not isinstance(delays, tuple) or len(delays) != config.ports:
                 raise ValueError(f"delays must be a tuple of {config.ports} plane delays, "
                                  f"not {delays!r}")
+            if not isinstance(external_planes, tuple) or \
+                    len(set(external_planes)) != len(external_planes) or \
+                    len(external_planes) >= config.ports or \
+                    not all(isinstance(p, int) and 0 <= p < config.ports
+                            for p in external_planes):
+                raise ValueError(f"external_planes must be a tuple of distinct planes from 0 "
+                                 f"to {config.ports - 1}, leaving at least one on chip, "
+                                 f"not {external_planes!r}")
+            if not isinstance(extra_counters, tuple) or \
+                    not all(isinstance(n, str) and n.isidentifier() for n in extra_counters):
+                raise ValueError(f"extra_counters must be a tuple of identifiers, "
+                                 f"not {extra_counters!r}")
             if not isinstance(loss_rate, int) or not 0 <= loss_rate <= 255:
                 raise ValueError(f"loss_rate must be an integer from 0 to 255, "
                                  f"not {loss_rate!r}")
@@ -607,6 +631,9 @@ class TransportSelfTest(wiring.Component):
         self._report_period = report_period
         self._divisor = divisor
         self._auto_kill = auto_kill
+        self._external = external_planes
+        self._extra = extra_counters
+        self._internal = tuple(p for p in range(config.ports) if p not in external_planes)
         self._wr_limit = wr_limit
         self._outstanding = outstanding
         self.nic = MrcNic(config)
@@ -614,7 +641,13 @@ class TransportSelfTest(wiring.Component):
         regmap = self.nic.register_map
         self.monitor = tuple(status_word(regmap, block, field) for _, block, field in MONITORED)
         ports = config.ports
+        beat = stream.Signature(net_beat_layout(config.data_width))
+        external = {"ext_tx": Out(beat).array(len(external_planes)),
+                    "ext_rx": In(beat).array(len(external_planes))} if external_planes else {}
+        if extra_counters:
+            external["extra"] = In(data.ArrayLayout(32, len(extra_counters)))
         super().__init__({
+            **external,
             "uart_tx": Out(1, init=1),
             "kill": In(ports),
             "counters": Out(data.ArrayLayout(32, len(self.counter_names))),
@@ -631,7 +664,7 @@ class TransportSelfTest(wiring.Component):
 
     @property
     def counter_names(self):
-        return TRANSPORT_COUNTERS + tuple(name for name, _, _ in MONITORED)
+        return TRANSPORT_COUNTERS + tuple(name for name, _, _ in MONITORED) + self._extra
 
     def elaborate(self, platform):
         m = Module()
@@ -643,8 +676,10 @@ class TransportSelfTest(wiring.Component):
         m.submodules.nic = nic = self.nic
         m.submodules.script = script = BusScript(
             self.script, address_bits=nic.register_map.address_bits, monitor=self.monitor)
+        internal = self._internal
         m.submodules.fabric = fabric = ImpairedFabric(
-            data_width=config.data_width, delays=self._delays, trim_dscp=config.trim_dscp)
+            data_width=config.data_width, delays=tuple(self._delays[p] for p in internal),
+            trim_dscp=config.trim_dscp)
         m.submodules.memory = memory = PatternMemory(config)
         m.submodules.place = place = PlaceChecker(config)
         m.submodules.work = work = WorkGenerator(config, outstanding=self._outstanding)
@@ -653,9 +688,12 @@ class TransportSelfTest(wiring.Component):
         m.submodules.uart = uart = UARTTx(divisor=self._divisor)
 
         wiring.connect(m, script.bus, nic.bus)
-        for p in range(ports):
-            wiring.connect(m, nic.tx[p], fabric.i[p])
-            wiring.connect(m, fabric.o[p], nic.rx[p])
+        for n, p in enumerate(internal):
+            wiring.connect(m, nic.tx[p], fabric.i[n])
+            wiring.connect(m, fabric.o[n], nic.rx[p])
+        for n, p in enumerate(self._external):
+            wiring.connect(m, nic.tx[p], wiring.flipped(self.ext_tx[n]))
+            wiring.connect(m, wiring.flipped(self.ext_rx[n]), nic.rx[p])
         wiring.connect(m, nic.fetch_req, memory.req)
         wiring.connect(m, memory.o, nic.fetch)
         wiring.connect(m, nic.place, place.i)
@@ -677,15 +715,17 @@ class TransportSelfTest(wiring.Component):
             m.d.sync += [periods.eq(periods + 1), self.heartbeat.eq(~self.heartbeat)]
         auto = Signal(ports)
         if self._auto_kill:
-            m.d.comb += auto[ports - 1].eq(periods == 3)
+            m.d.comb += auto[internal[-1]].eq(periods == 3)
         kill = Signal(ports)
-        m.d.sync += kill.eq(self.kill | auto)
-        m.d.comb += [fabric.kill.eq(kill), self.killed_planes.eq(kill)]
+        m.d.sync += kill.eq((self.kill | auto) & sum(1 << p for p in internal))
+        m.d.comb += [fabric.kill.eq(Cat(kill[p] for p in internal)),
+                     self.killed_planes.eq(kill)]
 
         def popcount(bits):
             return sum(bits[n] for n in range(len(bits)))
 
-        strobes = {name: Signal(ports, name=f"{name}_strobe") for name in ("lost", "killed")}
+        strobes = {name: Signal(len(internal), name=f"{name}_strobe")
+                   for name in ("lost", "killed")}
         for name, strobe in strobes.items():
             m.d.sync += strobe.eq(getattr(fabric, name))
         lost, killed, dropped = Signal(32), Signal(32), Signal(32)
@@ -712,6 +752,8 @@ class TransportSelfTest(wiring.Component):
         ]
         for n, (name, _, _) in enumerate(MONITORED):
             m.d.comb += counters[index[name]].eq(script.captured[n])
+        for n, name in enumerate(self._extra):
+            m.d.comb += counters[index[name]].eq(self.extra[n])
         m.d.comb += reporter.values.eq(counters)
 
         recent = Signal()
