@@ -28,7 +28,7 @@ from hdl.util import validating
 
 from .mac import MacRx, MacTx
 
-__all__ = ["GmiiPort", "Ecp5Rgmii", "PORT_COUNTERS", "RX_DELAY_TAPS"]
+__all__ = ["GmiiPort", "Ecp5Rgmii", "PORT_COUNTERS", "RX_DELAY_TAPS", "ETH_HZ"]
 
 #: Counters of :class:`GmiiPort`, in the ``sync`` domain: frames sent and received, and
 #: received carrier events dropped (any :class:`~boards.mac.MacRx` reason).
@@ -37,6 +37,9 @@ PORT_COUNTERS = ("tx_frames", "rx_frames", "rx_dropped")
 #: DELAYF taps on the receive inputs: 80 x 25 ps = 2 ns, the RGMII clock-to-data skew the
 #: receiver must add when the PHY sends clock and data aligned (as LiteEth sets it).
 RX_DELAY_TAPS = 80
+
+#: The GMII/RGMII clock at 1000 Mb/s.
+ETH_HZ = 125_000_000
 
 _RX_DROP_COUNTERS = ("fcs_errors", "runts", "oversize", "rx_errors", "overflows",
                      "preamble_errors")
@@ -185,6 +188,9 @@ class Ecp5Rgmii(Elaboratable):
         pins = self._pins
         m.domains.eth = cd_eth = ClockDomain("eth")
         m.submodules.rx_clk = rx_clk = io.Buffer("i", pins.rx_clk)
+        if platform is not None:
+            # 1000 Mb/s: the PHY's receive clock is 125 MHz (nextpnr times ``eth`` by it).
+            platform.add_clock_constraint(pins.rx_clk.io, ETH_HZ)
         m.d.comb += cd_eth.clk.eq(rx_clk.i)
         m.submodules.eth_reset = ResetSynchronizer(ResetSignal("sync"), domain="eth")
         m.submodules.phy_rst = phy_rst = io.Buffer("o", pins.rst)

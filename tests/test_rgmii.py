@@ -16,7 +16,7 @@ from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
 from boards import transport as T
-from boards.rgmii import PORT_COUNTERS, RX_DELAY_TAPS, Ecp5Rgmii, GmiiPort
+from boards.rgmii import ETH_HZ, PORT_COUNTERS, RX_DELAY_TAPS, Ecp5Rgmii, GmiiPort
 from boards.tops import BOARDS
 from sim.rtlpackets import frame_beats
 from tests.test_boards import _walk
@@ -149,6 +149,8 @@ def test_ecp5_rgmii_uses_ddr_io_and_input_delays():
     selftest = next(origin for origins, _ in _walk(fragment) for origin in origins
                     if isinstance(origin, T.TransportSelfTest))
     assert selftest.counter_names[-3:] == PORT_COUNTERS
+    # nextpnr times the eth domain by the receive clock pin's 125 MHz.
+    assert ETH_HZ in {f for *_, f in platform.iter_port_clock_constraints()}
 
 
 def test_port_and_phy_reject_bad_parameters():
