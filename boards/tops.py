@@ -150,8 +150,8 @@ class TransportSelfTestTop(Elaboratable):
     ECPIX-5 has no user button: plane 1 is killed during every fourth report period.
 
     With ``rgmii``, plane 1 leaves the chip on the Ethernet port (``boards.rgmii``: MAC,
-    clock crossing, RGMII DDR I/O): plane 0 stays on chip, and it is the one killed by the
-    schedule. The port's counters are appended to the UART line.
+    clock crossing, RGMII DDR I/O) and plane 0 stays on chip; there is no kill schedule (the
+    port may be dead already), and the port's counters are appended to the UART line.
     """
 
     def __init__(self, *, clock_hz, rgmii=False):
@@ -165,8 +165,10 @@ class TransportSelfTestTop(Elaboratable):
             clki_hz=platform.default_clk_frequency, clkop_hz=self.clock_hz)
         config = transport_config(pll.achieved_hz)
         if self.rgmii:
+            # No kill schedule: with nothing on the port, plane 1 is dead already, and killing
+            # plane 0 as well would stop the NIC (its QPs would exhaust their retries).
             m.submodules.selftest = selftest = TransportSelfTest(
-                config=config, auto_kill=True, external_planes=(1,),
+                config=config, auto_kill=False, external_planes=(1,),
                 extra_counters=PORT_COUNTERS)
             m.submodules.port = port = GmiiPort(data_width=config.data_width)
             m.submodules.phy = phy = Ecp5Rgmii(platform.request("eth_rgmii", 0, dir="-"))

@@ -134,6 +134,35 @@ def test_transport_selftest_with_a_plane_on_the_gmii_port():
     assert result["placed"] >= sum(T.wr_length(n, config.mtu) for n in range(24))
 
 
+def test_transport_selftest_survives_a_dead_external_plane():
+    """Nothing on the port (every frame sent on plane 1 vanishes, nothing comes back): the
+    NIC moves its traffic onto plane 0 and every work request still completes and checks."""
+    config = T.transport_config(50_000_000)
+    dut = T.TransportSelfTest(config=config, loss_rate=0, report_period=5000,
+                              baud=config.clock_hz // 2, wr_limit=24, external_planes=(1,),
+                              extra_counters=PORT_COUNTERS)
+    result = {}
+
+    async def bench(ctx):
+        ctx.set(dut.ext_tx[0].ready, 1)
+        sent = 0
+        for _ in range(14_000):
+            await ctx.tick()
+            sent += ctx.get(dut.ext_tx[0].valid) and ctx.get(dut.ext_tx[0].p.last)
+        counters = ctx.get(dut.counters)
+        result.update(zip(dut.counter_names, (int(counters[n]) for n in
+                                              range(len(dut.counter_names))), strict=True))
+        result["sent_on_plane1"] = sent
+
+    sim = Simulator(dut)
+    sim.add_clock(20e-9)
+    sim.add_testbench(bench)
+    sim.run()
+    assert result["sent_on_plane1"] > 0
+    assert result["posted"] == result["completed"] == 24
+    assert result["bad"] == 0 and result["retx"] > 0
+
+
 def test_ecp5_rgmii_uses_ddr_io_and_input_delays():
     """The ECPIX-5 RGMII top: five receive pins each through a DELAYF of RX_DELAY_TAPS and an
     IDDRX1F, six transmit pins (four data, control, clock) each from an ODDRX1F, all
