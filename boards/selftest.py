@@ -843,6 +843,48 @@ class Reporter(wiring.Component):
 
 
 # ---------------------------------------------------------------------------------------------
+# Status logic shared by the self-tests (this one and boards.transport)
+# ---------------------------------------------------------------------------------------------
+
+def popcount(bits):
+    return sum(bits[n] for n in range(len(bits)))
+
+
+def kill_schedule(m, *, tick, heartbeat, plane, planes):
+    """Toggle ``heartbeat`` every report period (``tick``) and return a ``planes``-bit mask
+    that kills ``plane`` (None: none) during the fourth of every four periods."""
+    periods = Signal(2)
+    with m.If(tick):
+        m.d.sync += [periods.eq(periods + 1), heartbeat.eq(~heartbeat)]
+    auto = Signal(planes)
+    if plane is not None:
+        m.d.comb += auto[plane].eq(periods == 3)
+    return auto
+
+
+def fabric_counts(m, fabric, names):
+    """The fabric's per-plane strobes ``names``, registered (off the critical paths), and a
+    32-bit count of each over all planes: ``(strobes, counts)``, dicts by name."""
+    strobes, counts = {}, {}
+    for name in names:
+        strobes[name] = strobe = Signal(len(getattr(fabric, name)), name=f"{name}_strobe")
+        counts[name] = count = Signal(32, name=f"{name}_count")
+        m.d.sync += [strobe.eq(getattr(fabric, name)), count.eq(count + popcount(strobe))]
+    return strobes, counts
+
+
+def activity_flag(m, *, tick, progress, activity):
+    """``activity``: ``progress`` (a counter) moved during the last report period."""
+    recent = Signal()
+    with m.If(tick):
+        m.d.sync += [activity.eq(recent), recent.eq(0)]
+    last = Signal(32)
+    m.d.sync += last.eq(progress)
+    with m.If(last != progress):
+        m.d.sync += recent.eq(1)
+
+
+# ---------------------------------------------------------------------------------------------
 # The self-test
 # ---------------------------------------------------------------------------------------------
 
@@ -981,12 +1023,8 @@ class SelfTest(wiring.Component):
         m.d.comb += self.uart_tx.eq(uart.tx)
 
         # Kill schedule: the last plane during the fourth of every four report periods.
-        periods = Signal(2)
-        with m.If(reporter.tick):
-            m.d.sync += [periods.eq(periods + 1), self.heartbeat.eq(~self.heartbeat)]
-        auto = Signal(ports)
-        if self._auto_kill:
-            m.d.comb += auto[ports - 1].eq(periods == 3)
+        auto = kill_schedule(m, tick=reporter.tick, heartbeat=self.heartbeat, planes=ports,
+                             plane=ports - 1 if self._auto_kill else None)
         # Registered: the kill inputs and the fabric's strobes are off the critical paths.
         kill = Signal(ports)
         m.d.sync += kill.eq(self.kill | auto)
@@ -1001,9 +1039,6 @@ class SelfTest(wiring.Component):
         ]
 
         # Counters.
-        def popcount(bits):
-            return sum(bits[n] for n in range(len(bits)))
-
         counters = self.counters
         m.d.comb += [
             counters[index["sent"]].eq(generator.sent),
@@ -1019,19 +1054,12 @@ class SelfTest(wiring.Component):
                 m.d.sync += accepted.eq(accepted + 1)
             with m.Else():
                 m.d.sync += dropped.eq(dropped + 1)
-        strobes = {name: Signal(ports, name=f"{name}_strobe")
-                   for name in ("frame", "lost", "killed")}
-        for name, strobe in strobes.items():
-            m.d.sync += strobe.eq(getattr(fabric, name))
-        lost = Signal(32)
-        killed = Signal(32)
-        m.d.sync += [lost.eq(lost + popcount(strobes["lost"])),
-                     killed.eq(killed + popcount(strobes["killed"]))]
+        strobes, counts = fabric_counts(m, fabric, ("frame", "lost", "killed"))
         m.d.comb += [
             counters[index["accepted"]].eq(accepted),
             counters[index["dropped"]].eq(dropped),
-            counters[index["lost"]].eq(lost),
-            counters[index["killed"]].eq(killed),
+            counters[index["lost"]].eq(counts["lost"]),
+            counters[index["killed"]].eq(counts["killed"]),
         ]
         for p in range(ports):
             passed = Signal(32, name=f"pass{p}")
@@ -1041,13 +1069,7 @@ class SelfTest(wiring.Component):
         m.d.comb += reporter.values.eq(counters)
 
         # Status.
-        recent = Signal()
-        with m.If(reporter.tick):
-            m.d.sync += [self.activity.eq(recent), recent.eq(0)]
-        last_received = Signal(32)
-        m.d.sync += last_received.eq(checker.received)
-        with m.If(last_received != checker.received):
-            m.d.sync += recent.eq(1)
+        activity_flag(m, tick=reporter.tick, progress=checker.received, activity=self.activity)
         with m.If((checker.bad != 0) | (dropped != 0) | (engines.tx_errors != 0)):
             m.d.sync += self.error.eq(1)
         return m

@@ -61,7 +61,7 @@ from hdl.path.ev import load_profile_json
 from hdl.util import validating
 from sim import defaults as D
 
-from .selftest import ImpairedFabric, Reporter
+from .selftest import ImpairedFabric, Reporter, activity_flag, fabric_counts, kill_schedule
 from .uart import UARTTx
 
 __all__ = [
@@ -710,27 +710,15 @@ class TransportSelfTest(wiring.Component):
             fabric.trim_rate.eq(0),
         ]
 
-        periods = Signal(2)
-        with m.If(reporter.tick):
-            m.d.sync += [periods.eq(periods + 1), self.heartbeat.eq(~self.heartbeat)]
-        auto = Signal(ports)
-        if self._auto_kill:
-            m.d.comb += auto[internal[-1]].eq(periods == 3)
+        auto = kill_schedule(m, tick=reporter.tick, heartbeat=self.heartbeat, planes=ports,
+                             plane=internal[-1] if self._auto_kill else None)
         kill = Signal(ports)
         m.d.sync += kill.eq((self.kill | auto) & sum(1 << p for p in internal))
         m.d.comb += [fabric.kill.eq(Cat(kill[p] for p in internal)),
                      self.killed_planes.eq(kill)]
 
-        def popcount(bits):
-            return sum(bits[n] for n in range(len(bits)))
-
-        strobes = {name: Signal(len(internal), name=f"{name}_strobe")
-                   for name in ("lost", "killed")}
-        for name, strobe in strobes.items():
-            m.d.sync += strobe.eq(getattr(fabric, name))
-        lost, killed, dropped = Signal(32), Signal(32), Signal(32)
-        m.d.sync += [lost.eq(lost + popcount(strobes["lost"])),
-                     killed.eq(killed + popcount(strobes["killed"]))]
+        _, counts = fabric_counts(m, fabric, ("lost", "killed"))
+        dropped = Signal(32)
         with m.If(nic.rx_verdict_valid & (nic.rx_verdict_reason != DropReason.NONE)):
             m.d.sync += dropped.eq(dropped + 1)
         bad = Signal(32)
@@ -745,8 +733,8 @@ class TransportSelfTest(wiring.Component):
             counters[index["imm"]].eq(completions.received),
             counters[index["placed"]].eq(place.bytes),
             counters[index["bad"]].eq(bad),
-            counters[index["lost"]].eq(lost),
-            counters[index["killed"]].eq(killed),
+            counters[index["lost"]].eq(counts["lost"]),
+            counters[index["killed"]].eq(counts["killed"]),
             counters[index["dropped"]].eq(dropped),
             counters[index["script"]].eq(state),
         ]
@@ -756,13 +744,8 @@ class TransportSelfTest(wiring.Component):
             m.d.comb += counters[index[name]].eq(self.extra[n])
         m.d.comb += reporter.values.eq(counters)
 
-        recent = Signal()
-        with m.If(reporter.tick):
-            m.d.sync += [self.activity.eq(recent), recent.eq(0)]
-        last_completed = Signal(32)
-        m.d.sync += last_completed.eq(completions.completed)
-        with m.If(last_completed != completions.completed):
-            m.d.sync += recent.eq(1)
+        activity_flag(m, tick=reporter.tick, progress=completions.completed,
+                      activity=self.activity)
         with m.If((bad != 0) | (dropped != 0) | script.error):
             m.d.sync += self.error.eq(1)
         return m
