@@ -14,8 +14,9 @@ QP 0 and QP 1 of the one NIC are connected to each other (the NIC's own MAC and 
 remote), so every data packet QP 0's requester sends crosses the fabric to QP 1's responder,
 and every ACK, SACK and NAK crosses it back: retransmission, SACK loss inference, the
 retransmit timer and path selection all run against a lossy multi-plane network (the port
-watch is instantiated but left off, ``port_wnd`` 0). Two whole NICs do not fit the LFE5UM5G-85F (one small-table NIC is ~46k LUT4 and
-4.5k carry cells after Yosys, docs/boards.md), so the self-test loops one back to itself.
+watch is instantiated but left off, ``port_wnd`` 0). Two whole NICs do not fit the
+LFE5UM5G-85F (one small-table NIC is ~46k LUT4 and 4.5k carry cells after Yosys,
+docs/boards.md), so the self-test loops one back to itself.
 
 The bring-up is what ``sim.driver.NicDriver`` does in every bench, recorded once at
 elaboration time against the register map (:func:`record_bring_up`) and replayed by
