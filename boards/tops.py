@@ -302,12 +302,14 @@ BOARDS = {
         "ecpix5-transport", ECPIX585Platform,
         lambda name: TransportSelfTestTop(clock_hz=TRANSPORT_HZ),
         "LambdaConcept ECPIX-5 85F (LFE5UM5G-85F-8BG554), transport self-test: the whole NIC "
-        "in loopback through the impaired fabric, 10 MHz from the PLL", router="router2"),
+        "in loopback through the impaired fabric, 10 MHz from the PLL (places, does not "
+        "route yet: docs/boards.md)", router="router2"),
     "ecpix5-rgmii": Board(
         "ecpix5-rgmii", ECPIX585Platform,
         lambda name: TransportSelfTestTop(clock_hz=TRANSPORT_HZ, rgmii=True),
         "LambdaConcept ECPIX-5 85F (LFE5UM5G-85F-8BG554), transport self-test with plane 1 on "
-        "the RGMII Ethernet port (1 Gb/s MAC), 10 MHz from the PLL", router="router2"),
+        "the RGMII Ethernet port (1 Gb/s MAC), 10 MHz from the PLL (places, does not route "
+        "yet: docs/boards.md)", router="router2"),
     "versa": Board("versa", VersaECP5Platform, SelfTestTop,
                    "Lattice Versa ECP5 (LFE5UM-45F-8BG381), self-test at 100 MHz"),
     "ulx3s": Board("ulx3s", ULX3S_85F_Platform, SelfTestTop,
