@@ -28,8 +28,6 @@ damage the NIC's other stacks (WRITE MIDDLE/LAST have no RETH, ACKs have no payl
 """
 
 import asyncio
-import ipaddress
-import json
 from pathlib import Path
 
 from amaranth import *
@@ -58,11 +56,17 @@ from hdl.interfaces import (
 )
 from hdl.nic import MrcNic
 from hdl.packet.headers import DropReason, net_beat_layout
-from hdl.path.ev import load_profile_json
 from hdl.util import validating
 from sim import defaults as D
 
-from .selftest import ImpairedFabric, Reporter, activity_flag, fabric_counts, kill_schedule
+from .selftest import (
+    ImpairedFabric,
+    Reporter,
+    activity_flag,
+    fabric_counts,
+    kill_schedule,
+    popcount,
+)
 from .uart import UARTTx
 
 __all__ = [
@@ -152,23 +156,6 @@ SLOT_BYTES = 4096
 SLOTS = 16
 
 
-def _mac(text):
-    return int(text.replace(":", ""), 16)
-
-
-def _ip(config):
-    if config.ip_version == 6:
-        return int(ipaddress.IPv6Address(LOCAL.ipv6))
-    return int(ipaddress.IPv4Address(LOCAL.ipv4))
-
-
-def default_profile():
-    """The EV profile every bench uses (``sim/data/default-ev-profile.json``)."""
-    spec = load_profile_json(json.loads(
-        (REPO / "sim" / "data" / "default-ev-profile.json").read_text()))
-    return spec.profile
-
-
 def record_bring_up(config, *, timeout=3, port_wnd=0):
     """The register operations that bring the NIC up for the transport self-test, as
     ``[(ScriptOp, address, data)]`` ending with ``END``: local addresses, the memory region,
@@ -180,7 +167,7 @@ def record_bring_up(config, *, timeout=3, port_wnd=0):
     regmap = nic_register_map(config)
     recorder = ScriptRecorder(regmap)
     driver = NicDriver(regmap, recorder, config)
-    mac, ip = _mac(LOCAL.mac), _ip(config)
+    mac, ip = D.mac_int(LOCAL.mac), D.ip_int(LOCAL, config.ip_version)
 
     async def bring_up():
         await driver.set_local(mac=mac, ip=ip)
@@ -189,8 +176,8 @@ def record_bring_up(config, *, timeout=3, port_wnd=0):
         await driver.configure_acks(ack_every=4, ack_delay=128, nak_interval=1024)
         await driver.configure_requester(infer_k=3, cc=False)
         await driver.set_port_watch(port_wnd)
-        await driver.ev_profile_online(0, default_profile(), num_evs=config.evs_per_profile,
-                                       min_active=1)
+        await driver.ev_profile_online(0, D.default_profile_spec().profile,
+                                       num_evs=config.evs_per_profile, min_active=1)
         for qpn in (0, 1):
             await driver.connect_qp(qpn, ev_profile=0, ev_offset=qpn, remote_qpn=1 - qpn,
                                     remote_mac=mac, remote_ip=ip, psn=PSN_BASES[qpn],
@@ -401,7 +388,7 @@ class PlaceChecker(wiring.Component):
             m.d.comb += mismatch[lane].eq(beat.keep[lane] &
                                           (beat.data[8 * lane:8 * lane + 8] != expect))
         with m.If(valid):
-            m.d.sync += self.bytes.eq(self.bytes + sum(beat.keep[n] for n in range(lanes)))
+            m.d.sync += self.bytes.eq(self.bytes + popcount(beat.keep))
             with m.If(mismatch.any()):
                 m.d.sync += self.bad.eq(self.bad + 1)
         return m
@@ -423,8 +410,12 @@ def _next_length(length, mtu):
     return Mux(length + step > span, length + step - span, length + step)
 
 
+#: Every IMM_EVERY-th work request (n = IMM_EVERY - 1, 2 IMM_EVERY - 1, ...) is WITH IMMEDIATE.
+IMM_EVERY = 4
+
+
 def wr_is_imm(n):
-    return n % 4 == 3
+    return n % IMM_EVERY == IMM_EVERY - 1
 
 
 class WorkGenerator(wiring.Component):
@@ -460,8 +451,8 @@ class WorkGenerator(wiring.Component):
         m.d.comb += [
             self.o.valid.eq(self.enable & room),
             self.o.p.qpn.eq(0),
-            self.o.p.opcode.eq(Mux(self.posted[:2] == 3, P.WrOpcode.RDMA_WRITE_WITH_IMM,
-                                   P.WrOpcode.RDMA_WRITE)),
+            self.o.p.opcode.eq(Mux(self.posted % IMM_EVERY == IMM_EVERY - 1,
+                                   P.WrOpcode.RDMA_WRITE_WITH_IMM, P.WrOpcode.RDMA_WRITE)),
             self.o.p.wr_id.eq(self.posted),
             self.o.p.local_addr.eq(address),
             self.o.p.remote_addr.eq(address),
@@ -497,7 +488,7 @@ class CompletionChecker(wiring.Component):
         m = Module()
         mtu = self._config.mtu
         length = Signal(range(WR_MTUS * mtu + 1), init=wr_length(0, mtu))
-        expect_imm = Signal(32, init=3)
+        expect_imm = Signal(32, init=IMM_EVERY - 1)
         c = Signal.like(self.i.payload)
         valid = Signal()
         m.d.comb += self.i.ready.eq(1)
@@ -513,7 +504,7 @@ class CompletionChecker(wiring.Component):
                     m.d.sync += self.bad.eq(self.bad + 1)
             with m.Else():
                 m.d.sync += [self.received.eq(self.received + 1),
-                             expect_imm.eq(expect_imm + 4)]
+                             expect_imm.eq(expect_imm + IMM_EVERY)]
                 with m.If(~c.imm_valid | (c.imm != expect_imm) | (c.qpn != 1) |
                           (c.status != P.CompletionStatus.SUCCESS)):
                     m.d.sync += self.bad.eq(self.bad + 1)

@@ -4,7 +4,14 @@
 scenario configures the NICs with them, so a sample packet can be fed to the RTL and accepted.
 """
 
+import ipaddress
+import json
 from dataclasses import dataclass
+
+from .env import REPO
+
+#: The EV profile every bench and self-test brings online as profile 0.
+DEFAULT_PROFILE_JSON = REPO / "sim" / "data" / "default-ev-profile.json"
 
 
 @dataclass(frozen=True)
@@ -27,3 +34,21 @@ MR_BASE = 0x0000_0001_0000_0000
 MR_LENGTH = 1 << 20
 #: First PSN of the default QPs.
 INITIAL_PSN = 0x000100
+
+
+def mac_int(text):
+    """A MAC address ``"02:00:..."`` as the integer the register map and headers carry."""
+    return int(text.replace(":", ""), 16)
+
+
+def ip_int(endpoint, ip_version):
+    """An endpoint's IPv6 or IPv4 address (``ip_version`` 6 or 4) as an integer."""
+    if ip_version == 6:
+        return int(ipaddress.IPv6Address(endpoint.ipv6))
+    return int(ipaddress.IPv4Address(endpoint.ipv4))
+
+
+def default_profile_spec():
+    """:data:`DEFAULT_PROFILE_JSON` loaded (``hdl.path.ev.load_profile_json``)."""
+    from hdl.path.ev import load_profile_json
+    return load_profile_json(json.loads(DEFAULT_PROFILE_JSON.read_text()))

@@ -25,7 +25,7 @@ from .dissector import tshark_errors
 from .env import BUILD, REPO
 from .errors import fail
 
-DEFAULT_PROFILE = REPO / "sim" / "data" / "default-ev-profile.json"
+DEFAULT_PROFILE = D.DEFAULT_PROFILE_JSON
 
 
 

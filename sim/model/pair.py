@@ -14,15 +14,20 @@ failed plane and an optional trimming plane.
 """
 
 import heapq
-import ipaddress
-import json
 import time
 
 from hdl import protocol as P
-from hdl.path.ev import load_profile_json
 from sim import packets as pk
-from sim.defaults import MR_BASE, MR_LENGTH, NIC_A, NIC_B
-from sim.env import REPO
+from sim.defaults import (
+    DEFAULT_PROFILE_JSON,
+    MR_BASE,
+    MR_LENGTH,
+    NIC_A,
+    NIC_B,
+    default_profile_spec,
+    ip_int,
+    mac_int,
+)
 from sim.scenario import PROBE_INTERVAL_US, Scenario, nic_config_for
 from sim.workload import fabric_config_for
 from sim.workload import make_work as shared_make_work
@@ -38,7 +43,7 @@ MR_SLOTS = {"a": 1, "b": 2}
 SRC_BASE = 0x2000_0000          #: where each host keeps the bytes it sends
 PSN_BASE = 0xFFFF80             #: first PSN of QP q is PSN_BASE + q: runs wrap the 24-bit PSN
 PD = 1
-PROFILE_JSON = REPO / "sim" / "data" / "default-ev-profile.json"
+PROFILE_JSON = DEFAULT_PROFILE_JSON
 _PROGRESS_EVERY_NS = 50_000.0
 
 
@@ -169,16 +174,6 @@ def fabric_config(scn):
 # Bring-up and traffic
 # ---------------------------------------------------------------------------------------------
 
-def _ip_int(config, endpoint):
-    if config.ip_version == 6:
-        return int(ipaddress.IPv6Address(endpoint.ipv6))
-    return int(ipaddress.IPv4Address(endpoint.ipv4))
-
-
-def _mac_int(text):
-    return int(text.replace(":", ""), 16)
-
-
 def make_work(scn):
     """The work requests of a scenario: ``{side: [wr dict with "data" bytes]}``, from
     :func:`sim.workload.make_work` (the RTL bench posts the same): ``scn.bytes`` from each side
@@ -189,14 +184,15 @@ def make_work(scn):
 
 def bring_up(scn, config, work):
     """Two :class:`ModelNic` configured for ``scn`` as the RTL bench configures its NICs."""
-    spec = load_profile_json(json.loads(PROFILE_JSON.read_text()))
+    spec = default_profile_spec()
     nics = {side: ModelNic(config, name=side) for side in SIDES}
     extra = scn.extra
     for side, nic in nics.items():
         peer = peer_of(side)
         received = sum(wr["length"] for wr in work[peer])
         sent = sum(wr["length"] for wr in work[side])
-        nic.set_local(mac=_mac_int(ENDPOINTS[side].mac), ip=_ip_int(config, ENDPOINTS[side]))
+        nic.set_local(mac=mac_int(ENDPOINTS[side].mac),
+                      ip=ip_int(ENDPOINTS[side], config.ip_version))
         nic.register_mr(slot=MR_SLOTS[side], rkey=rkey_of(side), pd=PD, base=MR_BASE,
                         length=max(MR_LENGTH, received))
         nic.memory.add(SRC_BASE, max(1, sent))
@@ -213,8 +209,9 @@ def bring_up(scn, config, work):
                               mode=P.EvMode.AUTO if scn.baseline == "ecmp" else None)
         for qpn in range(scn.qps):
             nic.connect_qp(qpn, ev_profile=0, ev_offset=qpn, remote_qpn=qpn,
-                           remote_mac=_mac_int(ENDPOINTS[peer].mac),
-                           remote_ip=_ip_int(config, ENDPOINTS[peer]), psn=PSN_BASE + qpn,
+                           remote_mac=mac_int(ENDPOINTS[peer].mac),
+                           remote_ip=ip_int(ENDPOINTS[peer], config.ip_version),
+                           psn=PSN_BASE + qpn,
                            remote_psn=PSN_BASE + qpn, mpr=config.mpr_units,
                            max_wimm=min(4, config.max_wimm), pd=PD, timeout=scn.timeout,
                            retry_linear=scn.retry_linear,

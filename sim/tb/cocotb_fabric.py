@@ -26,11 +26,9 @@ from hdl import protocol as P
 from hdl.control.nicmap import nic_register_map
 from hdl.interfaces import completion_layout, work_request_layout
 from hdl.packet.headers import net_beat_layout
-from hdl.path.ev import load_profile_json
 from sim.analysis import analyse
-from sim.defaults import MR_BASE, NIC_A, NIC_B
+from sim.defaults import MR_BASE, NIC_A, NIC_B, default_profile_spec, ip_int, mac_int
 from sim.driver.nic import NicDriver
-from sim.env import REPO
 from sim.fabric import Fabric
 from sim.scenario import PROBE_INTERVAL_US, Scenario, nic_config_for
 from sim.tb.cocotb_host import CocotbBus
@@ -62,15 +60,6 @@ POLL_CYCLES = 500
 BACKLOG_CYCLES = 1000
 
 
-def _mac(text):
-    return int(text.replace(":", ""), 16)
-
-
-def _ip(endpoint):
-    import ipaddress
-    if CONFIG.ip_version == 6:
-        return int(ipaddress.IPv6Address(endpoint.ipv6))
-    return int(ipaddress.IPv4Address(endpoint.ipv4))
 
 
 class Side:
@@ -117,7 +106,8 @@ class Side:
 
     async def bring_up(self, peer, profile):
         d = self.driver
-        await d.set_local(mac=_mac(self.endpoint.mac), ip=_ip(self.endpoint))
+        await d.set_local(mac=mac_int(self.endpoint.mac),
+                          ip=ip_int(self.endpoint, CONFIG.ip_version))
         await d.register_mr(slot=self.rkey_slot, rkey=self.rkey, pd=PD, base=MR_BASE,
                             length=SCENARIO.bytes + 4096)
         await d.configure_acks(ack_every=SCENARIO.ack_every, ack_delay=SCENARIO.ack_delay,
@@ -131,7 +121,8 @@ class Side:
                                   fate=bool(SCENARIO.fate))
         for qpn in range(SCENARIO.qps):
             await d.connect_qp(qpn, ev_profile=0, ev_offset=qpn, remote_qpn=qpn,
-                               remote_mac=_mac(peer.endpoint.mac), remote_ip=_ip(peer.endpoint),
+                               remote_mac=mac_int(peer.endpoint.mac),
+                               remote_ip=ip_int(peer.endpoint, CONFIG.ip_version),
                                psn=PSN_BASE + qpn, remote_psn=PSN_BASE + qpn,
                                mpr=CONFIG.mpr_units, max_wimm=min(4, CONFIG.max_wimm), pd=PD,
                                timeout=SCENARIO.timeout, retry_linear=SCENARIO.retry_linear,
@@ -198,8 +189,7 @@ async def fabric_run(dut):
     await ClockCycles(dut.clk, 3)
     dut.rst.value = 0
     cocotb.start_soon(loop.run())
-    spec = load_profile_json(json.loads(
-        (REPO / "sim" / "data" / "default-ev-profile.json").read_text()))
+    spec = default_profile_spec()
     await a.bring_up(b, spec.profile)
     await b.bring_up(a, spec.profile)
     cocotb.log.info(f"both NICs up after {loop.cycle} cycles; {SCENARIO.planes} planes, "

@@ -8,7 +8,6 @@ RX ports, records per frame the parser's verdict and, for data packets, the resp
 every frame the NIC sends (ACKs, NAKs, probe responses) on any TX port. Writes ``REPLAY_OUT``.
 """
 
-import ipaddress
 import json
 import os
 import time
@@ -20,11 +19,9 @@ from cocotb.triggers import ClockCycles, RisingEdge
 from hdl.config import NicConfig
 from hdl.control.nicmap import nic_register_map
 from hdl.packet.headers import DropReason, net_beat_layout
-from hdl.path.ev import load_profile_json
 from hdl.transport.resp_defs import ResponderVerdict
 from sim import defaults as D
 from sim.driver.nic import NicDriver
-from sim.env import REPO
 from sim.tb.cocotb_host import CocotbBus, HostMemory, MemoryPort
 from sim.tb.streams import StreamSink, StreamSource, beats_to_bytes, frame_to_beats
 
@@ -33,24 +30,18 @@ MR_SLOT = D.MR_RKEY & 0xF
 PD = 1
 
 
-def _ip(endpoint, version):
-    if version == 6:
-        return int(ipaddress.IPv6Address(endpoint.ipv6))
-    return int(ipaddress.IPv4Address(endpoint.ipv4))
 
 
 async def bring_up(driver, config):
     """NIC B of the default set-up, ready to receive the sample packets."""
-    await driver.set_local(mac=int(D.NIC_B.mac.replace(":", ""), 16),
-                           ip=_ip(D.NIC_B, config.ip_version))
+    await driver.set_local(mac=D.mac_int(D.NIC_B.mac), ip=D.ip_int(D.NIC_B, config.ip_version))
     await driver.register_mr(slot=MR_SLOT, rkey=D.MR_RKEY, pd=PD, base=D.MR_BASE,
                              length=D.MR_LENGTH)
-    spec = load_profile_json(json.loads(
-        (REPO / "sim" / "data" / "default-ev-profile.json").read_text()))
+    spec = D.default_profile_spec()
     await driver.ev_profile_online(0, spec.profile, num_evs=min(config.evs_per_profile, 16))
     await driver.connect_qp(D.QPN_B, ev_profile=0, remote_qpn=D.QPN_A,
-                            remote_mac=int(D.NIC_A.mac.replace(":", ""), 16),
-                            remote_ip=_ip(D.NIC_A, config.ip_version), psn=D.INITIAL_PSN,
+                            remote_mac=D.mac_int(D.NIC_A.mac),
+                            remote_ip=D.ip_int(D.NIC_A, config.ip_version), psn=D.INITIAL_PSN,
                             remote_psn=D.INITIAL_PSN, mpr=config.mpr_units,
                             max_wimm=config.max_wimm, pd=PD)
 
