@@ -4,7 +4,7 @@ engine bench (the packet engine alone on an LFE5UM5G-85F, for fmax and resource 
 The self-tests take their clock from the board's default oscillator (Amaranth makes the
 ``sync`` domain from it); ``ecpix5-125`` runs the ECPIX-5 self-test at the engine's target of
 125 MHz, made from the 100 MHz oscillator by the ECP5 PLL (:class:`~boards.pll.Ecp5Pll`). It
-misses 125 MHz today (99.7 MHz, placement-limited: docs/boards.md).
+misses 125 MHz today (104.3 MHz, placement-limited: docs/boards.md).
 """
 
 from amaranth import *
@@ -294,7 +294,7 @@ BOARDS = {
                         lambda name: SelfTestTop("ecpix5", pll_hz=ENGINE_HZ),
                         "LambdaConcept ECPIX-5 85F (LFE5UM5G-85F-8BG554), self-test at the "
                         "engine's 125 MHz (PLL from the 100 MHz oscillator; misses it today: "
-                        "99.7 MHz, build with --allow-timing-fail)", router="router2"),
+                        "104.3 MHz, build with --allow-timing-fail)", router="router2"),
     "ecpix5-ci": Board("ecpix5-ci", ECPIX585Platform, lambda name: NetworkSelftestTop(),
                        "LambdaConcept ECPIX-5 85F (LFE5UM5G-85F-8BG554), network-level "
                        "self-test (no packet engines) at 100 MHz, the CI bitstream"),
