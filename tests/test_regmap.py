@@ -97,6 +97,9 @@ def test_commands_status_and_queue_over_the_bus():
         value = (1 << 69) | 0x1234_5678_9ABC
         assert (await driver.command("store", op=0, key=3, value=value))["errno"] == 0
         assert (await driver.command("store", op=1, key=3))["data"] == value & (2**64 - 1)
+        # Arguments are write-only: a read returns 0, whatever was written.
+        args = REGMAP.base("store") + REGMAP.block("store").ARGS
+        assert await driver.bus.read(args) == 0
         for op, key, errno in ((2, 1, "EINVAL"), (0, 1000, "ENOENT")):
             try:
                 await driver.command("store", op=op, key=key)

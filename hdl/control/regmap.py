@@ -187,8 +187,8 @@ class RegisterMap:
                           f"| 0x{base + block.STATUS:04x} | STATUS | R | bit 0 busy, "
                           f"bits 16-31 GO writes ignored while busy |",
                           f"| 0x{base + block.GO:04x} | GO | W | issue the command |",
-                          f"| 0x{base + block.ARGS:04x} | ARGS[{block.request_words}] | RW | "
-                          f"request fields below |",
+                          f"| 0x{base + block.ARGS:04x} | ARGS[{block.request_words}] | W | "
+                          f"request fields below (write-only: reads return 0) |",
                           f"| 0x{base + block.response_base:04x} | "
                           f"RESULT[{block.response_words}] | R | response fields below |", ""]
                 lines += self._field_table("request", block.request, base + block.ARGS)
@@ -308,8 +308,9 @@ class RegisterBus(wiring.Component):
                     with m.Else():
                         m.d.sync += busy.eq(1)
                 read_words[base + block.STATUS] = Cat(busy, Const(0, 15), overruns)
-                for index, word in enumerate(words_of(args, block.request_words)):
-                    read_words[base + block.ARGS + index] = word
+                # ARGS are write-only (read as 0): read back, every argument flip-flop also
+                # fed the read multiplexer, and with the results and counters that hub was the
+                # transport self-test's worst routing congestion (docs/boards.md).
                 for index, word in enumerate(words_of(result, block.response_words)):
                     read_words[base + block.response_base + index] = word
             elif isinstance(block, StatusBlock):
