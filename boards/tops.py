@@ -302,8 +302,8 @@ BOARDS = {
         "ecpix5-transport", ECPIX585Platform,
         lambda name: TransportSelfTestTop(clock_hz=TRANSPORT_HZ),
         "LambdaConcept ECPIX-5 85F (LFE5UM5G-85F-8BG554), transport self-test: the whole NIC "
-        "in loopback through the impaired fabric, 10 MHz from the PLL (places; routing not "
-        "closed yet: docs/boards.md)", router="router2"),
+        "in loopback through the impaired fabric, 10 MHz from the PLL (routes at 17.3 MHz: "
+        "docs/boards.md)", router="router2"),
     "ecpix5-rgmii": Board(
         "ecpix5-rgmii", ECPIX585Platform,
         lambda name: TransportSelfTestTop(clock_hz=TRANSPORT_HZ, rgmii=True),
