@@ -484,7 +484,8 @@ class DelayLine(wiring.Component):
     """Hold every beat for at least ``delay`` cycles: a plane's propagation delay.
 
     A FIFO of ``depth`` beats (block RAM when large enough) whose entries carry the cycle they
-    may leave (entry cycle + ``delay``, 16 bits); the head leaves once that cycle has come.
+    may leave (entry cycle + ``delay``, 16 bits), and a head register the oldest entry waits in;
+    it leaves once that cycle has come.
     Order is kept. At one beat per cycle a plane needs ``depth >= delay`` to run at full rate;
     with less it backpressures. A head held back (by ``o.ready``) more than 2**15 cycles past
     its due cycle looks early again until the 16-bit counter comes round (the self-test's
