@@ -12,13 +12,14 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
 from amaranth_boards.ecpix5 import ECPIX585Platform
+from amaranth_boards.ulx3s import ULX3S_85F_Platform
 from amaranth_boards.versa_ecp5 import VersaECP5Platform
 from scapy.layers.l2 import Ether
 
 from boards import selftest as S
 from boards.ice40 import ICE40_COUNTERS, Ice40Selftest, frame_template
 from boards.pll import PFD_HZ, VCO_HZ, Ecp5Pll, LockReset, ecp5_pll_dividers
-from boards.tops import BOARDS, EngineBench, selftest_config
+from boards.tops import BOARDS, ULX3S_HZ, EngineBench, selftest_config
 from boards.uart import UARTTx
 from hdl.config import NicConfig
 from hdl.packet.headers import PacketKind
@@ -709,6 +710,23 @@ def test_ecpix5_125_top_runs_the_selftest_at_125_mhz_from_the_pll():
         selftest = next(origin for origins, _ in _walk(fragment) for origin in origins
                         if isinstance(origin, S.SelfTest))
         assert selftest._config.clock_hz == 100_000_000
+
+
+def test_ulx3s_top_runs_the_selftest_at_50_mhz_from_the_pll():
+    """The ULX3S's 25 MHz oscillator feeds the PLL; the self-test (UART divisor, report period)
+    runs at the PLL's 50 MHz, whose constraint nextpnr derives from the 25 MHz pin."""
+    platform = ULX3S_85F_Platform()
+    fragment = Fragment.get(BOARDS["ulx3s"].top("ulx3s"), platform)
+    plls = [sub for _, sub in _walk(fragment) if isinstance(sub, Instance)
+            and sub.type == "EHXPLLL"]
+    assert len(plls) == 1
+    params = plls[0].parameters
+    assert (params["CLKI_DIV"], params["CLKFB_DIV"], params["CLKOP_DIV"]) == (1, 2, 12)
+    assert plls[0].attrs["FREQUENCY_PIN_CLKOP"] == "50"
+    assert {f for *_, f in platform.iter_port_clock_constraints()} == {25e6}
+    selftest = next(origin for origins, _ in _walk(fragment) for origin in origins
+                    if isinstance(origin, S.SelfTest))
+    assert selftest._config.clock_hz == ULX3S_HZ == 50_000_000
 
 
 def test_pll_drives_the_sync_reset_through_a_global_buffer():
