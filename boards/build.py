@@ -26,11 +26,11 @@ import sim  # noqa: F401  (applies the tool environment of sim/env.py)
 from hdl.config import NicConfig
 from sim.env import BUILD
 
-from .tops import BOARDS, EngineBench, EngineBenchPlatform
+from .tops import BOARDS, BlockBench, EngineBench, EngineBenchPlatform
 
 __all__ = ["BuildError", "BuildResult", "build_board", "build_bench", "read_report",
            "BENCH_CONFIGS", "DEFAULT_BENCHES", "synth_report", "SEED", "SCALING_BLOCKS",
-           "SCALING_QPS", "synth_block", "scaling_report"]
+           "SCALING_QPS", "synth_block", "place_block", "scaling_report"]
 
 SEED = 1
 RENAME_WORKAROUND = ("hierarchy -top top; proc; flatten; opt_clean -purge; "
@@ -371,6 +371,45 @@ def synth_block(block, qps, *, out_root=None, log=print):
     return entry
 
 
+def place_block(block, qps, *, out_root=None, seed=SEED, timeout=None, log=print):
+    """Place and route one per-QP block (``SCALING_BLOCKS``) for ``qps`` QPs alone in a
+    :class:`~boards.tops.BlockBench` on the engine bench's LFE5UM5G-85F (125 MHz constraint,
+    allowed to fail) and return its report entry (``"stage": "pnr"``): nextpnr's resources
+    after packing, fmax and critical path. ``timeout`` (seconds) stops the build and records
+    what nextpnr logged (``complete: False``)."""
+    if block not in SCALING_BLOCKS:
+        raise BuildError(f"block must be one of {', '.join(SCALING_BLOCKS)}, not {block!r}")
+    label = f"{block}-q{qps}-pnr"
+    out_dir = (Path(out_root) if out_root else BUILD / "synth" / "scaling") / label
+    module_name, class_name = SCALING_BLOCKS[block]
+    try:
+        config = scaling_config(qps)
+    except ValueError as e:
+        raise BuildError(str(e)) from None
+    entry = {"kind": "scaling", "stage": "pnr", "block": block, "class": class_name,
+             "qps": qps, "label": label, "config": config.to_dict(), "seed": seed}
+    platform = EngineBenchPlatform()
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+        top = BlockBench(cls(config=config), name=block)
+    except Exception as e:          # a block mid-change elsewhere must not stop the others
+        entry["error"] = f"elaboration failed: {type(e).__name__}: {e}"
+        log(f"{label}: {entry['error']}")
+        return entry
+    try:
+        seconds, report = _platform_build(platform, top, out_dir, seed=seed,
+                                          allow_timing_fail=True, family="ecp5",
+                                          timeout=timeout)
+    except BuildError as e:
+        entry["error"] = str(e).splitlines()[0]
+        log(f"{label}: {entry['error']}")
+        return entry
+    entry.update(report, device=f"{platform.device}-{platform.speed}{platform.package}",
+                 build_seconds=round(seconds, 1))
+    log(_one_line(entry))
+    return entry
+
+
 def _stat_cells(stat):
     """Cell counts by type from ``stat -json`` (the whole design, or its one module)."""
     design = stat.get("design") or next(iter(stat.get("modules", {}).values()), {})
@@ -388,15 +427,33 @@ def _scaling_line(entry):
             f"{entry['synth_seconds']} s{'' if entry['fits'] else ' (does not fit)'}")
 
 
-def scaling_report(*, blocks=None, qps=SCALING_QPS, out=None, log=print):
-    """Synthesize every block of ``blocks`` at every QP count; merge into the report."""
+def scaling_report(*, blocks=None, qps=SCALING_QPS, out=None, log=print, place=False,
+                   timeout=None):
+    """Synthesize every block of ``blocks`` at every QP count; with ``place``, also place and
+    route each one that fits (:func:`place_block`, ``timeout`` seconds each); merge into the
+    report."""
     out = Path(out) if out else BUILD / "synth" / "report.json"
     blocks = list(SCALING_BLOCKS) if blocks is None else list(blocks)
     entries = []
     for block in blocks:
         for count in qps:
             log(f"synthesizing {block} with {count} QPs ...")
-            entries.append(synth_block(block, count, log=log))
+            synth = synth_block(block, count, log=log)
+            entries.append(synth)
+            _write(out, entries, merge=True)
+            if not place:
+                continue
+            if "error" in synth or not synth["fits"]:
+                why = synth.get("error") or (f"does not fit the LFE5UM5G-85F (Yosys: "
+                                            f"{synth['resources']['dp16kd']} DP16KD of "
+                                            f"{DEVICE_DP16KD})")
+                entries.append({"kind": "scaling", "stage": "pnr", "block": block,
+                                "qps": count, "label": f"{block}-q{count}-pnr",
+                                "error": f"not placed: {why}"})
+                log(f"{block}-q{count}-pnr: not placed: {why}")
+            else:
+                log(f"placing and routing {block} with {count} QPs ...")
+                entries.append(place_block(block, count, timeout=timeout, log=log))
             _write(out, entries, merge=True)
     return _write(out, entries, merge=True)
 

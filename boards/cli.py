@@ -4,7 +4,7 @@ Usage::
 
     python -m boards.cli bitstream --board ecpix5 [--seed 1]
     python -m boards.cli synth-report [--boards ecpix5,icebreaker] [--benches engine-w64-q256]
-    python -m boards.cli synth-report --scaling [--blocks requester] [--qps 64,256,1024]
+    python -m boards.cli synth-report --scaling [--blocks requester] [--qps 64,256,1024] [--place]
     python -m boards.cli list
 """
 
@@ -46,6 +46,8 @@ def _synth_report(args):
     )
     from .tops import BOARDS
     only_scaling = args.scaling and args.boards is None and args.benches is None
+    if args.place and not args.scaling:
+        return _fail("--place places the scaling blocks: it needs --scaling")
     if args.scaling:
         blocks = [b for b in (args.blocks or ",".join(SCALING_BLOCKS)).split(",") if b]
         for block in blocks:
@@ -56,7 +58,8 @@ def _synth_report(args):
         except ValueError:
             return _fail(f"qps must be comma-separated integers, not {args.qps!r}")
         try:
-            scaling_report(blocks=blocks, qps=qps, out=args.out)
+            scaling_report(blocks=blocks, qps=qps, out=args.out, place=args.place,
+                           timeout=args.timeout * 60 if args.timeout else None)
         except BuildError as e:
             return _fail(str(e))
         if only_scaling:
@@ -112,13 +115,16 @@ def build_parser(parser=None):
                                      "engine-w64-q256,engine-w128-q256; see `list`)")
     p.add_argument("--out", help="report path (default build/synth/report.json)")
     p.add_argument("--timeout", type=float,
-                   help="minutes after which an engine bench build is stopped and recorded as "
-                        "incomplete (default: none)")
+                   help="minutes after which an engine bench (or --place) build is stopped and "
+                        "recorded as incomplete (default: none)")
     p.add_argument("--scaling", action="store_true",
                    help="synthesize (Yosys only) the per-QP blocks at several QP counts; alone, "
                         "it builds no board or bench")
     p.add_argument("--blocks", help="scaling blocks (default requester,responder,path_select)")
     p.add_argument("--qps", help="scaling QP counts (default 64,256,1024)")
+    p.add_argument("--place", action="store_true",
+                   help="with --scaling: also place and route each block that fits, alone on "
+                        "the LFE5UM5G-85F (--timeout applies to each)")
     p.set_defaults(func=_synth_report)
     p = sub.add_parser("list", help="boards and engine benches")
     p.set_defaults(func=_list)

@@ -28,8 +28,8 @@ from .selftest import SelfTest
 from .transport import TransportSelfTest, transport_config
 
 __all__ = [
-    "BOARDS", "Board", "selftest_config", "SelfTestTop", "NetworkSelftestTop", "EngineBench",
-    "EngineBenchPlatform", "TransportSelfTestTop", "TRANSPORT_HZ", "ULX3S_HZ",
+    "BOARDS", "Board", "selftest_config", "SelfTestTop", "NetworkSelftestTop", "BlockBench",
+    "EngineBench", "EngineBenchPlatform", "TransportSelfTestTop", "TRANSPORT_HZ", "ULX3S_HZ",
 ]
 
 
@@ -215,33 +215,40 @@ class EngineBenchPlatform(LatticeECP5Platform):
     connectors = []
 
 
-class EngineBench(Elaboratable):
-    """The packet engine (:class:`~hdl.packet.engine.PacketEngine`) with every input driven
-    from a shift register fed by one pin and every output folded into a multiple-input
-    signature register (MISR) read out on another pin: all engine paths start and end at
+class BlockBench(Elaboratable):
+    """A :class:`~amaranth.lib.wiring.Component` on a bare device with every input driven from
+    a shift register fed by one pin and every output folded into a multiple-input signature
+    register (MISR) read out on another pin: all of the block's paths start and end at
     flip-flops, nothing is optimised away, and the wrapper adds only flip-flops and about one
-    LUT per three output bits (its cost is reported by ``make synth-report``).
+    LUT per three output bits. ``name`` is the block's submodule name (it prefixes the cell
+    names in nextpnr's reports).
     """
 
     FOLD = 3
 
-    def __init__(self, config):
+    def __init__(self, block, *, name="block"):
         with validating(self):
-            if not isinstance(config, NicConfig):
-                raise TypeError(f"config must be a NicConfig, not {config!r}")
-        self.config = config
+            if not isinstance(block, wiring.Component):
+                raise TypeError(f"block must be a wiring.Component, not {block!r}")
+            if not isinstance(name, str) or not name.isidentifier():
+                raise ValueError(f"name must be an identifier, not {name!r}")
+        self.block = block
+        self.name = name
+        #: The scan chain's input and the MISR's last bit (on the ``scan`` pins on a platform).
+        self.scan_in = Signal()
+        self.scan_out = Signal()
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.engine = engine = PacketEngine(self.config)
+        block = self.block
+        m.submodules[self.name] = block
         inputs, outputs = [], []
-        for _path, member, value in engine.signature.flatten(engine):
+        for _path, member, value in block.signature.flatten(block):
             (inputs if member.flow == wiring.In else outputs).append(Value.cast(value))
         in_bits = sum(len(v) for v in inputs)
         out_value = Cat(*outputs)
 
-        scan_in = Signal()
-        scan_out = Signal()
+        scan_in, scan_out = self.scan_in, self.scan_out
         if platform is not None:
             m.d.comb += [scan_in.eq(input_pin(m, platform.request("scan", 0, dir="-"))),
                          output_pin(m, platform.request("scan", 1, dir="-")).eq(scan_out)]
@@ -259,6 +266,18 @@ class EngineBench(Elaboratable):
         m.d.sync += misr.eq(Cat(misr[-1], misr[:-1]) ^ Cat(*folded))
         m.d.comb += scan_out.eq(misr[-1])
         return m
+
+
+class EngineBench(BlockBench):
+    """The packet engine (:class:`~hdl.packet.engine.PacketEngine`) in a :class:`BlockBench`
+    (its cost is reported by ``make synth-report``)."""
+
+    def __init__(self, config):
+        with validating(self):
+            if not isinstance(config, NicConfig):
+                raise TypeError(f"config must be a NicConfig, not {config!r}")
+        self.config = config
+        super().__init__(PacketEngine(config), name="engine")
 
 
 class Board:

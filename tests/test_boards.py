@@ -5,7 +5,7 @@ Amaranth simulator, and every board top elaborated against its platform (no tool
 import random
 
 import pytest
-from amaranth import Fragment, Instance, Module
+from amaranth import Cat, Fragment, Instance, Module
 from amaranth.build.res import ResourceManager
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
@@ -595,6 +595,85 @@ def test_scaling_synth_maps_tables_and_merges_report(tmp_path, monkeypatch):
     assert json.loads(out.read_text()) == document
 
 
+class Echo(wiring.Component):
+    """Two inputs echoed on one output (the block bench's own test)."""
+
+    a: In(5)
+    b: In(3)
+    y: Out(8)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.d.comb += self.y.eq(Cat(self.a, self.b))
+        return m
+
+
+def test_block_bench_scans_every_input_and_folds_every_output():
+    """The bench's chain drives every input bit of the block (the last bit shifted in is the
+    first input's bit 0) and its MISR signature depends on every output bit."""
+    from boards.tops import BlockBench
+    with pytest.raises(TypeError, match="block must be a wiring.Component, not 1"):
+        BlockBench(1)
+    with pytest.raises(ValueError, match="name must be an identifier, not 'a b'"):
+        BlockBench(Echo(), name="a b")
+
+    def run(bits):
+        bench = BlockBench(Echo(), name="echo")
+        seen = {"inputs": [], "signature": []}
+
+        async def drive(ctx):
+            for bit in bits:
+                ctx.set(bench.scan_in, bit)
+                await ctx.tick()
+                seen["inputs"].append((ctx.get(bench.block.a), ctx.get(bench.block.b)))
+            for _ in range(8):
+                ctx.set(bench.scan_in, 0)
+                await ctx.tick()
+                seen["signature"].append(ctx.get(bench.scan_out))
+        sim = Simulator(bench)
+        sim.add_clock(1e-6)
+        sim.add_testbench(drive)
+        sim.run()
+        return seen
+
+    rng = random.Random(5)
+    bits = [rng.getrandbits(1) for _ in range(8)]
+    seen = run(bits)
+    chain = int("".join(map(str, bits)), 2)
+    assert seen["inputs"][-1] == (chain & 0x1F, chain >> 5)
+    # Flipping any one input bit (so one output bit in one cycle) changes the signature.
+    for n in range(len(bits)):
+        other = list(bits)
+        other[n] ^= 1
+        assert run(other)["signature"] != seen["signature"], n
+
+
+def test_scaling_place_skips_blocks_that_do_not_fit(tmp_path, monkeypatch):
+    """``--place`` places and routes only the QP counts Yosys says fit the 85F; the others get
+    an entry that says why they were not placed."""
+    from boards import build as B
+    placed = []
+
+    def fake_synth(block, qps, **_):
+        fits = qps <= 64
+        return {"kind": "scaling", "stage": "synth", "label": f"{block}-q{qps}", "qps": qps,
+                "resources": {"dp16kd": 100 if fits else 240}, "fits": fits}
+
+    def fake_place(block, qps, *, timeout=None, **_):
+        placed.append((block, qps, timeout))
+        return {"kind": "scaling", "stage": "pnr", "label": f"{block}-q{qps}-pnr"}
+    monkeypatch.setattr(B, "synth_block", fake_synth)
+    monkeypatch.setattr(B, "place_block", fake_place)
+    document = B.scaling_report(blocks=["requester"], qps=[64, 256], out=tmp_path / "r.json",
+                                log=lambda _: None, place=True, timeout=60)
+    assert placed == [("requester", 64, 60)]
+    labels = [e["label"] for e in document["results"]]
+    assert labels == ["requester-q64", "requester-q64-pnr", "requester-q256",
+                      "requester-q256-pnr"]
+    assert document["results"][3]["error"] == (
+        "not placed: does not fit the LFE5UM5G-85F (Yosys: 240 DP16KD of 208)")
+
+
 def test_scaling_memory_log_parser():
     from boards.build import _yosys_memories
     log = ("mapping memory top.qp_mem via $__TRELLIS_DPR16X4_\n"
@@ -614,6 +693,8 @@ def test_cli_scaling_rejects_bad_arguments(capsys):
     assert main(["synth-report", "--scaling", "--qps", "x"]) == 2
     assert main(["synth-report", "--scaling", "--blocks", "responder", "--qps", "100"]) == 2
     assert "NicConfig.qps" in capsys.readouterr().err
+    assert main(["synth-report", "--place"]) == 2
+    assert "--place places the scaling blocks: it needs --scaling" in capsys.readouterr().err
 
 
 def test_engine_pipeline_option():
