@@ -307,6 +307,27 @@ def _dp16kd_estimate(width, depth):
     return min(-(-width // bits) * -(-depth // entries) for bits, entries in _DP16KD_SHAPES)
 
 
+def _scaling_entry(block, qps, stage):
+    """The configuration of ``block`` at ``qps`` QPs and the head of its report entry (label
+    ``<block>-q<QPs>``, plus ``-pnr`` for the place-and-route stage); a clear
+    :class:`BuildError` for an unknown block or a QP count ``NicConfig`` refuses."""
+    if block not in SCALING_BLOCKS:
+        raise BuildError(f"block must be one of {', '.join(SCALING_BLOCKS)}, not {block!r}")
+    try:
+        config = scaling_config(qps)
+    except ValueError as e:
+        raise BuildError(str(e)) from None
+    label = f"{block}-q{qps}" + ("" if stage == "synth" else f"-{stage}")
+    return config, {"kind": "scaling", "stage": stage, "block": block,
+                    "class": SCALING_BLOCKS[block][1], "qps": qps, "label": label,
+                    "config": config.to_dict()}
+
+
+def _scaling_instance(block, config):
+    module_name, class_name = SCALING_BLOCKS[block]
+    return getattr(importlib.import_module(module_name), class_name)(config=config)
+
+
 def synth_block(block, qps, *, out_root=None, log=print):
     """Synthesize one per-QP block (``SCALING_BLOCKS``) for ``qps`` QPs with Yosys
     ``synth_ecp5`` (no place and route) and return its report entry.
@@ -318,24 +339,16 @@ def synth_block(block, qps, *, out_root=None, log=print):
     """
     from amaranth.back import rtlil
 
-    if block not in SCALING_BLOCKS:
-        raise BuildError(f"block must be one of {', '.join(SCALING_BLOCKS)}, not {block!r}")
-    label = f"{block}-q{qps}"
+    config, entry = _scaling_entry(block, qps, "synth")
+    label = entry["label"]
     out_dir = (Path(out_root) if out_root else BUILD / "synth" / "scaling") / label
     out_dir.mkdir(parents=True, exist_ok=True)
-    module_name, class_name = SCALING_BLOCKS[block]
-    try:
-        config = scaling_config(qps)
-    except ValueError as e:
-        raise BuildError(str(e)) from None
-    entry = {"kind": "scaling", "stage": "synth", "lut_mapper": "abc -lut 4",
-             "block": block, "class": class_name,
-             "qps": qps, "label": label, "config": config.to_dict(),
-             "device": "LFE5UM5G-85F (synth_ecp5 only, no place and route)"}
+    entry.update(lut_mapper="abc -lut 4",
+                 device="LFE5UM5G-85F (synth_ecp5 only, no place and route)")
     start = time.monotonic()
     try:
-        cls = getattr(importlib.import_module(module_name), class_name)
-        (out_dir / "top.il").write_text(rtlil.convert(cls(config=config), name="top"))
+        (out_dir / "top.il").write_text(rtlil.convert(_scaling_instance(block, config),
+                                                      name="top"))
     except Exception as e:          # a block mid-change elsewhere must not stop the others
         entry["error"] = f"elaboration failed: {type(e).__name__}: {e}"
         log(f"{label}: {entry['error']}")
@@ -377,21 +390,13 @@ def place_block(block, qps, *, out_root=None, seed=SEED, timeout=None, log=print
     allowed to fail) and return its report entry (``"stage": "pnr"``): nextpnr's resources
     after packing, fmax and critical path. ``timeout`` (seconds) stops the build and records
     what nextpnr logged (``complete: False``)."""
-    if block not in SCALING_BLOCKS:
-        raise BuildError(f"block must be one of {', '.join(SCALING_BLOCKS)}, not {block!r}")
-    label = f"{block}-q{qps}-pnr"
+    config, entry = _scaling_entry(block, qps, "pnr")
+    label = entry["label"]
     out_dir = (Path(out_root) if out_root else BUILD / "synth" / "scaling") / label
-    module_name, class_name = SCALING_BLOCKS[block]
-    try:
-        config = scaling_config(qps)
-    except ValueError as e:
-        raise BuildError(str(e)) from None
-    entry = {"kind": "scaling", "stage": "pnr", "block": block, "class": class_name,
-             "qps": qps, "label": label, "config": config.to_dict(), "seed": seed}
+    entry["seed"] = seed
     platform = EngineBenchPlatform()
     try:
-        cls = getattr(importlib.import_module(module_name), class_name)
-        top = BlockBench(cls(config=config), name=block)
+        top = BlockBench(_scaling_instance(block, config), name=block)
     except Exception as e:          # a block mid-change elsewhere must not stop the others
         entry["error"] = f"elaboration failed: {type(e).__name__}: {e}"
         log(f"{label}: {entry['error']}")
@@ -447,10 +452,10 @@ def scaling_report(*, blocks=None, qps=SCALING_QPS, out=None, log=print, place=F
                 why = synth.get("error") or (f"does not fit the LFE5UM5G-85F (Yosys: "
                                             f"{synth['resources']['dp16kd']} DP16KD of "
                                             f"{DEVICE_DP16KD})")
-                entries.append({"kind": "scaling", "stage": "pnr", "block": block,
-                                "qps": count, "label": f"{block}-q{count}-pnr",
-                                "error": f"not placed: {why}"})
-                log(f"{block}-q{count}-pnr: not placed: {why}")
+                _, skipped = _scaling_entry(block, count, "pnr")
+                skipped["error"] = f"not placed: {why}"
+                entries.append(skipped)
+                log(f"{skipped['label']}: {skipped['error']}")
             else:
                 log(f"placing and routing {block} with {count} QPs ...")
                 entries.append(place_block(block, count, timeout=timeout, log=log))

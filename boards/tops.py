@@ -339,7 +339,7 @@ BOARDS = {
     "versa": Board("versa", VersaECP5Platform, SelfTestTop,
                    "Lattice Versa ECP5 (LFE5UM-45F-8BG381), self-test at 100 MHz"),
     "ulx3s": Board("ulx3s", ULX3S_85F_Platform,
-                   lambda name: SelfTestTop("ulx3s", pll_hz=ULX3S_HZ),
+                   lambda name: SelfTestTop(name, pll_hz=ULX3S_HZ),
                    "Radiona ULX3S 85F (LFE5U-85F-6BG381), self-test at 50 MHz (PLL from the "
                    "25 MHz oscillator)"),
     "icebreaker": Board("icebreaker", ICEBreakerPlatform, _ice40_top,
