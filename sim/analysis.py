@@ -5,13 +5,17 @@ run), so every frame's fate is at hand. The recovery figures of ``report.json`` 
 here; ``docs/sim.md`` defines each one.
 """
 
+from bisect import bisect_left
+
 from hdl import protocol as P
 from hdl.packet.layouts import BTH, IMMDT, MDETH, RETH
 
-from .fabric.frames import parse
+from .fabric.frames import parse, roce_payload_bytes
 from .scenario import line_rate_gbps
 
-__all__ = ["analyse", "data_info", "base_rtt_ns", "loaded_rtt_ns", "wire_shares"]
+__all__ = ["analyse", "data_info", "base_rtt_ns", "loaded_rtt_ns", "wire_shares",
+           "goodput_samples", "ramp_up_end_ns", "traffic_end_ns", "window_goodput",
+           "steady_goodput", "WINDOW_FRAMES", "RAMP_FRACTION"]
 
 _IMM = frozenset(int(op) for op in P.IMMEDIATE_OPCODES)
 _BTH, _RETH, _IMMDT = BTH.size, RETH.size, IMMDT.size
@@ -98,21 +102,122 @@ def wire_shares(records, overhead_bytes=0):
             "control": share["control"], "data_sides": len(senders)}
 
 
-def _window_goodput(stats, lo_ns, hi_ns, directions, line_rate):
-    """Mean goodput over [lo, hi) from the per-plane bins, per direction, relative to the
-    line rate (bins partly inside count pro rata)."""
-    if hi_ns is None or lo_ns is None or hi_ns <= lo_ns:
+# -- steady-state windows ---------------------------------------------------------------------
+
+#: MTU data frames a goodput window holds at the line rate of the directions that carry data:
+#: the rolling window of the ramp-up rule and the shortest window a goodput is reported for.
+WINDOW_FRAMES = 20
+#: The ramp-up ends when one window's goodput reaches this share of the goodput after it.
+RAMP_FRACTION = 0.9
+_GOODPUT_EXCLUDED = frozenset(("trimmed", "corrupted", "duplicate"))
+
+
+def goodput_samples(records):
+    """``(arrival_ns, payload_bytes)`` of every delivered data frame that counts as goodput
+    (as :class:`sim.fabric.stats.Bin` counts it: intact, not the fabric's duplicate), sorted."""
+    samples = []
+    for r in records:
+        if r.outcome != "delivered" or _GOODPUT_EXCLUDED & set(r.marks):
+            continue
+        payload = roce_payload_bytes(r.frame, parse(r.frame))
+        if payload:
+            samples.append((r.arrival_ns, payload))
+    samples.sort()
+    return samples
+
+
+def _bytes_in(samples, times, lo_ns, hi_ns):
+    """Payload bytes and frames of the samples that arrived in [lo, hi)."""
+    first, last = bisect_left(times, lo_ns), bisect_left(times, hi_ns)
+    return sum(b for _, b in samples[first:last]), last - first
+
+
+def ramp_up_end_ns(samples, end_ns, window_ns, fraction=RAMP_FRACTION):
+    """Where the ramp-up before ``end_ns`` ends: the earliest ``s`` (0 or an arrival time) whose
+    window [s, s + W) carries at least ``fraction`` of the goodput rate of [s + W, end_ns),
+    that rest being a window long at least; at most ``end_ns / 2`` (also when no window
+    qualifies)."""
+    cap = end_ns / 2
+    times = [t for t, _ in samples]
+    for start in [0.0, *times]:
+        if start >= cap or start + 2 * window_ns > end_ns:
+            break
+        head, _ = _bytes_in(samples, times, start, start + window_ns)
+        rest, _ = _bytes_in(samples, times, start + window_ns, end_ns)
+        if rest and head / window_ns >= fraction * rest / (end_ns - start - window_ns):
+            return start
+    return cap
+
+
+def traffic_end_ns(records, end_ns):
+    """When the first sending side delivered its last new data packet (first transmission):
+    after it fewer senders are left and the goodput drains. ``end_ns`` without data."""
+    last = {}
+    for r in records:
+        if r.outcome != "delivered" or "duplicate" in r.marks or r.sent_len <= 60:
+            continue
+        info = data_info(r.frame)
+        if info is not None and not info[2]:
+            last[r.src] = max(last.get(r.src, 0.0), r.arrival_ns)
+    return min(min(last.values()), end_ns) if last else end_ns
+
+
+def window_goodput(samples, lo_ns, hi_ns, *, directions, line_rate_gbps, min_ns):
+    """Goodput per direction over [lo, hi): the bounds always, the rates ``None`` when the
+    window is shorter than ``min_ns``. ``None`` when the window is missing."""
+    if lo_ns is None or hi_ns is None:
         return None
-    total = 0.0
-    for plane in range(stats.planes):
-        for index, entry in stats.bins[plane].items():
-            start = index * stats.bin_ns
-            overlap = min(hi_ns, start + stats.bin_ns) - max(lo_ns, start)
-            if overlap > 0:
-                total += entry.goodput_bytes * overlap / stats.bin_ns
-    gbps = total * 8 / (hi_ns - lo_ns) / directions
-    return {"goodput_gbps": round(gbps, 4), "relative_to_line_rate": round(gbps / line_rate, 4),
-            "from_us": round(lo_ns / 1000, 3), "to_us": round(hi_ns / 1000, 3)}
+    times = [t for t, _ in samples]
+    payload, frames = _bytes_in(samples, times, lo_ns, hi_ns) if hi_ns > lo_ns else (0, 0)
+    out = {"from_us": round(lo_ns / 1000, 3), "to_us": round(hi_ns / 1000, 3),
+           "frames": frames, "goodput_gbps": None, "relative_to_line_rate": None}
+    if hi_ns - lo_ns >= min_ns:
+        gbps = payload * 8 / (hi_ns - lo_ns) / directions
+        out["goodput_gbps"] = round(gbps, 4)
+        out["relative_to_line_rate"] = round(gbps / line_rate_gbps, 4)
+    return out
+
+
+def _ratio(top, bottom):
+    if not top or not bottom or top["goodput_gbps"] is None or not bottom["goodput_gbps"]:
+        return None
+    return round(top["goodput_gbps"] / bottom["goodput_gbps"], 4)
+
+
+def steady_goodput(samples, *, at_ns, recover_ns, abandoned_ns, returned_ns, settle_ns,
+                   traffic_end_ns, directions, line_rate_gbps, window_ns):
+    """The goodput of the steady-state windows around a failure (``docs/sim.md``):
+
+    - *before*: from the end of the ramp-up (:func:`ramp_up_end_ns`) to the failure;
+    - *during*: from the failure plus its allowance (the time the NICs took to put their last
+      data packet on the dead plane, ``abandoned_ns`` after the failure, plus ``settle_ns``)
+      to the recovery (or the end of the traffic);
+    - *after*: from the recovery plus its allowance (until the first data packet on the
+      recovered plane, ``returned_ns`` after the recovery, plus ``settle_ns``) to the end of
+      the traffic (``traffic_end_ns``, :func:`traffic_end_ns`).
+    """
+    ramp = ramp_up_end_ns(samples, min(at_ns, traffic_end_ns), window_ns)
+    fail_allowance = abandoned_ns + settle_ns
+    during_end = traffic_end_ns if recover_ns is None else min(recover_ns, traffic_end_ns)
+    common = {"directions": directions, "line_rate_gbps": line_rate_gbps, "min_ns": window_ns}
+    out = {
+        "window_us": round(window_ns / 1000, 3),
+        "ramp_up_end_us": round(ramp / 1000, 3),
+        "failure_allowance_us": round(fail_allowance / 1000, 3),
+        "recovery_allowance_us": None,
+        "traffic_end_us": round(traffic_end_ns / 1000, 3),
+        "before": window_goodput(samples, ramp, min(at_ns, traffic_end_ns), **common),
+        "during": window_goodput(samples, at_ns + fail_allowance, during_end, **common),
+        "after": None,
+    }
+    if recover_ns is not None and recover_ns < traffic_end_ns:
+        recover_allowance = returned_ns + settle_ns
+        out["recovery_allowance_us"] = round(recover_allowance / 1000, 3)
+        out["after"] = window_goodput(samples, recover_ns + recover_allowance, traffic_end_ns,
+                                      **common)
+    out["during_over_before"] = _ratio(out["during"], out["before"])
+    out["after_over_before"] = _ratio(out["after"], out["before"])
+    return out
 
 
 def analyse(fabric, scn, config, *, end_ns):
@@ -168,17 +273,20 @@ def analyse(fabric, scn, config, *, end_ns):
     loaded = loaded_rtt_ns(records, max(0.0, at_ns - 4 * rtt), at_ns) or rtt
     timeout_us = 1.024 * (1 << scn.timeout)
     after = (max(resent.values()) - at_ns) / 1000 if resent else 0.0
-    line = line_rate_gbps(config)
-    goodput = {
-        "before": _window_goodput(stats, 0.0, min(at_ns, end_ns), directions, line),
-        "during": _window_goodput(stats, at_ns, min(down_until, end_ns), directions, line),
-        "after": _window_goodput(stats, recover_ns, end_ns, directions, line)
-        if recover_ns is not None and recover_ns < end_ns else None,
-    }
-    # During the failure against the healthy fabric before it (the ideal is (P - 1) / P).
-    if goodput["before"] and goodput["during"] and goodput["before"]["goodput_gbps"]:
-        goodput["during_over_before"] = round(
-            goodput["during"]["goodput_gbps"] / goodput["before"]["goodput_gbps"], 4)
+    # The first data packet either NIC put onto the failed plane once it was back.
+    returned = min((r.sent_ns for r, _ in data if r.plane == plane and recover_ns is not None
+                    and r.sent_ns >= recover_ns), default=recover_ns)
+    samples = goodput_samples(records) or [
+        ((index + 0.5) * stats.bin_ns, entry.goodput_bytes)
+        for bins in stats.bins for index, entry in bins.items() if entry.goodput_bytes]
+    samples.sort()
+    rate = sum(fabric.config.plane_rate_gbps(p) for p in range(fabric.config.planes))
+    goodput = steady_goodput(
+        samples, at_ns=at_ns, recover_ns=recover_ns, abandoned_ns=last_on_dead - at_ns,
+        returned_ns=None if recover_ns is None else returned - recover_ns, settle_ns=loaded,
+        traffic_end_ns=traffic_end_ns(records, end_ns), directions=directions,
+        line_rate_gbps=line_rate_gbps(config),
+        window_ns=WINDOW_FRAMES * mtu_frame * 8 / (rate * directions))
     out["failure"] = {
         "plane": plane, "kind": failure["kind"], "at_us": failure["at_us"],
         "recover_at_us": failure["recover_at_us"],
