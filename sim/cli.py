@@ -1,21 +1,17 @@
 """The ``mrc-nic`` command: one entry point for everything a user runs.
 
-Each subcommand lives beside the code it drives and registers itself here. Errors a user can
-cause print one line, ``mrc-nic: error: ...``, and exit with status 2.
+Each subcommand lives beside the code it drives and registers itself here. The same flag
+means the same thing everywhere: ``--sim`` the simulator, ``--config`` a NicConfig JSON file,
+``--out`` the output file or folder. Errors a user can cause print one line,
+``mrc-nic <command>: <flag or field>: <what is wrong>``, and exit with status 2
+(:mod:`sim.errors`).
 """
 
-import argparse
 import os
 import sys
 
-from . import bench, dissector, evtool, flow, mainjob, replay
-from .errors import fail
-
-
-class CliError(Exception):
-    """A user error: printed as one line, exit status 2."""
-
-
+from . import bench, dissector, evtool, flow, mainjob, regtool, replay
+from .errors import CliParser, UsageError, fail, nic_config_from, set_command
 
 
 def _pcap_sample(args):
@@ -23,7 +19,7 @@ def _pcap_sample(args):
     try:
         samples = write_sample_pcap(args.out)
     except OSError as e:
-        return fail(f"cannot write {args.out}: {e.strerror}")
+        return fail(f"{args.out}: cannot write: {e.strerror}", field="OUT.pcap")
     print(f"wrote {len(samples)} packets to {args.out}")
     if args.list:
         for number, sample in enumerate(samples, 1):
@@ -35,20 +31,19 @@ def _verilog(args):
     import shutil
     import subprocess
 
-    from hdl.config import ConfigError, NicConfig
     from hdl.nic import MrcNic
 
     from .export import export_sv
+    config = nic_config_from(args.config)
     try:
-        config = NicConfig.from_json(args.config) if args.config else NicConfig()
-    except ConfigError as e:
-        return fail(str(e))
-    export_sv(MrcNic(config), name="mrc_nic", path=args.out)
+        export_sv(MrcNic(config), name="mrc_nic", path=args.out)
+    except OSError as e:
+        return fail(f"{args.out}: cannot write: {e.strerror}", field="--out")
     print(f"wrote {args.out}")
     if args.lint:
         verilator = shutil.which("verilator")
         if verilator is None:
-            return fail("verilator is not on PATH: run make setup")
+            return fail("verilator is not on PATH: run make setup", field="--lint")
         result = subprocess.run([verilator, "--lint-only", "-Wno-fatal", "-Wno-WIDTHEXPAND",
                                  "-Wno-WIDTHTRUNC", "--top-module", "mrc_nic", str(args.out)],
                                 capture_output=True, text=True)
@@ -66,57 +61,35 @@ def _register_verilog(sub):
     from pathlib import Path
 
     from .env import BUILD
-    p = sub.add_parser("verilog", help="write the NIC top as SystemVerilog")
-    p.add_argument("--config", type=Path, help="NicConfig JSON (defaults otherwise)")
-    p.add_argument("--out", type=Path, default=BUILD / "verilog" / "mrc_nic.sv")
+    p = sub.add_parser("verilog", help="write the NIC top as SystemVerilog",
+                       description="Export the NIC top (hdl/nic.py) as SystemVerilog.")
+    p.add_argument("--config", type=Path, metavar="CONFIG.json",
+                   help="NicConfig JSON (docs/configuration.md; default: the defaults)")
+    p.add_argument("--out", type=Path, metavar="OUT.sv", help="file to write",
+                   default=BUILD / "verilog" / "mrc_nic.sv")
     p.add_argument("--lint", action="store_true", help="then run verilator --lint-only on it")
     p.set_defaults(func=_verilog)
 
 
-def _registers(args):
-    from hdl.config import ConfigError, NicConfig
-    from hdl.control.nicmap import nic_register_map
+def _version():
+    from importlib.metadata import PackageNotFoundError, version
     try:
-        config = NicConfig.from_json(args.config) if args.config else NicConfig()
-    except ConfigError as e:
-        return fail(str(e))
-    text = nic_register_map(config).markdown()
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
-        print(f"wrote {args.out}")
-    else:
-        sys.stdout.write(text)
-    return 0
-
-
-def _register_registers(sub):
-    from pathlib import Path
-    p = sub.add_parser("registers", help="print the NIC's register map (docs/registers.md)")
-    p.add_argument("--config", type=Path, help="NicConfig JSON (defaults otherwise)")
-    p.add_argument("--out", type=Path, help="write it to this file instead")
-    p.set_defaults(func=_registers)
-
-
-def _boards(args):
-    from boards.cli import main as boards_main
-    return boards_main(args.args)
-
-
-def _register_boards(sub):
-    p = sub.add_parser("boards", help="board bitstreams and synthesis reports (docs/boards.md)",
-                       add_help=False)
-    p.add_argument("args", nargs=argparse.REMAINDER)
-    p.set_defaults(func=_boards)
+        return version("mrc-nic")
+    except PackageNotFoundError:        # run from a checkout that was never installed
+        return "unknown (not installed)"
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(
-        prog="mrc-nic", description="Multipath Reliable Connection NIC: simulation and tools.")
+    from boards.cli import register as register_boards
+    parser = CliParser(
+        prog="mrc-nic", description="Multipath Reliable Connection NIC: simulation and tools. "
+                                    "`mrc-nic COMMAND --help` describes each command.")
+    parser.add_argument("--version", action="version", version=f"mrc-nic {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("pcap-sample", help="write one packet of every type to a pcap")
-    p.add_argument("out", metavar="OUT.pcap")
+    p = sub.add_parser("pcap-sample", help="write one packet of every type to a pcap",
+                       description="Write one packet of every type (sim/samples.py) to a pcap.")
+    p.add_argument("out", metavar="OUT.pcap", help="capture to write")
     p.add_argument("--list", action="store_true", help="also list the packets")
     p.set_defaults(func=_pcap_sample)
 
@@ -127,24 +100,31 @@ def build_parser():
     replay.register(sub)
     bench.register(sub)
     _register_verilog(sub)
-    _register_registers(sub)
-    _register_boards(sub)
+    regtool.register(sub)
+    register_boards(sub)
     return parser
 
 
 def main(argv=None):
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """Run one ``mrc-nic`` command; return its exit status (0, 1 for a failed run, 2 for bad
+    input, with the one-line error of :mod:`sim.errors`)."""
+    set_command("")
     try:
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit as e:          # --help, --version, or a usage error (printed)
+            return e.code if isinstance(e.code, int) else 2
         return args.func(args)
-    except CliError as e:
-        return fail(str(e))
+    except UsageError as e:
+        return fail(e.message, field=e.field)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
         # The reader went away (`mrc-nic ... | head`): not an error; silence the final flush.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    finally:
+        set_command("")
 
 
 if __name__ == "__main__":
