@@ -44,7 +44,6 @@ from hdl.control.regmap import (
     ControlBlock,
     StatusBlock,
     bus_signature,
-    flatten,
 )
 from hdl.interfaces import (
     CompletionSide,
@@ -117,7 +116,7 @@ class ScriptRecorder:
                                 mask |= 1 << (bit % WORD_BITS)
                     self._kinds[base + block.response_base + index] = ("response", mask)
             elif isinstance(block, ControlBlock):
-                init = Const.cast(block.layout.const(block.init or {})).value
+                init = regmap.reset_value(block.name)
                 for index in range(block.words):
                     self._kinds[base + index] = ("control", 0)
                     self._words[base + index] = (init >> (index * WORD_BITS)) & _MASK
@@ -193,11 +192,11 @@ def status_word(regmap, block, field):
     spec = regmap.block(block)
     if not isinstance(spec, StatusBlock):
         raise ValueError(f"{block} is not a status block")
-    for path, offset, width in flatten(spec.layout):
-        if path == field:
-            if offset % WORD_BITS or width > WORD_BITS:
+    for placed in spec.fields:
+        if placed.path == field:
+            if placed.bit or placed.width > WORD_BITS:
                 raise ValueError(f"{block}.{field} is not one aligned word")
-            return regmap.base(block) + offset // WORD_BITS
+            return regmap.base(block) + placed.word
     raise KeyError(f"{block} has no field {field!r}")
 
 
