@@ -19,7 +19,7 @@ def _pcap_sample(args):
     try:
         samples = write_sample_pcap(args.out)
     except OSError as e:
-        return fail(f"{args.out}: cannot write: {e.strerror}", field="OUT.pcap")
+        return fail(f"cannot write: {e.strerror}", field=args.out)
     print(f"wrote {len(samples)} packets to {args.out}")
     if args.list:
         for number, sample in enumerate(samples, 1):

@@ -9,15 +9,23 @@ and a short summary on the terminal. ``docs/sim.md`` describes every key of the 
 
 import hashlib
 import json
-import sys
 import time
 from pathlib import Path
 
 from hdl import protocol as P
 
 from .analysis import analyse
-from .env import BUILD
-from .scenario import SCENARIOS, ScenarioError, line_rate_gbps, nic_config_for, scenario
+from .env import BUILD, REPO
+from .errors import fail, nic_config_from
+from .scenario import (
+    SCENARIOS,
+    ScenarioError,
+    allowed,
+    describe_scenarios,
+    line_rate_gbps,
+    load,
+    nic_config_for,
+)
 
 __all__ = ["register", "run_scenario", "make_report", "payload_capacity_gbps",
            "per_packet_overhead"]
@@ -26,16 +34,17 @@ __all__ = ["register", "run_scenario", "make_report", "payload_capacity_gbps",
 # -- command line -----------------------------------------------------------------------------
 
 FLAGS = [
-    # (flag, scenario field, type, help)
-    ("--planes", "planes", int, "planes (NIC ports), 1-16"),
+    # (flag, scenario field, type, help); --help adds the allowed values (sim/scenario.py) and
+    # the default scenario's value.
+    ("--planes", "planes", int, "planes (NIC ports)"),
     ("--qps", "qps", int, "QPs each way"),
     ("--bytes", "bytes", int, "payload bytes per direction"),
     ("--msg-size", "msg_size", int, "bytes per work request"),
-    ("--mtu", "mtu", int, "path MTU: 256, 512, 1024, 2048 or 4096"),
-    ("--fail-plane", "fail_plane", int, "plane that fails (-1: none)"),
+    ("--mtu", "mtu", int, "path MTU"),
+    ("--fail-plane", "fail_plane", int, "plane that fails"),
     ("--fail-at", "fail_at_us", float, "failure time, us after the transfer starts"),
-    ("--recover-at", "recover_at_us", float, "recovery time, us (-1: never)"),
-    ("--loss", "loss", float, "random loss probability per frame, 0-0.5"),
+    ("--recover-at", "recover_at_us", float, "recovery time, us after the transfer starts"),
+    ("--loss", "loss", float, "random loss probability per frame"),
     ("--trim-threshold", "trim_threshold", int, "queue bytes above which data is trimmed "
                                                 "(0: never)"),
     ("--ecn-threshold", "ecn_threshold", int, "queue bytes above which ECN CE is set"),
@@ -49,12 +58,12 @@ FLAGS = [
      "by this window, 1.024 us units (0: off)"),
     ("--port-quiet", "port_quiet", int, "port watch: and no ACK came back on it for this long, "
      "1.024 us units"),
-    ("--ack-every", "ack_every", int, "responder: ACK every N packets, 1-255"),
+    ("--ack-every", "ack_every", int, "responder: ACK every N packets"),
     ("--ack-delay", "ack_delay", int, "responder: ACK delay timer, engine cycles"),
     ("--coalesce-gaps", "coalesce_gaps", int, "responder: 1 = out-of-order arrivals are "
      "ACKed like in-order ones (coalesced), 0 = at once"),
     ("--gap-depth", "gap_depth", int, "responder: ACK at once a packet that is the Nth or "
-     "later received above a hole, even when coalescing (0: off, 1-15)"),
+     "later received above a hole, even when coalescing (0: off)"),
     ("--fate", "fate", int, "port fate sharing: 1 = a loss abandons its whole plane until "
      "probes answer, 0 = per EV only"),
     ("--cc", "cc", int, "ECN congestion window: 1 = each QP takes 1/8 off the window it used "
@@ -63,54 +72,90 @@ FLAGS = [
 ]
 
 
+def _default(field):
+    value = getattr(SCENARIOS["default"], field)
+    return "none" if value is None else str(value).lower() if isinstance(value, bool) else value
+
+
 def register(subparsers):
     p = subparsers.add_parser(
         "sim", help="the main job: two NICs over a multi-plane fabric (docs/sim.md)",
         description="Run a scenario on two NICs joined by the multi-plane fabric and write "
-                    "report.json, the capture and a goodput plot into build/sim/<scenario>/.")
-    p.add_argument("--scenario", default="default",
-                   help=f"named scenario: {', '.join(SCENARIOS)}")
+                    "report.json, the capture and a goodput plot into build/sim/<scenario>/. "
+                    "The scenario is a named one (--list) or a TOML file; --config sets the "
+                    "NIC build; the flags below override both. A flag's default is the "
+                    "scenario's value (shown: the default scenario's).")
+    p.add_argument("--scenario", default="default", metavar="NAME|FILE",
+                   help="named scenario (see --list) or scenario TOML file (docs/sim.md)")
+    p.add_argument("--list", action="store_true",
+                   help="list the named scenarios with a line each, and exit")
+    p.add_argument("--config", type=Path, metavar="CONFIG.json",
+                   help="NicConfig JSON, the build of both NICs (docs/configuration.md); its "
+                        "ports and mtu set the planes and the MTU, its qps and "
+                        "evs_per_profile bound --qps and --evs (default: 16 QPs, 64 EVs, one "
+                        "port per plane)")
     for flag, field, kind, text in FLAGS:
-        p.add_argument(flag, dest=field, type=kind, default=None, help=text)
-    p.add_argument("--backend", choices=("rtl", "model"), default=None)
-    p.add_argument("--baseline", choices=("ecmp",), default=None,
-                   help="ecmp: one fixed EV per QP (the single-path baseline)")
-    p.add_argument("--sim", choices=("verilator", "icarus"), default=None)
+        metavar = "US" if field.endswith("_us") else "N" if kind is int else "X"
+        p.add_argument(flag, dest=field, type=kind, default=None, metavar=metavar,
+                       help=f"{text}: {allowed(field)} (default: {_default(field)})")
+    p.add_argument("--backend", choices=("rtl", "model"), default=None,
+                   help=f"rtl: two RTL NICs under --sim; model: the reference model "
+                        f"(default: {_default('backend')})")
+    p.add_argument("--baseline", choices=("ecmp", "none"), default=None,
+                   help=f"ecmp: one fixed EV per QP (the single-path baseline); none: MRC "
+                        f"(default: {_default('baseline')})")
+    p.add_argument("--sim", choices=("verilator", "icarus"), default=None,
+                   help=f"simulator of the RTL backend (default: {_default('sim')})")
     p.add_argument("--waves", action="store_true", help="write FST waveforms")
     p.add_argument("--one-way", action="store_true",
                    help="only NIC a sends (its ACKs come back on the idle reverse planes)")
-    p.add_argument("--out", type=Path, default=None, help="output folder")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output folder (default: build/sim/<scenario name>)")
     p.set_defaults(func=run)
 
 
 def scenario_from_args(args):
-    """The scenario the flags ask for: the named one, then every flag given on top. A
-    negative ``--fail-plane`` or ``--recover-at`` means "none"/"never"."""
-    overrides = {field: getattr(args, field) for _, field, _, _ in FLAGS
-                 if getattr(args, field) is not None}
-    if overrides.get("fail_plane", 0) < 0:
-        overrides.update(fail_plane=None, fail_at_us=None, recover_at_us=None)
-    elif overrides.get("recover_at_us", 0) < 0:
-        overrides["recover_at_us"] = None
-    for name in ("backend", "baseline", "sim"):
-        if getattr(args, name) is not None:
-            overrides[name] = getattr(args, name)
+    """``(scenario, its file)`` the flags ask for: the named scenario or scenario file, then
+    ``--config`` (the NIC build, with its ports and MTU), then every flag given on top. A
+    negative ``--fail-plane`` or ``--recover-at`` means "none"/"never". Raises
+    :class:`ScenarioError` naming each value by the flag or the scenario that set it."""
+    overrides, labels = {}, {"scenario": "--scenario"}
+    if args.config is not None:
+        config = nic_config_from(args.config)
+        overrides.update(nic_config=config.to_dict(), planes=config.ports, mtu=config.mtu)
+        labels.update(nic_config="--config", planes="the ports of --config",
+                      mtu="the mtu of --config")
+    given = [(flag, field) for flag, field, _, _ in FLAGS]
+    given += [(f"--{name}", name) for name in ("backend", "baseline", "sim")]
+    for flag, field in given:
+        if getattr(args, field) is not None:
+            overrides[field] = getattr(args, field)
+            labels[field] = flag
     if args.waves:
         overrides["waves"] = True
+        labels["waves"] = "--waves"
     if args.one_way:
         overrides["both_ways"] = False
-    base = scenario(args.scenario)
-    return base.replace(name=args.scenario, **overrides)
+        labels["both_ways"] = "--one-way"
+    try:
+        return load(args.scenario, overrides, labels=labels)
+    except ScenarioError as e:
+        raise e.relabel({"scenario": "--scenario"}) from None
 
 
 def run(args):
+    if args.list:
+        names = describe_scenarios()
+        width = max(len(name) for name, _ in names)
+        for name, description in names:
+            print(f"{name:{width}s}  {description}")
+        return 0
     try:
-        scn = scenario_from_args(args)
+        scn, path = scenario_from_args(args)
     except ScenarioError as e:
-        print(f"mrc-nic sim: {e}", file=sys.stderr)
-        return 2
+        return fail(str(e))
     out = args.out or BUILD / "sim" / scn.name
-    report = run_scenario(scn, out, log=print)
+    report = run_scenario(scn, out, log=print, scenario_file=path)
     print(summary(report))
     return 0 if report["ok"] else 1
 
@@ -124,12 +169,20 @@ def _build_dir(scn):
     return BUILD / "sim" / "rtl" / f"{scn.sim}-{key}"
 
 
-def run_scenario(scn, out, *, log=print, build_dir=None, quick_build=False):
+def _shown_path(path):
+    """A scenario file as the report names it: inside the repository, relative to it."""
+    path = Path(path).resolve()
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
+def run_scenario(scn, out, *, log=print, build_dir=None, quick_build=False,
+                 scenario_file=None):
     """Run ``scn``; write every output into ``out``; return the report (a dict).
 
     ``build_dir``/``quick_build``: where the RTL simulator build lives (default
     ``build/sim/rtl/<sim>-<hash>``) and whether Verilator compiles without optimisation
-    (tests: faster to build, slower to run)."""
+    (tests: faster to build, slower to run). ``scenario_file``: the scenario file ``scn`` was
+    read from, echoed in the report (``null`` without one)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for stale in ("result.json", "report.json"):
@@ -164,6 +217,7 @@ def run_scenario(scn, out, *, log=print, build_dir=None, quick_build=False):
         (out / "result.json").write_text(json.dumps(result, default=str))
     result["total_wall_s"] = time.monotonic() - wall0
     report = make_report(scn, result, out)
+    report["scenario_file"] = _shown_path(scenario_file) if scenario_file else None
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
     try:
         from .fabric.plot import plot_goodput

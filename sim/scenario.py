@@ -71,11 +71,11 @@ class ScenarioError(ValueError):
     def what(self):
         """What is wrong, with the other fields it mentions named by where they came from."""
         text = self.message
-        for name in self.labels:
-            text = text.replace(f"{{{name}}}", self.label(name))
-        # Fields without a label are named as is.
-        for name in _FIELD_NAMES:
-            text = text.replace(f"{{{name}}}", name)
+        for name in {*self.labels, *_FIELD_NAMES}:
+            label = self.label(name)
+            if label.endswith(f": {name}"):          # "run.toml: planes" inside a sentence
+                label = f"{name} in {label.removesuffix(f': {name}')}"
+            text = text.replace(f"{{{name}}}", label)
         return text
 
     def relabel(self, labels):
@@ -262,8 +262,8 @@ class Scenario:
                 self._fail(name, "a table")
             if name == "recover_at_us" and self.fail_at_us is not None \
                     and not value > self.fail_at_us:
-                raise ScenarioError(name, f"must be later than {{fail_at_us}} "
-                                          f"({self.fail_at_us} us), not {value!r}")
+                raise ScenarioError(name, f"must be later than {self.fail_at_us} us, the "
+                                          f"failure time {{fail_at_us}}, not {value!r}")
         if config is not None:
             for name, built in (("planes", "ports"), ("mtu", "mtu")):
                 if getattr(self, name) != getattr(config, built):
@@ -338,7 +338,7 @@ _FIELD_NAMES = {f.name for f in dataclasses.fields(Scenario)}
 def _unknown(name):
     close = difflib.get_close_matches(name, sorted(_FIELD_NAMES), n=1)
     hint = f"did you mean {close[0]!r}?" if close else \
-        f"the fields are in {SCENARIO_DIR.name}/default.toml"
+        "sim/scenarios/default.toml lists every field"
     return f"not a scenario field ({hint})"
 
 
