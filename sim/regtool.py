@@ -6,11 +6,10 @@ Errors a user can cause (an unknown ``--format``, a missing or malformed ``--con
 wrong>``, and exit with status 2.
 """
 
-import json
 import sys
 from pathlib import Path
 
-from .errors import fail
+from .errors import fail, nic_config_from
 
 __all__ = ["register", "FORMATS", "render"]
 
@@ -33,33 +32,12 @@ def render(regmap, fmt):
     return writers[fmt]()
 
 
-def _config(path):
-    """``(config, None)``, or ``(None, error message)`` for a file that cannot be used."""
-    from hdl.config import ConfigError, NicConfig
-    if path is None:
-        return NicConfig(), None
-    try:
-        with open(path) as f:
-            values = json.load(f)
-    except OSError as e:
-        return None, f"{path}: cannot read: {e.strerror}"
-    except ValueError as e:
-        return None, f"{path}: not valid JSON: {e}"
-    try:
-        return NicConfig.from_dict(values), None
-    except ConfigError as e:
-        return None, f"{path}: {e}"
-    except TypeError as e:           # a key NicConfig does not have
-        return None, f"{path}: {e}"
-
-
 def _registers(args):
     from hdl.control.nicmap import nic_register_map
     if args.format not in FORMATS:
-        return fail(f"--format: must be one of {', '.join(FORMATS)}, not {args.format!r}")
-    config, error = _config(args.config)
-    if error:
-        return fail(f"--config: {error}")
+        return fail(f"must be one of {', '.join(FORMATS)}, not {args.format!r}",
+                    field="--format")
+    config = nic_config_from(args.config)        # a bad file: UsageError, one line
     text = render(nic_register_map(config), args.format)
     if args.out is None:
         sys.stdout.write(text)
@@ -67,7 +45,7 @@ def _registers(args):
     try:
         args.out.write_text(text)
     except OSError as e:
-        return fail(f"--out: {args.out}: cannot write: {e.strerror}")
+        return fail(f"{args.out}: cannot write: {e.strerror}", field="--out")
     print(f"wrote {args.out}")
     return 0
 

@@ -1,5 +1,6 @@
 """The register map: commands, status words and queues over the bus, and the generated docs."""
 
+import pytest
 from amaranth import *
 from amaranth.hdl import unsigned
 from amaranth.lib import data, stream, wiring
@@ -15,6 +16,7 @@ from hdl.control.regmap import (
     RegisterMap,
     StatusBlock,
     flatten,
+    place,
 )
 from sim.driver import AmaranthBus, DriverError, RegisterDriver
 from sim.tb.amsim import StreamDriver
@@ -153,3 +155,63 @@ def test_docs_register_map_is_the_generated_one():
     from sim.env import REPO
     assert (REPO / "docs" / "registers.md").read_text() == \
         nic_register_map(NicConfig()).markdown(), "run: mrc-nic registers --out docs/registers.md"
+
+
+# ---------------------------------------------------------------------------------------------
+# Field placement: no field straddles a 32-bit word
+# ---------------------------------------------------------------------------------------------
+
+def test_a_field_that_would_cross_a_word_starts_the_next_one():
+    store = REGMAP.block("store")
+    assert [(f.path, f.offset, f.width) for f in store.request_fields] == \
+        [("op", 0, 2), ("key", 32, 40), ("value", 96, 70)]
+    assert store.request_words == 6 and store.response_words == 3
+    assert [(f.path, f.offset) for f in REGMAP.block("settings").fields] == \
+        [("mode", 0), ("limit", 32)]
+    # The port keeps the layout's own positions: only the bus sees register positions.
+    assert [(f.path, f.source) for f in store.request_fields] == \
+        [("op", 0), ("key", 2), ("value", 42)]
+
+
+def test_a_block_may_allow_a_field_to_straddle():
+    regmap = RegisterMap([CommandBlock("store", REQUEST, RESPONSE, "A store.",
+                                       straddle=("key",))], block_words=16)
+    fields = {f.path: f.offset for f in regmap.block("store").request_fields}
+    assert fields == {"op": 0, "key": 2, "value": 64}
+
+
+def test_map_refuses_a_straddling_field_and_names_it():
+    class PackedStatus(StatusBlock):
+        """A block that keeps its layout's own positions (crossing words)."""
+        @property
+        def fields(self):
+            return place(self.layout, straddle=[path for path, _, _ in flatten(self.layout)])
+
+    layout = data.StructLayout({"flags": unsigned(20), "count": unsigned(24)})
+    with pytest.raises(ValueError, match=r"Block odd fields field 'count' \(24 bits at word 0 "
+                                         r"bit 20\) straddles a 32-bit word"):
+        RegisterMap([PackedStatus("odd", layout, "Odd.")])
+    with pytest.raises(ValueError, match=r"Block odd: straddle names no field\(s\) \['cnt'\]"):
+        RegisterMap([StatusBlock("odd", layout, "Odd.", straddle=("cnt",))])
+
+
+def test_bus_words_hold_fields_at_their_register_positions():
+    m = Module()
+    m.submodules.bus = bus = RegisterBus(REGMAP)
+    base = REGMAP.base("settings")
+
+    async def bench(ctx):
+        driver = AmaranthBus(ctx, bus.bus)
+        await driver.write(base + 1, 0x89AB_CDEF)            # limit bits 31:0
+        await driver.write(base + 2, 0x45)                   # limit bits 39:32
+        await driver.write(base, 0b101)                      # mode
+        assert ctx.get(bus.settings.limit) == 0x45_89AB_CDEF
+        assert ctx.get(bus.settings.mode) == 0b101
+        assert [await driver.read(base + i) for i in range(3)] == [0b101, 0x89AB_CDEF, 0x45]
+        ctx.set(bus.counters[1], 0x1234)
+        assert await driver.read(REGMAP.base("counters") + 1) == 0x1234
+
+    sim = Simulator(m)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
