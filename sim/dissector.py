@@ -16,7 +16,6 @@ expert error, never a Lua error. Use it with
 ``tshark -X lua_script:sim/wireshark/mrc.lua`` or copy it to Wireshark's plugin folder.
 """
 
-import argparse
 import enum
 import re
 import sys
@@ -652,17 +651,15 @@ def handler(args):
     try:
         path = write_lua(args.out)
     except OSError as error:
-        return fail(f"cannot write {args.out}: {error.strerror}")
+        return fail(f"{args.out}: cannot write: {error.strerror}", field="--out")
     print(f"wrote {path}")
     return 0
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m sim.dissector")
-    subparsers = parser.add_subparsers(dest="command")
-    register(subparsers)
-    args = parser.parse_args(["dissector", *(sys.argv[1:] if argv is None else argv)])
-    return args.func(args)
+    """``python -m sim.dissector [--out PATH]``: the same as ``mrc-nic dissector``."""
+    from .cli import main as mrc_nic
+    return mrc_nic(["dissector", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

@@ -246,6 +246,24 @@ def payload_capacity_gbps(config):
     return line_rate_gbps(config) * config.mtu / (beats * lanes)
 
 
+#: Counter names the report gives in place of the RTL's: the receive path's drop reason
+#: ``none`` counts the frames it accepted.
+REPORT_COUNTER_NAMES = {"rx_counters": {"none": "accepted"}}
+
+
+def _report_counters(blocks):
+    """One NIC's counters as the report names them (:data:`REPORT_COUNTER_NAMES`)."""
+    return {block: {REPORT_COUNTER_NAMES.get(block, {}).get(name, name): value
+                    for name, value in values.items()} if isinstance(values, dict) else values
+            for block, values in blocks.items()}
+
+
+def _report_event(event):
+    """An EV event with its state by name (the model backend records the number)."""
+    state = event["state"]
+    return {**event, "state": P.EvState(state).name if isinstance(state, int) else state}
+
+
 def make_report(scn, result, out):
     """``report.json`` from a raw result (both backends write the same raw keys)."""
     config = nic_config_for(scn)
@@ -282,7 +300,8 @@ def make_report(scn, result, out):
     duration_ns = max(result["sim_ns"], 1.0)
     goodput = delivered * 8 / duration_ns / directions
     capacity = payload_capacity_gbps(config)
-    counters = result.get("counters", {})
+    counters = {side: _report_counters(blocks)
+                for side, blocks in result.get("counters", {}).items()}
 
     def total(block, name):
         return sum(c.get(block, {}).get(name, 0) for c in counters.values())
@@ -306,7 +325,7 @@ def make_report(scn, result, out):
         "trims": analysis["trims"],
         "timeouts": total("requester_counters", "timeouts"),
         "inferred_losses": total("requester_counters", "inferred_losses"),
-        "ev_events": result.get("ev_events", []),
+        "ev_events": [_report_event(e) for e in result.get("ev_events", [])],
         "failure": analysis["failure"],
         "fabric": analysis["fabric"],
         "wire_shares": analysis.get("wire_shares"),
