@@ -9,7 +9,8 @@ the dissector cannot drift from the gateware and the Scapy layers. The committed
 The Lua is a postdissector named ``mrc``: Wireshark's own Ethernet, VLAN, IP, IPv6 (with
 SRv6), UDP and InfiniBand dissectors still decode the frame; ``mrc`` then finds the BTH after
 the last UDP header to port 4791 and decodes RETH, ImmDt, AETH, MDETH, MACKETH (with its SACK
-bitmap) and MPRH as ``mrc.<header>.<field>``, plus summary fields (``mrc.kind``,
+bitmap) and MPRH, and the MRC 1.0 headers (METH, TSETH, SETH, CC_STATE, NETH, PETH, ERTH, EETH,
+by the MRC 1.0 opcodes) as ``mrc.<header>.<field>``, plus summary fields (``mrc.kind``,
 ``mrc.nak_code``, ``mrc.trimmed``, ``mrc.payload_len``, ``mrc.retransmission``,
 ``mrc.malformed``, ...). A frame too short for its headers gets ``mrc.malformed`` and an
 expert error, never a Lua error. Use it with
@@ -29,7 +30,7 @@ from .errors import fail
 
 __all__ = [
     "DEFAULT_LUA_PATH", "DECODED_HEADERS", "SACK_FIELD", "SUMMARY_FIELDS",
-    "header_abbrev", "field_abbrev", "flag_abbrev", "flag_enum",
+    "header_abbrev", "field_abbrev", "flag_abbrev", "flag_enum", "value_enum", "MRC10_CONTROL",
     "generate_lua", "write_lua", "register", "handler", "main",
 ]
 
@@ -44,13 +45,15 @@ SACK_FIELD = "sack"
 
 #: Summary fields that are not header fields: abbreviation -> (kind, description).
 SUMMARY_FIELDS = {
-    "mrc.kind": ("string", "packet kind: data, ack, nack, probe_request, probe_response "
-                 "or unsupported"),
+    "mrc.kind": ("string", "packet kind: data, ack, nack, probe_request, probe_response, "
+                 "the MRC 1.0 kinds (mrc10_data, mrc10_ack, mrc10_nak, mrc10_sack, mrc10_nack, "
+                 "mrc10_probe, mrc10_endpoint_request, mrc10_endpoint_response) or unsupported"),
     "mrc.opcode": ("opcode", "BTH opcode"),
     "mrc.nak_code": ("string", "NAK code name of a NACK (hdl.protocol.NakCode)"),
     "mrc.trimmed": ("bool", "data packet whose inner IP DSCP is the trim DSCP preference"),
     "mrc.payload_len": ("uint32", "bytes of data payload between the headers and the ICRC"),
-    "mrc.retransmission": ("bool", "data packet with MDETH flag RETRANSMISSION"),
+    "mrc.retransmission": ("bool", "data packet with MDETH flag RETRANSMISSION (MRC 1.0: "
+                           "BTH.rtx)"),
     "mrc.sack_psn": ("uint32", "a PSN the SACK bitmap acknowledges (one per set bit)"),
     "mrc.icrc": ("uint32", "invariant CRC trailer (zero and unchecked on trimmed packets)"),
     "mrc.malformed": ("bool", "the frame is too short for its headers"),
@@ -93,6 +96,12 @@ def _protocol_type(header, field):
     return value
 
 
+def value_enum(header, field):
+    """The :class:`enum.IntEnum` whose values a field holds (named in its doc), or ``None``."""
+    kind = _protocol_type(header, field)
+    return kind if kind is not None and not issubclass(kind, enum.IntFlag) else None
+
+
 def flag_enum(header, field):
     """The :class:`enum.IntFlag` whose bits a field holds (named in its doc), or ``None``."""
     kind = _protocol_type(header, field)
@@ -122,6 +131,13 @@ def _lua_names(pairs):
     return "{\n" + "".join(f"    [0x{int(k):02X}] = {_lua_str(v)},\n" for k, v in pairs) + "}"
 
 
+def _is_bytes(header, field):
+    """A byte-aligned field wider than 32 bits that is not 64 bits: shown as bytes."""
+    bit_offset = header.bit_offset(field.name)
+    return (field.bits > 32 and field.bits != 64 and bit_offset % 8 == 0
+            and field.bits % 8 == 0)
+
+
 def _field_spec(header, field):
     """Where a field sits: (byte offset, container bytes, bit offset in container, mask)."""
     bit_offset = header.bit_offset(field.name)
@@ -129,6 +145,11 @@ def _field_spec(header, field):
     length = (bit_offset + field.bits + 7) // 8 - start
     bit_in = bit_offset - 8 * start
     aligned = bit_in == 0 and field.bits == 8 * length
+    if field.signed and not (aligned and length <= 4):
+        raise ValueError(f"{header.name}.{field.name}: signed fields must be whole bytes, "
+                         f"at most 4")
+    if _is_bytes(header, field):
+        return start, length, bit_in, None
     if field.bits > 32 and not (aligned and length == 8):
         raise ValueError(f"{header.name}.{field.name}: fields wider than 32 bits must be "
                          f"64 bits on a byte boundary, not {field.bits} bits at bit {bit_offset}")
@@ -140,6 +161,37 @@ def _field_spec(header, field):
 
 
 _UINT_TYPES = {1: "uint8", 2: "uint16", 3: "uint24", 4: "uint32", 8: "uint64"}
+_INT_TYPES = {1: "int8", 2: "int16", 3: "int24", 4: "int32"}
+
+#: MRC 1.0 opcodes that are not data: (headers after the BTH, ``mrc.kind``).
+MRC10_CONTROL = {
+    P.Mrc10Opcode.ACKNOWLEDGE: ((L.AETH,), "mrc10_ack"),
+    P.Mrc10Opcode.ENDPOINT_REQUEST: ((L.ERTH,), "mrc10_endpoint_request"),
+    P.Mrc10Opcode.ENDPOINT_RESPONSE: ((L.EETH,), "mrc10_endpoint_response"),
+    P.Mrc10Opcode.RELIABILITY_SACK: (L.SACK_HEADERS, "mrc10_sack"),
+    P.Mrc10Opcode.RELIABILITY_NACK: ((L.NETH,), "mrc10_nack"),
+    P.Mrc10Opcode.RELIABILITY_PROBE_REQUEST: ((L.PETH,), "mrc10_probe"),
+}
+
+
+def _value_enums():
+    """Every enumeration a decoded field's doc names, by name, in a stable order."""
+    found = {}
+    for header in DECODED_HEADERS:
+        for field in header.fields:
+            kind = value_enum(header, field)
+            if kind is not None:
+                found[kind.__name__] = kind
+    return dict(sorted(found.items()))
+
+
+def _mrc10_control_table():
+    rows = []
+    for opcode, (headers, kind) in sorted(MRC10_CONTROL.items()):
+        names = ", ".join(f"HEADERS[{_lua_str(h.name)}]" for h in headers)
+        rows.append(f"    [0x{int(opcode):02X}] = {{ kind = {_lua_str(kind)}, "
+                    f"headers = {{ {names} }} }},\n")
+    return "{\n" + "".join(rows) + "}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -159,15 +211,26 @@ def _constants():
         f"local AETH_NAK_BASE = 0x{P.AETH_NAK_BASE:02X}",
         f"local NAK_CODE_MASK = 0x{(1 << P.NakCode.as_shape().width) - 1:02X}",
         f"local OPCODE_ACKNOWLEDGE = 0x{int(P.Opcode.ACKNOWLEDGE):02X}",
+        f"local MRC10_OPCODE_ACKNOWLEDGE = 0x{int(P.Mrc10Opcode.ACKNOWLEDGE):02X}",
         f"local OPCODE_PROBE_REQUEST = 0x{int(P.Opcode.PROBE_REQUEST):02X}",
         f"local OPCODE_PROBE_RESPONSE = 0x{int(P.Opcode.PROBE_RESPONSE):02X}",
         f"local DATA_OPCODES = {_lua_set(P.DATA_OPCODES)}",
         f"local IMMEDIATE_OPCODES = {_lua_set(P.IMMEDIATE_OPCODES)}",
+        f"local MRC10_DATA_OPCODES = {_lua_set(P.MRC10_DATA_OPCODES)}",
+        f"local MRC10_IMMEDIATE_OPCODES = {_lua_set(P.MRC10_IMMEDIATE_OPCODES)}",
+        f"local BTH_RTX_FIELD = {_lua_str(L.mrc10_bth_flag('rtx')[0])}",
+        f"local BTH_RTX = 0x{L.mrc10_bth_flag('rtx')[1]:02X}",
+        f"local BTH_TS_FIELD = {_lua_str(L.mrc10_bth_flag('ts')[0])}",
+        f"local BTH_TS = 0x{L.mrc10_bth_flag('ts')[1]:02X}",
         f"local SACK_BYTES_ALLOWED = {_lua_set(P.SACK_BYTES_ALLOWED, key='{}')}",
         f"local DATA_RETRANSMISSION = 0x{int(P.DataFlags.RETRANSMISSION):02X}",
-        f"local OPCODE_NAMES = {_lua_names((o, o.name) for o in P.Opcode)}",
+        f"local OPCODE_NAMES = "
+        f"{_lua_names((o, o.name) for o in (*P.Opcode, *P.Mrc10Opcode))}",
         f"local NAK_NAMES = {_lua_names((c, c.name) for c in P.NakCode)}",
         f"local SYNDROME_NAMES = {_lua_names(syndromes)}",
+        "local VALUE_NAMES = {}",
+        *(f"VALUE_NAMES.{name} = {_lua_names((v, v.name) for v in kind)}"
+          for name, kind in _value_enums().items()),
     ])
 
 
@@ -185,15 +248,30 @@ def _header_fields(header):
         abbrev = field_abbrev(header, field.name)
         hf_key = f"{key}.{field.name}"
         flags = flag_enum(header, field)
+        values = value_enum(header, field)
         valuestring = "nil"
         if header is L.AETH and field.name == "syndrome":
             valuestring = "SYNDROME_NAMES"
+        elif values is not None:
+            valuestring = f"VALUE_NAMES.{values.__name__}"
         display = "base.HEX" if flags is not None or valuestring != "nil" else "base.HEX_DEC"
         mask_text = "nil" if mask is None else f"0x{mask:X}"
-        lines.append(
-            f"hf[{_lua_str(hf_key)}] = ProtoField.{_UINT_TYPES[length]}({_lua_str(abbrev)}, "
-            f"{_lua_str(field.name)}, {display}, {valuestring}, {mask_text}, "
-            f"{_lua_str(field.doc)})")
+        kind = ""
+        if _is_bytes(header, field):
+            kind = ", bytes = true"
+            lines.append(
+                f"hf[{_lua_str(hf_key)}] = ProtoField.bytes({_lua_str(abbrev)}, "
+                f"{_lua_str(field.name)}, base.NONE, {_lua_str(field.doc)})")
+        elif field.signed:
+            kind = ", signed = true"
+            lines.append(
+                f"hf[{_lua_str(hf_key)}] = ProtoField.{_INT_TYPES[length]}({_lua_str(abbrev)}, "
+                f"{_lua_str(field.name)}, base.DEC, nil, nil, {_lua_str(field.doc)})")
+        else:
+            lines.append(
+                f"hf[{_lua_str(hf_key)}] = ProtoField.{_UINT_TYPES[length]}({_lua_str(abbrev)}, "
+                f"{_lua_str(field.name)}, {display}, {valuestring}, {mask_text}, "
+                f"{_lua_str(field.doc)})")
         flag_keys = []
         if flags is not None:
             for flag in _flag_bits(flags):
@@ -208,7 +286,7 @@ def _header_fields(header):
                      else "{\n            " + ",\n            ".join(flag_keys) + " }")
         specs.append(
             f"        {{ name = {_lua_str(field.name)}, key = {_lua_str(hf_key)}, "
-            f"offset = {start}, length = {length}, bit = {bit_in}, bits = {field.bits}, "
+            f"offset = {start}, length = {length}, bit = {bit_in}, bits = {field.bits}{kind}, "
             f"flags = {flag_text} }},")
     if header is L.MACKETH:
         lines.append(
@@ -320,6 +398,8 @@ end
 
 local function read_field(tvb, offset, spec)
     local range = tvb:range(offset + spec.offset, spec.length)
+    if spec.bytes then return range:bytes() end
+    if spec.signed then return range:int() end
     if spec.bits > 32 then return range:uint64() end
     if spec.bit == 0 and spec.bits == 8 * spec.length then return range:uint() end
     return range:bitfield(spec.bit, spec.bits)
@@ -482,6 +562,55 @@ local function parse_probe(p, opcode)
     p:icrc(false)
 end
 
+-- MRC 1.0 (not sent by the NIC yet): METH, TSETH when BTH.ts, RETH, ImmDt, payload.
+local function parse_mrc10_data(p, opcode, trim_dscp)
+    p.kind = "mrc10_data"
+    p:add_info(OPCODE_NAMES[opcode])
+    p:add_info("QP=" .. hex(p.dqpn))
+    p:add_info("PSN=" .. hex(p.psn))
+    local dscp = inner_dscp(p.udp_offset)
+    p.trimmed = dscp ~= nil and dscp == trim_dscp
+    p.retransmission = band(p.bth[BTH_RTX_FIELD], BTH_RTX) ~= 0
+    local meth = p:header(${METH})
+    if not meth then return end
+    p:add_info("MSN=" .. meth.${meth_msn})
+    if band(p.bth[BTH_TS_FIELD], BTH_TS) ~= 0 and not p:header(${TSETH}) then return end
+    local reth = p:header(${RETH})
+    if not reth then return end
+    p:add_info("va=" .. hex(reth.${va}))
+    p:add_info("dma_len=" .. reth.${dma_len})
+    if MRC10_IMMEDIATE_OPCODES[opcode] and not p:header(${IMMDT}) then return end
+    if p.retransmission then p:add_info("[RTX]") end
+    if not p:icrc(true) then return end
+    if p.trimmed then
+        p.notes[#p.notes + 1] = { experts.trimmed }
+    elseif p.payload_len ~= reth.${dma_len} then
+        p.notes[#p.notes + 1] = { experts.length_mismatch, string.format(
+            "Payload is %d bytes, RETH dma_len says %d", p.payload_len, reth.${dma_len}) }
+    end
+end
+
+local MRC10_CONTROL = ${MRC10_CONTROL}
+
+local function parse_mrc10_control(p, opcode)
+    local entry = MRC10_CONTROL[opcode]
+    p.kind = entry.kind
+    p:add_info(OPCODE_NAMES[opcode])
+    p:add_info("QP=" .. hex(p.dqpn))
+    p:add_info("PSN=" .. hex(p.psn))
+    for _, header in ipairs(entry.headers) do
+        local values = p:header(header)
+        if not values then return end
+        if header == ${AETH} and band(values.${syndrome}, AETH_KIND_MASK) == AETH_NAK_BASE then
+            local code = band(values.${syndrome}, NAK_CODE_MASK)
+            p.kind = "mrc10_nak"
+            p.nak_code = NAK_NAMES[code] or string.format("UNKNOWN_%d", code)
+            p:add_info("NAK " .. p.nak_code)
+        end
+    end
+    p:icrc(false)
+end
+
 -- ---------------------------------------------------------------------------------------------
 -- Tree
 -- ---------------------------------------------------------------------------------------------
@@ -532,6 +661,10 @@ function mrc.dissector(tvb, pinfo, tree)
         opcode = read_field(source, bth_offset, BTH_FIELDS.${opcode})
         p.dqpn = read_field(source, bth_offset, BTH_FIELDS.${dqpn})
         p.psn = read_field(source, bth_offset, BTH_FIELDS.${psn})
+        p.bth = {}
+        for name, spec in pairs(BTH_FIELDS) do
+            p.bth[name] = read_field(source, bth_offset, spec)
+        end
         p.offset = bth_offset + BTH_BYTES
         if DATA_OPCODES[opcode] then
             parse_data(p, opcode, mrc.prefs.trim_dscp)
@@ -539,6 +672,10 @@ function mrc.dissector(tvb, pinfo, tree)
             parse_ack(p)
         elseif opcode == OPCODE_PROBE_REQUEST or opcode == OPCODE_PROBE_RESPONSE then
             parse_probe(p, opcode)
+        elseif MRC10_DATA_OPCODES[opcode] then
+            parse_mrc10_data(p, opcode, mrc.prefs.trim_dscp)
+        elseif MRC10_CONTROL[opcode] then
+            parse_mrc10_control(p, opcode)
         else
             p.kind = "unsupported"
             p:add_info(string.format("unsupported opcode 0x%02X", opcode))
@@ -554,7 +691,7 @@ function mrc.dissector(tvb, pinfo, tree)
     if p.kind then generated(root, "kind", p.kind) end
     if opcode then generated(root, "opcode", opcode) end
     if p.nak_code then generated(root, "nak_code", p.nak_code) end
-    if p.kind == "data" then generated(root, "trimmed", p.trimmed) end
+    if p.kind == "data" or p.kind == "mrc10_data" then generated(root, "trimmed", p.trimmed) end
     if p.retransmission ~= nil then generated(root, "retransmission", p.retransmission) end
     if p.payload_len ~= nil then generated(root, "payload_len", p.payload_len) end
     if p.malformed then
@@ -596,6 +733,7 @@ def _body():
         sack_key=_lua_str(f"{L.MACKETH.name.lower()}.{SACK_FIELD}"),
         probe_id=name(L.MPRH, "probe_id"), mprh_ev_index=name(L.MPRH, "ev_index"),
         opcode=name(L.BTH, "opcode"), dqpn=name(L.BTH, "dqpn"), psn=name(L.BTH, "psn"),
+        meth_msn=name(L.METH, "msn"), MRC10_CONTROL=_mrc10_control_table(),
     )
 
 
@@ -646,12 +784,12 @@ def register(subparsers):
 
 
 def handler(args):
-    """Write the Lua file; exit status 0, or 2 with one ``mrc-nic: error:`` line (as
-    :mod:`sim.cli` reports user errors) when the path cannot be written."""
+    """Write the Lua file; exit status 0, or 2 with one error line (as :mod:`sim.errors`
+    reports user errors) when the path cannot be written."""
     try:
         path = write_lua(args.out)
     except OSError as error:
-        return fail(f"{args.out}: cannot write: {error.strerror}", field="--out")
+        return fail(f"cannot write {args.out}: {error.strerror}", field="--out")
     print(f"wrote {path}")
     return 0
 

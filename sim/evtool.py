@@ -2,11 +2,11 @@
 
 ``mrc-nic ev expand PROFILE.json [--json]`` prints each expanded EV (the 256-bit image of
 :func:`hdl.path.ev.expand`) as 64 lowercase hex digits, one per line in the document's order,
-or as one JSON list with ``--json``. A bad document prints one line naming the broken rule on
-standard error and exits with status 2. The document format is in ``docs/ev-expansion.md``.
+or as one JSON list with ``--json``. A bad document prints one line naming the file and the
+broken rule on standard error (``mrc-nic ev expand: PROFILE.json: profile.evs[2]: ...``) and exits
+with status 2. The document format is in ``docs/ev-expansion.md``.
 """
 
-import argparse
 import errno
 import json
 import sys
@@ -17,8 +17,6 @@ from hdl.path.ev import EvProfileError, expand, load_profile_json
 from .errors import fail
 
 __all__ = ["register", "expand_command", "main"]
-
-PROG = "mrc-nic"
 
 
 def register(subparsers):
@@ -59,11 +57,11 @@ def expand_command(args):
         raw = path.read_bytes()
     except OSError as error:
         code = errno.errorcode.get(error.errno, "EIO")
-        return fail(f"{path}: cannot read: {error.strerror} ({code})")
+        return fail(f"cannot read: {error.strerror} ({code})", field=path)
     try:
         document = json.loads(raw)
     except ValueError as error:      # JSONDecodeError, or bytes that are not UTF-8/16/32
-        return fail(f"{path}: not valid JSON: {error} (EINVAL)")
+        return fail(f"not valid JSON: {error} (EINVAL)", field=path)
     try:
         spec = load_profile_json(document)
         # Expand everything before printing, so a bad EV leaves no partial output.
@@ -72,7 +70,7 @@ def expand_command(args):
     except EvProfileError as error:
         if error.field.startswith("evs["):
             error = error.within("profile")
-        return fail(str(error))
+        return fail(str(error), field=path)
     if args.json:
         print(json.dumps(images))
     else:
@@ -82,12 +80,9 @@ def expand_command(args):
 
 
 def main(argv=None):
-    """Run the ``ev`` command on its own, parsed exactly as ``mrc-nic`` parses it."""
-    parser = argparse.ArgumentParser(prog=PROG)
-    commands = parser.add_subparsers(dest="command", required=True)
-    register(commands)
-    args = parser.parse_args(argv)
-    return args.func(args)
+    """``python -m sim.evtool ev expand ...``: the same as ``mrc-nic ev expand ...``."""
+    from .cli import main as mrc_nic
+    return mrc_nic(sys.argv[1:] if argv is None else list(argv))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,5 @@
 """``mrc-nic ev expand``: output formats and the one-line error with exit status 2."""
 
-import argparse
 import json
 import subprocess
 import sys
@@ -8,6 +7,7 @@ import sys
 import pytest
 
 from sim import evtool
+from sim.cli import main
 from sim.env import REPO
 
 # The worked examples of docs/ev-expansion.md (and tests/test_ev_expansion.py).
@@ -47,11 +47,8 @@ def write(tmp_path, document, name="profile.json"):
 
 
 def run(capsys, *argv):
-    """Parse as ``sim/cli.py`` does and run the handler: (status, stdout, stderr)."""
-    parser = argparse.ArgumentParser(prog="mrc-nic")
-    evtool.register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args([str(arg) for arg in argv])
-    status = args.func(args)
+    """Run ``mrc-nic`` in this process: (status, stdout, stderr)."""
+    status = main([str(arg) for arg in argv])
     out, err = capsys.readouterr()
     return status, out, err
 
@@ -99,25 +96,26 @@ def set_count(document):
 
 ERROR_CASES = [
     pytest.param(broken(UDP_DOCUMENT, set_mask),
-                 "mrc-nic: error: profile.fields[0].mask: 0x100 has bits outside the field's "
+                 "profile.fields[0].mask: 0x100 has bits outside the field's "
                  "8-bit width (EINVAL)", id="mask"),
     pytest.param(broken(UDP_DOCUMENT, set_trailing_ev),
-                 "mrc-nic: error: profile.evs[2]: bit 4 is 1", id="trailing-bit"),
+                 "profile.evs[2]: bit 4 is 1", id="trailing-bit"),
     pytest.param(broken(GENERATED_DOCUMENT, set_count),
-                 "mrc-nic: error: profile.count: 7 EVs requested, but the profile can make only "
+                 "profile.count: 7 EVs requested, but the profile can make only "
                  "6 distinct EVs (E2BIG)", id="count"),
     pytest.param("{not json", "not valid JSON", id="json"),
-    pytest.param("[]", "mrc-nic: error: document: must be a JSON object", id="top-level"),
+    pytest.param("[]", "document: must be a JSON object", id="top-level"),
 ]
 
 
 @pytest.mark.parametrize("document, expected", ERROR_CASES)
 def test_bad_document_is_one_line_and_status_2(tmp_path, capsys, document, expected):
-    status, out, err = run(capsys, "ev", "expand", write(tmp_path, document))
+    path = write(tmp_path, document)
+    status, out, err = run(capsys, "ev", "expand", path)
     assert status == 2
     assert out == ""
     assert err.count("\n") == 1
-    assert err.startswith("mrc-nic: error: ")
+    assert err.startswith(f"mrc-nic ev expand: {path}: ")
     assert expected in err
 
 
@@ -147,8 +145,9 @@ def test_entry_point_expands(tmp_path):
 
 
 def test_entry_point_bad_document_is_one_line_and_status_2(tmp_path):
-    result = mrc_nic("ev", "expand", write(tmp_path, broken(UDP_DOCUMENT, set_mask)))
+    path = write(tmp_path, broken(UDP_DOCUMENT, set_mask))
+    result = mrc_nic("ev", "expand", path)
     assert result.returncode == 2
     assert result.stdout == ""
-    assert result.stderr == ("mrc-nic: error: profile.fields[0].mask: 0x100 has bits outside "
-                             "the field's 8-bit width (EINVAL)\n")
+    assert result.stderr == (f"mrc-nic ev expand: {path}: profile.fields[0].mask: 0x100 has "
+                             "bits outside the field's 8-bit width (EINVAL)\n")
