@@ -1,0 +1,104 @@
+"""The measured figures in docs/performance.md and docs/boards.md are generated from the
+snapshots in docs/figures/ (``python -m sim.docfigures``)."""
+
+import json
+import re
+
+import pytest
+
+from sim import docfigures
+from sim.docfigures import DOCS, load, render_document, sync, update, update_snapshot
+
+
+def test_docs_are_in_sync_with_the_figure_snapshots():
+    stale = sync(check=True)
+    assert not stale, f"run: python -m sim.docfigures ({', '.join(map(str, stale))})"
+
+
+@pytest.mark.parametrize("name", sorted(DOCS))
+def test_every_figure_names_its_command_seed_and_unit(name):
+    for table in load(name)["tables"]:
+        for row in table["rows"]:
+            assert len(row) == len(table["columns"]), (table["name"], row[0])
+            for cell in row:
+                for fig in docfigures._figures(cell):
+                    assert fig["command"] and "seed" in fig and "unit" in fig, fig
+                    source = fig["source"]
+                    assert source is None or source["file"] in (
+                        "fabric", "recovery", "packet", "path", "synth"), source
+
+
+@pytest.mark.parametrize("name", sorted(DOCS))
+def test_docs_carry_no_commit_hashes_or_dates(name):
+    text = DOCS[name].read_text()
+    assert not re.search(r"\b20[0-9]{2}-[0-9]{2}-[0-9]{2}\b", text)
+    # Hex words that are not register values (``0x...``) or UART fields (``sent=0001e240``).
+    words = re.findall(r"(?<![0-9a-fx=])[0-9a-f]{7,40}(?![0-9a-f])", text)
+    assert not [w for w in words if re.search(r"[a-f]", w) and re.search(r"[0-9]", w)], words
+
+
+def _snapshot():
+    fig = {"value": 0.5, "unit": "", "format": ".3f", "command": "make bench", "seed": 1,
+           "source": {"file": "fabric", "path": ["scenarios", "clean", "efficiency"]}}
+    fmax = {"value": 90.0, "unit": "MHz", "command": "make bitstream BOARD=ecpix5", "seed": 1,
+            "source": {"file": "synth", "select": {"kind": "board", "board": "ecpix5", "seed": 1},
+                       "path": ["fmax", "*sync*", "achieved_mhz"]}}
+    lut = {"value": 7, "unit": "", "command": "make bitstream BOARD=ecpix5", "seed": 1,
+           "source": {"file": "synth", "select": {"kind": "board", "board": "ecpix5", "seed": 1},
+                      "path": ["resources", "lut", "used"], "scale": 1}}
+    return {"doc": "x.md", "tables": [
+        {"name": "eff", "columns": ["entry", "efficiency", "target"],
+         "rows": [["clean", fig, {"check": ">=", "limit": 0.97, "col": 1}]]},
+        {"name": "fmax", "columns": ["board", "LUT", "fmax"],
+         "rows": [["ecpix5", lut, fmax]]}]}
+
+
+def test_render_fills_the_markers_and_says_met_or_missed():
+    text = ("# t\n\n<!-- figures:eff begin -->\nold\n<!-- figures:eff end -->\n\n"
+            "<!-- figures:fmax begin -->\n<!-- figures:fmax end -->\n")
+    out = render_document(text, _snapshot())
+    assert "| clean | 0.500 | >= 0.97: **missed** |" in out
+    assert "Reproduce: `make bench` (seed 1)." in out
+    assert "| ecpix5 | 7 | 90.0 MHz |" in out
+    assert out.count("<!-- figures:eff begin -->") == 1 and "old" not in out
+    assert render_document(out, _snapshot()) == out
+    with pytest.raises(KeyError):
+        render_document("no markers\n", _snapshot())
+
+
+def test_update_takes_values_from_the_flows_json(tmp_path):
+    snapshot = _snapshot()
+    fabric = {"benchmark": "two RTL NICs", "scenarios": {"clean": {"efficiency": 0.98}},
+              "comparison": {}, "cycles_per_second": {}}
+    changed, missing = update(snapshot, fabric)
+    assert changed == [("eff", 0.5, 0.98)] and not missing
+    out = render_document("<!-- figures:eff begin -->\n<!-- figures:eff end -->\n"
+                          "<!-- figures:fmax begin -->\n<!-- figures:fmax end -->\n", snapshot)
+    assert ">= 0.97: met" in out
+
+    # A bitstream's summary.json is one board entry; a synth report lists entries.
+    summary = {"kind": "board", "board": "ecpix5", "seed": 1,
+               "resources": {"lut": {"used": 19000, "available": 83640}},
+               "fmax": {"$glbnet$cd_sync.clk": {"achieved_mhz": 120.5,
+                                                  "constraint_mhz": 100.0}}}
+    report = {"tools": {}, "seed": 1, "results": [
+        {"kind": "board", "board": "versa", "seed": 1, "resources": {}, "fmax": {}}]}
+    (tmp_path / "t.json").write_text(json.dumps(snapshot))
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    changed, missing = update_snapshot("t", [report, tmp_path / "summary.json"], root=tmp_path)
+    assert sorted(c[1:] for c in changed) == [(7, 19000), (90.0, 120.5)]
+    assert not missing
+    again = load("t", tmp_path)
+    assert again["tables"][1]["rows"][0][2]["value"] == 120.5
+    # A document that lacks a figure leaves it alone and says so.
+    changed, missing = update_snapshot("t", [report], root=tmp_path)
+    assert not changed and len(missing) == 2
+
+
+def test_kind_of_each_flow_document():
+    assert docfigures.kind_of({"scenarios": {}}) == "fabric"
+    assert docfigures.kind_of({"results": {"plane-failure": {}}}) == "recovery"
+    assert docfigures.kind_of({"benchmark": "packet engines", "results": []}) == "packet"
+    assert docfigures.kind_of({"decisions_per_cycle": 1.0}) == "path"
+    assert docfigures.kind_of({"results": []}) == "synth"
+    assert docfigures.kind_of({"kind": "board", "resources": {}}) == "synth"
