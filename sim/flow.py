@@ -5,7 +5,7 @@ EV profile, generates and expands its EVs, segments WRITE and WRITE WITH IMMEDIA
 into MTU packets that carry a RETH each, sprays them over the EVs (each EV with its egress
 port, i.e. plane), answers with coalesced ACKs, writes the exchange as a capture, checks every
 ICRC and has tshark decode the capture with the project's Wireshark dissector. It writes
-``report.json`` and ``traffic.pcap`` into ``build/sim/<scenario>/``.
+``report.json`` and ``traffic.pcap`` into ``build/flow/`` (or ``--out``).
 """
 
 import json
@@ -30,18 +30,29 @@ DEFAULT_PROFILE = D.DEFAULT_PROFILE_JSON
 
 
 def register(subparsers):
-    p = subparsers.add_parser("flow", help="the packet-level foundation flow (Python exchange, "
-                              "RTL receive path, tshark check)")
-    p.add_argument("--scenario", default="default", help="name of the output folder")
-    p.add_argument("--bytes", type=int, default=256 * 1024, help="payload bytes to move")
-    p.add_argument("--msg-size", type=int, default=16 * 1024, help="bytes per message")
-    p.add_argument("--mtu", type=int, default=NicConfig().mtu)
-    p.add_argument("--planes", type=int, default=NicConfig().ports)
-    p.add_argument("--evs", type=int, default=64, help="EVs generated from the profile")
-    p.add_argument("--ack-every", type=int, default=4, help="ACK coalescing: packets per ACK")
-    p.add_argument("--profile", type=Path, default=DEFAULT_PROFILE, help="EV profile JSON")
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--out", type=Path, default=None, help="output folder")
+    p = subparsers.add_parser(
+        "flow", help="the packet-level foundation flow (Python exchange, RTL receive path, "
+                     "tshark check)",
+        description="Build a WRITE exchange in Python, spray it over the EVs of a profile, "
+                    "check every ICRC, decode the capture with tshark and the project's "
+                    "dissector, and run every frame through the NIC's RTL receive path.")
+    p.add_argument("--bytes", type=int, default=256 * 1024, metavar="N",
+                   help="payload bytes to move, at least 1")
+    p.add_argument("--msg-size", type=int, default=16 * 1024, metavar="N",
+                   help="bytes per message, at least 1")
+    p.add_argument("--mtu", type=int, default=NicConfig().mtu, metavar="N",
+                   help="path MTU: 256, 512, 1024, 2048 or 4096")
+    p.add_argument("--planes", type=int, default=NicConfig().ports, metavar="N",
+                   help="planes (NIC ports), 1 to 16")
+    p.add_argument("--evs", type=int, default=64, metavar="N",
+                   help="EVs generated from the profile, at least 1")
+    p.add_argument("--ack-every", type=int, default=4, metavar="N",
+                   help="ACK coalescing: packets per ACK, at least 1")
+    p.add_argument("--profile", type=Path, default=DEFAULT_PROFILE, metavar="PROFILE.json",
+                   help="EV profile JSON (docs/ev-expansion.md)")
+    p.add_argument("--seed", type=int, default=1, metavar="N", help="random seed, any integer")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output folder (default: build/flow)")
     p.add_argument("--sim", choices=("verilator", "icarus", "none"), default="verilator",
                    help="simulator for the RTL receive path (none: skip the RTL step)")
     p.set_defaults(func=run)
@@ -54,7 +65,7 @@ def _load_evs(path, count, planes):
     except OSError as e:
         raise ValueError(f"cannot read EV profile {path}: {e.strerror}") from None
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not JSON: {e}") from None
+        raise ValueError(f"{path}: not valid JSON: {e}") from None
     except evlib.EvProfileError as e:
         raise ValueError(f"{path}: {e}") from None
     table = []
@@ -77,25 +88,30 @@ def _underlay_for(ev_entry):
 
 def run(args):
     started = time.monotonic()
+    flags = {"mtu": "--mtu", "ports": "--planes"}
     try:
         config = NicConfig(mtu=args.mtu, ports=args.planes)
     except ConfigError as e:
-        return fail(str(e))
+        return fail(str(e).removeprefix(f"NicConfig.{e.field} "), field=flags[e.field])
     for name in ("bytes", "msg_size", "evs", "ack_every"):
         if getattr(args, name) < 1:
-            return fail(f"--{name.replace('_', '-')} must be at least 1, not "
-                         f"{getattr(args, name)}")
+            return fail(f"must be at least 1, not {getattr(args, name)}",
+                        field=f"--{name.replace('_', '-')}")
     try:
         fmt, evs = _load_evs(args.profile, args.evs, config.ports)
     except ValueError as e:
-        return fail(str(e))
+        return fail(str(e), field="--profile")
     if fmt.mode == P.EvFormatMode.SRV6:
-        return fail("the foundation flow sends UDP/STEV EVs only; SRv6 arrives with the RTL")
-    out = args.out or BUILD / "sim" / args.scenario
-    out.mkdir(parents=True, exist_ok=True)
+        return fail("the foundation flow sends UDP/STEV EVs only; SRv6 arrives with the RTL",
+                    field="--profile")
+    out = args.out or BUILD / "flow"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return fail(f"{out}: cannot create: {e.strerror}", field="--out")
     rng = random.Random(args.seed)
 
-    print(f"mrc-nic sim: {args.bytes} B in {args.msg_size} B messages, MTU {config.mtu}, "
+    print(f"mrc-nic flow: {args.bytes} B in {args.msg_size} B messages, MTU {config.mtu}, "
           f"{len(evs)} EVs over {config.ports} planes -> {out}")
     frames, frame_ports, per_plane = [], [], [0] * config.ports
     psn, cum, ev_cursor, va, messages = D.INITIAL_PSN, None, rng.randrange(len(evs)), 0, 0
@@ -140,7 +156,7 @@ def run(args):
     decoded = _tshark_check(pcap, frames)
     rtl = _rtl_receive(raw_frames, frame_ports, config, args.sim, out)
     report = {
-        "scenario": args.scenario, "stage": "foundation (no RTL yet)",
+        "stage": "foundation (no RTL yet)",
         "config": config.to_dict(), "seed": args.seed,
         "messages": messages, "payload_bytes": args.bytes,
         "data_packets": sum(per_plane), "acks": len(frames) - sum(per_plane),

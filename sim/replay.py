@@ -1,7 +1,7 @@
 """``mrc-nic replay``: run the frames of a capture through the RTL NIC.
 
-Each frame goes through the NIC top's exported Verilog under cocotb (Verilator by default,
-``SIM=icarus`` to override; the NIC is brought up as NIC B of ``sim/defaults.py``, the
+Each frame goes through the NIC top's exported Verilog under cocotb (``--sim``, Verilator by
+default; the NIC is brought up as NIC B of ``sim/defaults.py``, the
 receiver of the sample packets). The report gives, per frame, ``accepted`` or ``dropped`` with
 the parser's reason (:class:`hdl.packet.headers.DropReason`, ``docs/parser.md``) and, for data
 packets, the responder's verdict (:class:`hdl.transport.resp_defs.ResponderVerdict`:
@@ -13,19 +13,25 @@ import json
 import tempfile
 from pathlib import Path
 
-from hdl.config import ConfigError, NicConfig
-
 from .env import BUILD
-from .errors import fail
+from .errors import fail, nic_config_from
 
 
 def register(subparsers):
-    p = subparsers.add_parser("replay", help="run a capture through the RTL NIC")
-    p.add_argument("pcap", type=Path, metavar="IN.pcap")
-    p.add_argument("--config", type=Path, help="NicConfig JSON (defaults otherwise)")
+    p = subparsers.add_parser(
+        "replay", help="run a capture through the RTL NIC",
+        description="Run every frame of a capture through the whole RTL NIC (brought up as NIC "
+                    "B of sim/defaults.py) and print, per frame, accepted or dropped with the "
+                    "parser's reason and the responder's verdict.")
+    p.add_argument("pcap", type=Path, metavar="IN.pcap", help="pcap or pcapng of Ethernet frames")
+    p.add_argument("--config", type=Path, metavar="CONFIG.json",
+                   help="NicConfig JSON (docs/configuration.md; default: the defaults)")
     p.add_argument("--out", type=Path, metavar="OUT.pcap", help="write the NIC's responses")
     p.add_argument("--json", type=Path, metavar="VERDICTS.json", help="write the verdicts")
-    p.add_argument("--port", type=int, default=0, help="RX port the frames arrive on")
+    p.add_argument("--port", type=int, default=0, metavar="N",
+                   help="RX port the frames arrive on, 0 to the config's ports - 1")
+    p.add_argument("--sim", choices=("verilator", "icarus"), default=None,
+                   help="simulator (default: verilator)")
     p.set_defaults(func=run)
 
 
@@ -75,28 +81,24 @@ def replay_frames(frames, config, *, ports, sim=None, build_dir=None):
 
 
 def run(args):
-    try:
-        config = NicConfig.from_json(args.config) if args.config else NicConfig()
-    except ConfigError as e:
-        return fail(str(e))
-    except (OSError, json.JSONDecodeError) as e:
-        return fail(f"{args.config}: cannot read configuration: {e}")
+    config = nic_config_from(args.config)
     if not 0 <= args.port < config.ports:
-        return fail(f"--port must be from 0 to {config.ports - 1}, not {args.port}")
+        return fail(f"must be an integer from 0 to {config.ports - 1} (the config's ports), "
+                    f"not {args.port}", field="--port")
     try:
         frames = read_capture(args.pcap)
     except ValueError as e:
         return fail(str(e))
     if not frames:
-        return fail(f"{args.pcap}: the capture holds no frames")
+        return fail("the capture holds no frames", field=args.pcap)
 
     from sim.tb.runner import CocotbFailure
     print(f"mrc-nic replay: {len(frames)} frames from {args.pcap} through the RTL NIC",
           flush=True)
     try:
-        outcome = replay_frames(frames, config, ports=[args.port] * len(frames))
+        outcome = replay_frames(frames, config, ports=[args.port] * len(frames), sim=args.sim)
     except CocotbFailure as e:
-        return fail(f"the simulation failed: {e}")
+        return fail(f"the simulation failed: {e}", field=args.sim or "verilator")
 
     verdicts = []
     for number, (reason, transport) in enumerate(

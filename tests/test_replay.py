@@ -134,7 +134,7 @@ def test_replay_rejects_what_is_not_a_capture(tmp_path):
     text.write_text("this is not a capture\n")
     result = mrc_nic("replay", text)
     assert result.returncode == 2
-    assert result.stderr.startswith("mrc-nic: error:") and "not a pcap" in result.stderr
+    assert result.stderr.startswith(f"mrc-nic replay: {text}: not a pcap")
     assert result.stderr.count("\n") == 1
 
 
@@ -151,4 +151,6 @@ def test_replay_missing_file_and_bad_port(tmp_path):
     capture = tmp_path / "one.pcap"
     pk.write_pcap(capture, [raw(sample_packets()[0].packet)])
     bad_port = mrc_nic("replay", capture, "--port", 99)
-    assert bad_port.returncode == 2 and "--port must be from 0 to 7, not 99" in bad_port.stderr
+    assert bad_port.returncode == 2
+    assert bad_port.stderr == ("mrc-nic replay: --port: must be an integer from 0 to 7 (the "
+                               "config's ports), not 99\n")
