@@ -145,6 +145,83 @@ DEFAULT_TRIM_DSCP = 33          #: *project choice*
 ECN_CE = 0b11
 
 # ---------------------------------------------------------------------------------------------
+# MRC 1.0 on the wire (OCP MRC 1.0 tables, as the public references cite them)
+#
+# The NIC does not speak these yet: the gateware, the model and the fabric still use the
+# opcodes and flags above. They are defined here, beside the current ones and under names that
+# cannot collide with them, for the layouts' MRC 1.0 headers (hdl.packet.layouts), their Scapy
+# layers, the dissector and the conformance test.
+# ---------------------------------------------------------------------------------------------
+
+class Mrc10Opcode(enum.IntEnum, shape=8):
+    """MRC 1.0 BTH opcodes."""
+    RDMA_WRITE_FIRST = 0xC6                 #: METH, [TSETH], RETH, payload
+    RDMA_WRITE_MIDDLE = 0xC7                #: METH, [TSETH], RETH, payload
+    RDMA_WRITE_LAST = 0xC8                  #: METH, [TSETH], RETH, payload
+    RDMA_WRITE_LAST_WITH_IMMEDIATE = 0xC9   #: METH, [TSETH], RETH, ImmDt, payload
+    RDMA_WRITE_ONLY = 0xCA                  #: METH, [TSETH], RETH, payload
+    RDMA_WRITE_ONLY_WITH_IMMEDIATE = 0xCB   #: METH, [TSETH], RETH, ImmDt, payload
+    ACKNOWLEDGE = 0xD1                      #: AETH (RoCE's fatal NAKs stay AETH NAKs)
+    ENDPOINT_REQUEST = 0xD8                 #: ERTH (EV probe, port status)
+    ENDPOINT_RESPONSE = 0xD9                #: EETH
+    RELIABILITY_SACK = 0xDC                 #: SETH, CC_STATE
+    RELIABILITY_NACK = 0xDD                 #: NETH
+    RELIABILITY_PROBE_REQUEST = 0xDE        #: PETH
+
+
+#: MRC 1.0 data opcodes: METH, [TSETH], RETH on every one.
+MRC10_DATA_OPCODES = frozenset({
+    Mrc10Opcode.RDMA_WRITE_FIRST, Mrc10Opcode.RDMA_WRITE_MIDDLE, Mrc10Opcode.RDMA_WRITE_LAST,
+    Mrc10Opcode.RDMA_WRITE_LAST_WITH_IMMEDIATE, Mrc10Opcode.RDMA_WRITE_ONLY,
+    Mrc10Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE,
+})
+#: MRC 1.0 data opcodes that carry an ImmDt after the RETH.
+MRC10_IMMEDIATE_OPCODES = frozenset({
+    Mrc10Opcode.RDMA_WRITE_LAST_WITH_IMMEDIATE, Mrc10Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE,
+})
+#: The BTH destination QP of endpoint requests (ERTH).
+MRC10_ENDPOINT_QPN = 0x000002
+
+
+class Mrc10NackReason(enum.IntEnum, shape=8):
+    """NETH ``nack_reason``."""
+    TRIMMED = 0x01
+    TRIMMED_LASTHOP = 0x02
+    NO_BITMAP = 0x06
+    NO_PKT_BUFFER = 0x07
+    NO_RESOURCE = 0x0A
+    PSN_OOR_WINDOW = 0x0B
+    UNEXP_EVENT = 0x19
+
+
+class Mrc10SackMark(enum.IntEnum, shape=2):
+    """SETH ``m``: what the SACK says about the EV of the packet that triggered it."""
+    NONE = 0
+    SKIP_ONCE = 1               #: CE seen: GOOD -> SKIP
+    ALWAYS_SKIP = 2             #: GOOD -> ASSUMED_BAD
+
+
+class Mrc10EvState(enum.IntEnum, shape=2):
+    """EV states on the wire and in the tables (``mrc_ctl.h``'s values, :class:`EvState`,
+    stay in the driver API)."""
+    GOOD = 0
+    DENIED = 1
+    SKIP = 2                    #: skipped until time-based recovery
+    ASSUMED_BAD = 3
+
+
+class Mrc10EndpointOp(enum.IntEnum, shape=2):
+    """ERTH/EETH ``op``."""
+    PORT_STATUS_UPDATE = 0
+    EV_PROBE = 1
+
+
+class Mrc10Ftype(enum.IntEnum, shape=4):
+    """TSETH/PETH/ERTH ``ftype``."""
+    TIMESTAMP = 1
+
+
+# ---------------------------------------------------------------------------------------------
 # Control-plane enumerations (OCP MRC API headers)
 # ---------------------------------------------------------------------------------------------
 

@@ -1,14 +1,16 @@
 """Scapy layers and builders for every packet an MRC NIC of this project sends or accepts.
 
 BTH and AETH come from :mod:`scapy.contrib.roce` (its BTH computes the RoCEv2 ICRC, our
-independent check); RETH, ImmDt and this project's extension headers are generated from the
-single layout table :mod:`hdl.packet.layouts`. ``Ether(raw_bytes)`` decodes any of our frames.
-The wire format is drawn in ``docs/wire-format.md``.
+independent check); RETH, ImmDt, this project's extension headers and the MRC 1.0 headers
+(METH, TSETH, SETH, CC_STATE, NETH, PETH, ERTH, EETH, bound to the MRC 1.0 opcodes) are
+generated from the single layout table :mod:`hdl.packet.layouts`. ``Ether(raw_bytes)`` decodes
+any of our frames, in either format. The wire format is drawn in ``docs/wire-format.md``;
+builders of MRC 1.0 packets are in :mod:`sim.mrc10`.
 """
 
 from scapy.compat import raw
 from scapy.contrib.roce import AETH, BTH
-from scapy.fields import FieldLenField, XBitField, XStrLenField
+from scapy.fields import BitField, FieldLenField, XBitField, XStrLenField
 from scapy.layers.inet import IP, UDP
 from scapy.layers.inet6 import IPv6, IPv6ExtHdrSegmentRouting
 from scapy.layers.l2 import Dot1Q, Ether
@@ -22,6 +24,8 @@ from . import defaults
 
 __all__ = [
     "BTH", "AETH", "RETH", "ImmDt", "MDETH", "MACKETH", "MPRH",
+    "METH", "TSETH", "SETH", "CC_STATE", "NETH", "PETH", "ERTH", "EETH",
+    "BTH_RTX", "BTH_TS", "bth_rtx", "bth_ts", "bth_resv7",
     "data_packet", "ack_packet", "nack_packet", "probe_packet", "trim", "srv6_encapsulate",
     "icrc_ok", "is_trimmed", "write_pcap", "sack_from_bytes",
 ]
@@ -31,8 +35,16 @@ __all__ = [
 # Layers generated from hdl.packet.layouts
 # ---------------------------------------------------------------------------------------------
 
+class SignedBitField(BitField):
+    """A two's complement bit field: reads negative where the top bit is set."""
+
+    def m2i(self, pkt, x):
+        return x - (1 << self.size) if x >> (self.size - 1) else x
+
+
 def _fields(header, skip=()):
-    return [XBitField(f.name, 0, f.bits) for f in header.fields if f.name not in skip]
+    return [(SignedBitField if f.signed else XBitField)(f.name, 0, f.bits)
+            for f in header.fields if f.name not in skip]
 
 
 def _layer(header, fields_desc, **namespace):
@@ -40,16 +52,32 @@ def _layer(header, fields_desc, **namespace):
         "name": header.title, "fields_desc": fields_desc, **namespace})
 
 
+def _bth_opcode(layer):
+    """The opcode of the BTH under ``layer``, or ``None`` when there is none."""
+    while layer is not None and not isinstance(layer, BTH):
+        layer = layer.underlayer
+    return None if layer is None else layer.opcode
+
+
 def _reth_payload(self, payload):
-    # ImmDt sits between RETH and MDETH only on the two WITH_IMMEDIATE opcodes.
-    bth = self.underlayer
-    if isinstance(bth, BTH) and bth.opcode in P.IMMEDIATE_OPCODES:
+    # ImmDt follows the RETH only on the WITH_IMMEDIATE opcodes; in the current format the
+    # MDETH comes next, in MRC 1.0 the payload.
+    opcode = _bth_opcode(self)
+    if opcode in P.IMMEDIATE_OPCODES or opcode in P.MRC10_IMMEDIATE_OPCODES:
         return ImmDt
+    if opcode in P.MRC10_DATA_OPCODES:
+        return self.default_payload_class(payload)
+    return MDETH
+
+
+def _immdt_payload(self, payload):
+    if _bth_opcode(self) in P.MRC10_DATA_OPCODES:
+        return self.default_payload_class(payload)
     return MDETH
 
 
 RETH = _layer(L.RETH, _fields(L.RETH), guess_payload_class=_reth_payload)
-ImmDt = _layer(L.IMMDT, _fields(L.IMMDT))
+ImmDt = _layer(L.IMMDT, _fields(L.IMMDT), guess_payload_class=_immdt_payload)
 MDETH = _layer(L.MDETH, _fields(L.MDETH))
 MPRH = _layer(L.MPRH, _fields(L.MPRH))
 
@@ -78,6 +106,65 @@ bind_layers(ImmDt, MDETH)
 bind_layers(AETH, MACKETH)
 for _opcode in P.PROBE_OPCODES:
     bind_layers(BTH, MPRH, opcode=int(_opcode))
+
+
+# ---------------------------------------------------------------------------------------------
+# MRC 1.0 layers (the NIC does not send them yet)
+# ---------------------------------------------------------------------------------------------
+
+def _resv7_bit(name):
+    """The bit of Scapy's ``BTH.resv7`` that MRC 1.0 calls ``name`` (rtx or ts)."""
+    field, mask = L.mrc10_bth_flag(name)
+    assert field == "resv7"
+    return mask
+
+
+#: ``BTH.resv7`` bit of MRC 1.0's rtx: this packet is a retransmission.
+BTH_RTX = _resv7_bit("rtx")
+#: ``BTH.resv7`` bit of MRC 1.0's ts: a TSETH follows the METH.
+BTH_TS = _resv7_bit("ts")
+
+
+def bth_resv7(*, rtx=False, ts=False):
+    """The value of Scapy's ``BTH.resv7`` that carries MRC 1.0's rtx and ts bits."""
+    return (BTH_RTX if rtx else 0) | (BTH_TS if ts else 0)
+
+
+def bth_rtx(bth):
+    """MRC 1.0's BTH.rtx of a Scapy BTH."""
+    return bool(bth.resv7 & BTH_RTX)
+
+
+def bth_ts(bth):
+    """MRC 1.0's BTH.ts of a Scapy BTH."""
+    return bool(bth.resv7 & BTH_TS)
+
+
+def _meth_payload(self, payload):
+    # The TSETH is there exactly when BTH.ts is set.
+    bth = self.underlayer
+    return TSETH if isinstance(bth, BTH) and bth_ts(bth) else RETH
+
+
+METH = _layer(L.METH, _fields(L.METH), guess_payload_class=_meth_payload)
+TSETH = _layer(L.TSETH, _fields(L.TSETH))
+SETH = _layer(L.SETH, _fields(L.SETH))
+CC_STATE = _layer(L.CC_STATE, _fields(L.CC_STATE))
+NETH = _layer(L.NETH, _fields(L.NETH))
+PETH = _layer(L.PETH, _fields(L.PETH))
+ERTH = _layer(L.ERTH, _fields(L.ERTH))
+EETH = _layer(L.EETH, _fields(L.EETH))
+
+for _opcode in P.MRC10_DATA_OPCODES:
+    bind_layers(BTH, METH, opcode=int(_opcode))
+bind_layers(TSETH, RETH)
+bind_layers(BTH, AETH, opcode=int(P.Mrc10Opcode.ACKNOWLEDGE))
+bind_layers(BTH, SETH, opcode=int(P.Mrc10Opcode.RELIABILITY_SACK))
+bind_layers(SETH, CC_STATE)
+bind_layers(BTH, NETH, opcode=int(P.Mrc10Opcode.RELIABILITY_NACK))
+bind_layers(BTH, PETH, opcode=int(P.Mrc10Opcode.RELIABILITY_PROBE_REQUEST))
+bind_layers(BTH, ERTH, opcode=int(P.Mrc10Opcode.ENDPOINT_REQUEST))
+bind_layers(BTH, EETH, opcode=int(P.Mrc10Opcode.ENDPOINT_RESPONSE))
 
 
 def sack_from_bytes(data):

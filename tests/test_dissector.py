@@ -14,11 +14,12 @@ import pytest
 from scapy.layers.inet import UDP
 from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import Ether
+from scapy.packet import Raw
 from scapy.utils import PcapWriter
 
 from hdl import protocol as P
 from hdl.packet import layouts as L
-from sim import dissector
+from sim import dissector, mrc10
 from sim import packets as pk
 from sim.samples import sample_packets, write_sample_pcap
 
@@ -136,7 +137,8 @@ def test_dissector_command_reports_an_unwritable_path(tmp_path, capsys):
     blocker.write_text("")
     args = parser.parse_args(["dissector", "--out", str(blocker / "mrc.lua")])
     assert args.func(args) == 2
-    assert capsys.readouterr().err.startswith("mrc-nic: error: cannot write ")
+    err = capsys.readouterr().err
+    assert err.startswith("mrc-nic") and ": cannot write " in err and err.count("\n") == 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -263,3 +265,66 @@ def test_trim_dscp_preference_selects_the_trim_code_point(capture):
             continue
         expected = pk.is_trimmed(pkt, dscp=ordinary)
         assert _bool(rows[number]["mrc.trimmed"]) == expected, sample.name
+
+
+# ---------------------------------------------------------------------------------------------
+# MRC 1.0 (one packet of each type; the NIC does not send them yet)
+# ---------------------------------------------------------------------------------------------
+
+MRC10_SAMPLES = mrc10.sample_packets()
+MRC10_HEADERS = {h.name: h for h in (L.RETH, L.IMMDT, L.AETH, *L.MRC10_HEADERS)}
+MRC10_FIELDS = ["frame.number", "_ws.malformed", "_ws.expert.message", "mrc.kind",
+                "mrc.opcode", "mrc.malformed", "mrc.retransmission", "mrc.payload_len",
+                *(dissector.field_abbrev(h, f.name)
+                  for h in MRC10_HEADERS.values() for f in h.fields)]
+
+
+def _mrc10_kind(pkt):
+    opcode = P.Mrc10Opcode(pkt[pk.BTH].opcode)
+    if opcode in P.MRC10_DATA_OPCODES:
+        return "mrc10_data"
+    return dissector.MRC10_CONTROL[opcode][1]
+
+
+@pytest.fixture(scope="module")
+def mrc10_decoded(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("mrc10")
+    pcap = folder / "mrc10.pcap"
+    pk.write_pcap(pcap, [packet for _, packet in MRC10_SAMPLES])
+    return _run_tshark(pcap, folder, MRC10_FIELDS)
+
+
+def test_mrc10_capture_decodes_without_errors(mrc10_decoded):
+    result, rows = mrc10_decoded
+    assert result.returncode == 0, result.stderr
+    assert dissector.tshark_errors(result.stderr) == []
+    assert sorted(rows) == list(range(1, len(MRC10_SAMPLES) + 1))
+    for number, row in rows.items():
+        assert row["_ws.malformed"] == "", number
+        assert row["mrc.malformed"] == "", number
+        assert "Lua Error" not in row["_ws.expert.message"], number
+
+
+@pytest.mark.parametrize(("name", "packet"), MRC10_SAMPLES, ids=[n for n, _ in MRC10_SAMPLES])
+def test_mrc10_fields_match_scapy(mrc10_decoded, name, packet):
+    row = mrc10_decoded[1][[n for n, _ in MRC10_SAMPLES].index(name) + 1]
+    pkt = Ether(bytes(packet))
+    assert row["mrc.kind"] == _mrc10_kind(pkt)
+    assert _int(row["mrc.opcode"]) == pkt[pk.BTH].opcode
+    if pk.METH in pkt:
+        assert _bool(row["mrc.retransmission"]) == pk.bth_rtx(pkt[pk.BTH])
+        assert _int(row["mrc.payload_len"]) == len(pkt[Raw].load)
+    for header in MRC10_HEADERS.values():
+        layer = getattr(pk, header.name)
+        for field in header.fields:
+            text = row[dissector.field_abbrev(header, field.name)]
+            if layer not in pkt:
+                assert text == "", f"{header.name}.{field.name} decoded in {name}"
+                continue
+            value = getattr(pkt[layer], field.name)
+            if field.bits > 64:
+                assert text == value.to_bytes(field.bits // 8, "big").hex(), field.name
+            elif field.bits == 48:
+                assert text == value.to_bytes(6, "big").hex(), field.name
+            else:
+                assert int(text, 0) == value, f"{header.name}.{field.name}"

@@ -15,7 +15,8 @@ from sim import packets as pk
 from sim.samples import sample_packets, sample_table
 
 SCAPY_CLASSES = {"BTH": BTH, "AETH": AETH, "RETH": pk.RETH, "ImmDt": pk.ImmDt,
-                 "MDETH": pk.MDETH, "MACKETH": pk.MACKETH, "MPRH": pk.MPRH}
+                 "MDETH": pk.MDETH, "MACKETH": pk.MACKETH, "MPRH": pk.MPRH,
+                 **{h.name: getattr(pk, h.name) for h in L.MRC10_HEADERS}}
 
 
 def _scapy_header_bytes(header, **values):
@@ -36,11 +37,58 @@ def test_layout_table_agrees_with_scapy(header):
         base["sack_bytes"] = 8
     assert len(_scapy_header_bytes(header, **base)) == header.size
     for field in header.fields:
-        ones = (1 << field.bits) - 1
+        ones = -1 if field.signed else (1 << field.bits) - 1
         values = dict(base, **{field.name: ones})
         expect = header.pack(**{k: v for k, v in values.items() if k != "icrc"})
+        background = header.pack(**{k: v for k, v in base.items() if k != "icrc"})
+        assert expect == bytes(a | b for a, b in zip(header.byte_mask([field.name]), background,
+                                                     strict=True)), field.name
         assert _scapy_header_bytes(header, **values) == expect, field.name
         assert header.unpack(expect)[field.name] == ones
+        trailer = bytes(P.ICRC_BYTES) if header is L.BTH else b""
+        assert getattr(SCAPY_CLASSES[header.name](expect + trailer), field.name) == ones
+
+
+def test_mrc10_bth_is_the_rocev2_bth_with_flag_names():
+    """BTH_MRC10 names the bits of the same 12 bytes: every RoCEv2 field keeps its place, and
+    rtx and ts are bits of Scapy's resv7 (sim.packets.BTH_RTX, BTH_TS)."""
+    assert L.BTH_MRC10.size == L.BTH.size
+    renamed = {"se": "solicited", "m": "migreq", "pad": "padcount", "tver": "version",
+               "reserved0": "resv6", "a": "ackreq"}
+    for field in L.BTH_MRC10.fields:
+        rocev2 = renamed.get(field.name, field.name)
+        if rocev2 in {f.name for f in L.BTH.fields}:
+            assert L.BTH_MRC10.bit_offset(field.name) == L.BTH.bit_offset(rocev2), field.name
+            assert field.bits == L.BTH.field(rocev2).bits, field.name
+    for name, resv7_bit in (("rtx", pk.BTH_RTX), ("ts", pk.BTH_TS)):
+        wire = L.BTH.pack(resv7=resv7_bit)
+        assert L.BTH_MRC10.unpack(wire)[name] == 1
+        assert sum(L.BTH_MRC10.unpack(wire).values()) == 1
+        bth = BTH(wire + bytes(4))
+        assert pk.bth_rtx(bth) == (name == "rtx") and pk.bth_ts(bth) == (name == "ts")
+
+
+def test_signed_fields_pack_twos_complement():
+    assert L.SETH.field("ack_psn_offset").signed
+    assert L.SETH.pack(ack_psn_offset=-2)[2:4] == b"\xff\xfe"
+    assert L.SETH.unpack(L.SETH.pack(sack_psn_offset=-32768))["sack_psn_offset"] == -32768
+    with pytest.raises(ValueError, match=r"SETH.ack_psn_offset must be from -32768 to 32767"):
+        L.SETH.pack(ack_psn_offset=0x8000)
+
+
+def test_header_sources_are_known():
+    for header in (*L.ALL_HEADERS, L.BTH_MRC10, *L.STANDARD_HEADERS):
+        for field in header.fields:
+            assert header.field_source(field.name) in L.SOURCES
+    assert L.MDETH.own and not L.RETH.own and not L.SETH.own
+
+
+def test_mrc10_layers_do_not_change_current_format_dissection():
+    """The MRC 1.0 bindings leave every current-format sample decoding as before."""
+    for sample in sample_packets():
+        layers = Ether(raw(sample.packet)).layers()
+        assert not {pk.METH, pk.TSETH, pk.SETH, pk.CC_STATE, pk.NETH, pk.PETH, pk.ERTH,
+                    pk.EETH} & set(layers), sample.name
 
 
 def test_header_pack_names_bad_field():
@@ -212,6 +260,13 @@ def test_wire_format_doc_shows_the_layout_table(header):
     from sim.env import REPO
     doc = (REPO / "docs" / "wire-format.md").read_text()
     assert L.markdown_table(header) in doc, f"docs/wire-format.md: {header.name} table is stale"
+
+
+def test_wire_format_doc_shows_the_mrc10_tables():
+    from sim.env import REPO
+    doc = (REPO / "docs" / "wire-format.md").read_text()
+    assert L.mrc10_markdown() in doc, (
+        "docs/wire-format.md: the MRC 1.0 tables are stale: python -m hdl.packet.layouts")
 
 
 def test_sample_covers_every_packet_kind():

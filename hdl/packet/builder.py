@@ -50,8 +50,9 @@ IPV4_FLAGS_FRAGMENT = 0x4000
 #: :func:`sim.packets.srv6_encapsulate` builds it.
 SRV6_OUTER_HOP_LIMIT = 64
 #: The pseudo-LRH that RoCEv2 puts in front of the IP header for the ICRC.
-ICRC_INIT_BYTES = b"\xff" * 8
-_SRH_HDR_EXT_LEN = 2            # SRH length in 8-octet units beyond the first: one segment
+ICRC_INIT_BYTES = L.ICRC_INIT_BYTES
+#: SRH length in 8-octet units beyond the first: one segment.
+_SRH_HDR_EXT_LEN = (L.SRH.size - 8) // 8
 _PAYLOAD_FIFO_DEPTH = 16        # payload beats the input may run ahead of the output
 _DERIVE_CYCLES = 4              # pipeline stages computing lengths and the IPv4 checksum
 
@@ -74,8 +75,15 @@ _SEGMENT_ORDER = ("eth", "vlan", "outer", "srh", "ipv6", "ipv4", "udp", "bth", "
                   "mdeth", "aeth", "macketh", "sack", "mprh")
 
 
+#: Grid bytes in front of the frame, so that every header after the Ethernet one starts on
+#: a 4-byte word.
+_GRID_BYTES = 2
+
+
 def _segment_sizes(sack_bytes):
-    return {"eth": 16, "vlan": 4, "outer": 40, "srh": 24, "ipv6": 40, "ipv4": 20, "udp": 8,
+    return {"eth": L.ETHERNET.size + _GRID_BYTES, "vlan": L.DOT1Q_TAG_BYTES,
+            "outer": L.IPV6.size, "srh": L.SRH.size, "ipv6": L.IPV6.size, "ipv4": L.IPV4.size,
+            "udp": L.UDP.size,
             "bth": L.BTH.size, "reth": L.RETH.size, "immdt": L.IMMDT.size,
             "mdeth": L.MDETH.size, "aeth": L.AETH.size, "macketh": L.MACKETH.size,
             "sack": sack_bytes, "mprh": L.MPRH.size}
@@ -115,24 +123,31 @@ def layout_segments(lid):
 def header_bytes(lid, sack_bytes):
     """Bytes of the frame before the payload (Ethernet header .. last transport header)."""
     sizes = _segment_sizes(sack_bytes)
-    return sum(sizes[name] for name in layout_segments(lid)) - 2
+    return sum(sizes[name] for name in layout_segments(lid)) - _GRID_BYTES
 
 
 def icrc_start(lid):
     """Frame offset of the first byte the ICRC covers: the (inner) IP header."""
     vlan, srv6, _ipv6, _transport = decode_layout_id(lid)
-    return 14 + 4 * vlan + (40 if srv6 else 0) + (24 if srv6 == 2 else 0)
+    return (L.ETHERNET.size + L.DOT1Q_TAG_BYTES * vlan + (L.IPV6.size if srv6 else 0)
+            + (L.SRH.size if srv6 == 2 else 0))
 
 
-# Bytes of each word (on the 4-byte grid) that the ICRC sees as all ones.
-_ICRC_MASKS = {
-    ("ipv6", 0): (0x0F, 0xFF, 0xFF, 0xFF),     # traffic class, flow label (version kept)
-    ("ipv6", 1): (0x00, 0x00, 0x00, 0xFF),     # hop limit
-    ("ipv4", 0): (0x00, 0xFF, 0x00, 0x00),     # TOS
-    ("ipv4", 2): (0xFF, 0x00, 0xFF, 0xFF),     # TTL, header checksum
-    ("udp", 1): (0x00, 0x00, 0xFF, 0xFF),      # UDP checksum
-    ("bth", 1): (0xFF, 0x00, 0x00, 0x00),      # BTH byte 4: FECN, BECN, resv6
-}
+def _icrc_masks():
+    """``{(segment, word index): 4 mask bytes}`` of the words (on the 4-byte grid) with bits the
+    ICRC sees as all ones (hdl.packet.layouts.ICRC_MASKED_FIELDS); other words are unmasked.
+    The SRv6 outer header is not a key: the ICRC does not cover it."""
+    masks = {}
+    for name, header in (("ipv6", L.IPV6), ("ipv4", L.IPV4), ("udp", L.UDP), ("bth", L.BTH)):
+        mask = L.icrc_byte_mask(header)
+        for index in range(len(mask) // 4):
+            word = tuple(mask[4 * index:4 * index + 4])
+            if any(word):
+                masks[(name, index)] = word
+    return masks
+
+
+_ICRC_MASKS = _icrc_masks()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -371,10 +386,10 @@ class HeaderBuilder(wiring.Component):
         for lid in range(64):
             segments = layout_segments(lid)
             udp = sum(sizes[s] for s in segments[segments.index("udp"):]) + P.ICRC_BYTES
-            inner = udp + (40 if "ipv6" in segments else 20)
+            inner = udp + (L.IPV6.size if "ipv6" in segments else L.IPV4.size)
             udp_const.append(udp)
-            ip4_const.append(20 + udp)
-            outer_const.append(inner + (24 if "srh" in segments else 0))
+            ip4_const.append(L.IPV4.size + udp)
+            outer_const.append(inner + (L.SRH.size if "srh" in segments else 0))
         checksum_const = [0x4500 + IPV4_IDENTIFICATION + IPV4_FLAGS_FRAGMENT + P.IP_PROTO_UDP + c
                           for c in ip4_const]
 

@@ -1,30 +1,99 @@
-"""Transport header layouts, in wire order: the one table every other view is built from.
+"""Header layouts, in wire order: the one table every other view is built from.
 
-The Scapy layers (:mod:`sim.packets`), the Wireshark dissector (:mod:`sim.dissector`) and the
-gateware's header structs are generated from (or, for the headers Scapy already defines,
-cross-checked against) these definitions, so a field can only ever be defined here.
+The Scapy layers (:mod:`sim.packets`), the Wireshark dissector (:mod:`sim.dissector`), the
+gateware's header structs, the parser's and builder's offsets and the ICRC masks are
+generated from (or, for the headers Scapy already defines, cross-checked against) these
+definitions, so a field can only ever be defined here.
 
 Fields are listed in wire order, most significant bit first; multi-byte fields are
-big-endian on the wire. ``own=True`` marks headers that are this project's choice (the OCP
-byte layouts were not available); ``docs/wire-format.md`` draws each one.
+big-endian on the wire. Every header (and, where it differs, every field) carries a
+``source``, the provenance ``docs/wire-format.md`` shows beside it:
+
+``"mrc-1.0"``
+    the OCP MRC 1.0 tables, as the public references cite them;
+``"rocev2"``
+    RoCEv2 / InfiniBand;
+``"standard"``
+    IEEE 802 and IETF headers in front of the BTH;
+``"project"``
+    this project's choice (the headers of its current wire format, and what the MRC 1.0
+    references leave open).
+
+The NIC speaks the project's current format (BTH opcodes 0x06-0x0B, 0x11, 0xC0/0xC1 with
+MDETH, MACKETH and MPRH); the MRC 1.0 headers (METH, TSETH, SETH, CC_STATE, NETH, PETH,
+ERTH, EETH) are defined here for the Scapy layers, the dissector and the conformance test
+ahead of the switch of the gateware to them.
 """
 
 from dataclasses import dataclass
 
+#: Provenance tags and how ``docs/wire-format.md`` marks them.
+SOURCES = {
+    "mrc-1.0": "[MRC 1.0]",
+    "rocev2": "[RoCEv2]",
+    "standard": "[standard]",
+    "project": "[project choice]",
+}
+
 
 @dataclass(frozen=True)
 class Field:
+    """One field of a header.
+
+    ``signed`` fields are two's complement on the wire: :meth:`Header.unpack` returns them as
+    negative numbers where the top bit is set and :meth:`Header.pack` takes the signed range.
+    ``source`` overrides the header's provenance for this field (``None``: the header's).
+    """
     name: str
     bits: int
     doc: str
+    signed: bool = False
+    source: str | None = None
+
+    def __post_init__(self):
+        if self.source is not None and self.source not in SOURCES:
+            raise ValueError(f"Field source must be one of {sorted(SOURCES)}, "
+                             f"not {self.source!r}")
+
+    @property
+    def minimum(self):
+        return -(1 << (self.bits - 1)) if self.signed else 0
+
+    @property
+    def maximum(self):
+        return (1 << (self.bits - 1)) - 1 if self.signed else (1 << self.bits) - 1
+
+    def to_raw(self, value):
+        """The unsigned bit pattern of ``value`` (two's complement for a signed field)."""
+        return value & ((1 << self.bits) - 1)
+
+    def from_raw(self, raw):
+        """The value of the bit pattern ``raw`` (negative for a signed field's top bit)."""
+        if self.signed and raw >> (self.bits - 1):
+            return raw - (1 << self.bits)
+        return raw
 
 
 @dataclass(frozen=True)
 class Header:
     name: str           #: short name, also the Scapy class name and the dissector prefix
     title: str
-    own: bool           #: True: this project's own layout
+    source: str         #: provenance: a key of :data:`SOURCES`
     fields: tuple
+
+    def __post_init__(self):
+        if self.source not in SOURCES:
+            raise ValueError(f"Header source must be one of {sorted(SOURCES)}, "
+                             f"not {self.source!r}")
+
+    @property
+    def own(self):
+        """True for a layout of this project's own invention."""
+        return self.source == "project"
+
+    def field_source(self, name):
+        """Provenance of field ``name``: its own tag, else the header's."""
+        return self.field(name).source or self.source
 
     @property
     def bits(self):
@@ -45,11 +114,24 @@ class Header:
             offset += field.bits
         raise KeyError(f"{self.name} has no field {name!r}")
 
+    def byte_offset(self, name):
+        """Offset of the byte that holds the first bit of field ``name``."""
+        return self.bit_offset(name) // 8
+
     def field(self, name):
         for field in self.fields:
             if field.name == name:
                 return field
         raise KeyError(f"{self.name} has no field {name!r}")
+
+    def byte_mask(self, names):
+        """``size`` bytes with every bit of the fields ``names`` set (e.g. ICRC masks)."""
+        mask = 0
+        for name in names:
+            field = self.field(name)
+            shift = self.bits - self.bit_offset(name) - field.bits
+            mask |= ((1 << field.bits) - 1) << shift
+        return mask.to_bytes(self.size, "big")
 
     def unpack(self, data):
         """Decode the fixed part of this header from the start of ``data`` into a dict."""
@@ -59,7 +141,7 @@ class Header:
         out, shift = {}, self.bits
         for field in self.fields:
             shift -= field.bits
-            out[field.name] = (value >> shift) & ((1 << field.bits) - 1)
+            out[field.name] = field.from_raw((value >> shift) & ((1 << field.bits) - 1))
         return out
 
     def pack(self, **values):
@@ -70,19 +152,67 @@ class Header:
         value = 0
         for field in self.fields:
             v = values.get(field.name, 0)
-            if not 0 <= v < (1 << field.bits):
-                raise ValueError(f"{self.name}.{field.name} must be from 0 to "
-                                 f"{(1 << field.bits) - 1}, not {v!r}")
-            value = (value << field.bits) | v
+            if not isinstance(v, int) or not field.minimum <= v <= field.maximum:
+                raise ValueError(f"{self.name}.{field.name} must be from {field.minimum} to "
+                                 f"{field.maximum}, not {v!r}")
+            value = (value << field.bits) | field.to_raw(v)
         return value.to_bytes(self.size, "big")
 
 
-def _h(name, title, own, *fields):
-    return Header(name, title, own, tuple(Field(*f) for f in fields))
+def _h(name, title, source, *fields):
+    return Header(name, title, source,
+                  tuple(f if isinstance(f, Field) else Field(*f) for f in fields))
+# ---------------------------------------------------------------------------------------------
+# Standard headers in front of the BTH
+# ---------------------------------------------------------------------------------------------
 
+def _standard(name, title, *fields):
+    return Header(name, title, "standard", tuple(Field(n, bits, doc) for n, bits, doc in fields))
+
+
+ETHERNET = _standard("Ethernet", "Ethernet II",
+    ("dst", 48, "destination MAC address"), ("src", 48, "source MAC address"),
+    ("ethertype", 16, "hdl.protocol.ETHERTYPE_*"))
+DOT1Q = _standard("Dot1Q", "Ethernet II with an 802.1Q tag",
+    ("dst", 48, "destination MAC address"), ("src", 48, "source MAC address"),
+    ("tpid", 16, "0x8100"), ("tci", 16, "priority, DEI and VLAN id"),
+    ("ethertype", 16, "ethertype of what follows the tag"))
+IPV4 = _standard("IPv4", "IPv4 header without options",
+    ("version", 4, "4"), ("ihl", 4, "header length in 32-bit words, 5"),
+    ("tos", 8, "DSCP and ECN (masked in the ICRC)"), ("total_length", 16, "bytes of the packet"),
+    ("identification", 16, "identification"), ("reserved", 1, "reserved flag"),
+    ("df", 1, "don't fragment"), ("mf", 1, "more fragments"),
+    ("frag_offset", 13, "fragment offset"), ("ttl", 8, "time to live (masked in the ICRC)"),
+    ("protocol", 8, "next protocol"), ("checksum", 16, "header checksum (masked in the ICRC)"),
+    ("src", 32, "source address"), ("dst", 32, "destination address"))
+IPV6 = _standard("IPv6", "IPv6 header",
+    ("version", 4, "6"), ("tclass", 8, "traffic class: DSCP and ECN (masked in the ICRC)"),
+    ("flow_label", 20, "flow label (masked in the ICRC)"),
+    ("payload_length", 16, "bytes after this header"), ("next_header", 8, "next header"),
+    ("hop_limit", 8, "hop limit (masked in the ICRC)"), ("src", 128, "source address"),
+    ("dst", 128, "destination address"))
+SRH = _standard("SRH", "IPv6 Segment Routing Header with one segment",
+    ("next_header", 8, "next header"), ("hdr_ext_len", 8, "8-byte units after the first 8"),
+    ("routing_type", 8, "4"), ("segments_left", 8, "segments left"),
+    ("last_entry", 8, "index of the last segment"), ("flags", 8, "flags"), ("tag", 16, "tag"),
+    ("segment", 128, "the one segment"))
+UDP = _standard("UDP", "UDP header",
+    ("sport", 16, "source port (carries the EV)"), ("dport", 16, "destination port, 4791"),
+    ("length", 16, "bytes of UDP header and payload"),
+    ("checksum", 16, "checksum, sent as 0 (masked in the ICRC)"))
+
+#: Headers in front of the BTH.
+STANDARD_HEADERS = (ETHERNET, DOT1Q, IPV4, IPV6, SRH, UDP)
+#: Bytes the 802.1Q tag adds to the Ethernet header.
+DOT1Q_TAG_BYTES = DOT1Q.size - ETHERNET.size
+
+
+# ---------------------------------------------------------------------------------------------
+# Transport headers of the project's current wire format
+# ---------------------------------------------------------------------------------------------
 
 # InfiniBand Base Transport Header, as RoCEv2 carries it (Scapy: scapy.contrib.roce.BTH).
-BTH = _h("BTH", "Base Transport Header", False,
+BTH = _h("BTH", "Base Transport Header", "rocev2",
     ("opcode", 8, "operation (hdl.protocol.Opcode)"),
     ("solicited", 1, "solicited event"),
     ("migreq", 1, "migration state"),
@@ -99,25 +229,25 @@ BTH = _h("BTH", "Base Transport Header", False,
 )
 
 # RDMA Extended Transport Header: on EVERY MRC data packet, not only the first of a message.
-RETH = _h("RETH", "RDMA Extended Transport Header", False,
+RETH = _h("RETH", "RDMA Extended Transport Header", "rocev2",
     ("va", 64, "target virtual address of this packet's first payload byte"),
     ("rkey", 32, "remote key of the target memory region"),
     ("dma_len", 32, "bytes of payload in this packet"),
 )
 
 # Immediate data, on WRITE LAST/ONLY WITH IMMEDIATE.
-IMMDT = _h("ImmDt", "Immediate Data", False,
+IMMDT = _h("ImmDt", "Immediate Data", "rocev2",
     ("imm", 32, "immediate data, delivered in the responder's completion"),
 )
 
 # ACK Extended Transport Header (Scapy: scapy.contrib.roce.AETH).
-AETH = _h("AETH", "ACK Extended Transport Header", False,
+AETH = _h("AETH", "ACK Extended Transport Header", "rocev2",
     ("syndrome", 8, "0x1F: ACK; 0x60 | NakCode: NAK"),
     ("msn", 24, "message sequence number: messages completed in order"),
 )
 
 # MRC Data Extended Transport Header: on every data packet, after RETH (and ImmDt).
-MDETH = _h("MDETH", "MRC Data Extended Transport Header", True,
+MDETH = _h("MDETH", "MRC Data Extended Transport Header", "project",
     ("ev_index", 16, "index of the EV in the sender's EV profile; echoed in the ACK"),
     ("flags", 8, "hdl.protocol.DataFlags"),
     ("rsvd", 8, "reserved, 0"),
@@ -126,7 +256,7 @@ MDETH = _h("MDETH", "MRC Data Extended Transport Header", True,
 
 # MRC ACK Extended Transport Header: after the AETH of every ACK and NACK. Its fixed part is
 # followed by a SACK bitmap of sack_bytes bytes.
-MACKETH = _h("MACKETH", "MRC ACK Extended Transport Header", True,
+MACKETH = _h("MACKETH", "MRC ACK Extended Transport Header", "project",
     ("ev_index", 16, "EV index echoed from the packet that triggered this ACK"),
     ("flags", 8, "hdl.protocol.AckFlags"),
     ("sack_bytes", 8, "bytes of SACK bitmap that follow (8, 16, 32, 64 or 128)"),
@@ -137,7 +267,7 @@ MACKETH = _h("MACKETH", "MRC ACK Extended Transport Header", True,
 )
 
 # MRC Probe Header: after the BTH of probe requests and responses.
-MPRH = _h("MPRH", "MRC Probe Header", True,
+MPRH = _h("MPRH", "MRC Probe Header", "project",
     ("probe_id", 32, "request id, echoed in the response"),
     ("ev_index", 16, "index of the EV probed, in the requester's profile"),
     ("flags", 8, "hdl.protocol.ProbeFlags"),
@@ -148,17 +278,226 @@ MPRH = _h("MPRH", "MRC Probe Header", True,
     ("svc_time", 32, "responder service time in ns (responses)"),
 )
 
-#: The headers this project adds to RoCEv2 (plus RETH and ImmDt that Scapy lacks).
-GENERATED_SCAPY_HEADERS = (RETH, IMMDT, MDETH, MACKETH, MPRH)
-ALL_HEADERS = (BTH, RETH, IMMDT, AETH, MDETH, MACKETH, MPRH)
+
+# ---------------------------------------------------------------------------------------------
+# MRC 1.0 (OCP MRC 1.0 tables, as the public references cite them)
+# ---------------------------------------------------------------------------------------------
+
+def _f(name, bits, doc, **kw):
+    return Field(name, bits, doc, **kw)
+
+
+# The BTH with the names MRC 1.0 gives its flag bits: the same 12 bytes as BTH above (Scapy's
+# BTH reads rtx and ts as bits of its resv7). A documented view, not a second header on the
+# wire; the gateware and the current Scapy layers keep the RoCEv2 names of BTH.
+BTH_MRC10 = _h("BTH", "Base Transport Header with the MRC 1.0 flag bits", "mrc-1.0",
+    _f("opcode", 8, "operation (hdl.protocol.Mrc10Opcode)", source="rocev2"),
+    _f("se", 1, "solicited event [uncertain]: the MRC 1.0 references list m at bit 7 and se "
+       "at bit 6 of byte 1; IBTA (and Scapy's and Wireshark's BTH) put SE at bit 7 and M at "
+       "bit 6. MRC keeps the RoCEv2 BTH, so this layout follows IBTA", source="rocev2"),
+    _f("m", 1, "migration state [uncertain]: bit 6 here, see se", source="rocev2"),
+    _f("pad", 2, "pad count, 0", source="rocev2"),
+    _f("tver", 4, "transport header version, 0", source="rocev2"),
+    _f("pkey", 16, "partition key", source="rocev2"),
+    _f("fecn", 1, "forward ECN (masked in the ICRC)", source="rocev2"),
+    _f("becn", 1, "backward ECN (masked in the ICRC)", source="rocev2"),
+    _f("reserved0", 6, "reserved (masked in the ICRC)", source="rocev2"),
+    _f("dqpn", 24, "destination QP number", source="rocev2"),
+    _f("a", 1, "acknowledge request", source="rocev2"),
+    _f("reserved1", 1, "reserved"),
+    _f("rtx", 1, "this packet is a retransmission"),
+    _f("ts", 1, "a TSETH follows the METH"),
+    _f("reserved2", 4, "reserved"),
+    _f("psn", 24, "packet sequence number; cack_psn of a SACK, nack_psn of a NACK",
+       source="rocev2"),
+)
+
+# MRC Extended Transport Header: first after the BTH of every MRC 1.0 data packet. The
+# references give the names and sizes only; the meaning is this project's reading of RC's
+# message sequence numbering.
+METH = _h("METH", "MRC Extended Transport Header", "mrc-1.0",
+    _f("rqmsn", 16, "receive-queue message sequence number, modulo 2**16: how many messages "
+       "that consume a pre-posted receive buffer (WRITE WITH IMMEDIATE) the QP sent before "
+       "this packet's message, so a responder placing out of order knows which receive "
+       "buffer completes it", source="project"),
+    _f("msn", 16, "message sequence number, modulo 2**16: how many messages the QP sent "
+       "before this packet's message; every packet of a message carries the same value",
+       source="project"),
+)
+
+# Timestamp Extended Transport Header: after the METH when BTH.ts = 1.
+TSETH = _h("TSETH", "Timestamp Extended Transport Header", "mrc-1.0",
+    _f("tx_timestamp", 16, "sender's transmit timestamp"),
+    _f("tsr", 1, "timestamp request"),
+    _f("reserved", 11, "reserved"),
+    _f("ftype", 4, "format type (hdl.protocol.Mrc10Ftype)"),
+)
+
+# SACK Extended Transport Header, on RELIABILITY_SACK, followed by CC_STATE. BTH.dqpn is the
+# requester's QP and BTH.psn is cack_psn.
+SETH = _h("SETH", "SACK Extended Transport Header", "mrc-1.0",
+    _f("type", 4, "header type, 0"),
+    _f("next_header", 5, "next header, 0"),
+    _f("m", 2, "SACK mark for the triggering packet's EV (hdl.protocol.Mrc10SackMark)"),
+    _f("reserved0", 3, "reserved"),
+    _f("pr", 1, "1: this SACK answers a reliability probe (ack_psn_offset is its probe_id)"),
+    _f("reserved1", 1, "reserved"),
+    _f("ack_psn_offset", 16, "ack_psn = cack_psn + ack_psn_offset is the PSN that triggered "
+       "this SACK; the probe_id answered when pr = 1", signed=True),
+    _f("entropy", 32, "the EV the triggering packet arrived with"),
+    _f("spdcid", 16, "source PDC id"),
+    _f("dpdcid", 16, "destination PDC id"),
+    _f("reserved2", 8, "reserved"),
+    _f("cack_psn", 24, "cumulative PSN acknowledged, equal to BTH.psn"),
+    _f("cc_type", 4, "congestion control type"),
+    _f("cc_flags", 4, "congestion control flags"),
+    _f("mpr", 8, "responder's max PSN range"),
+    _f("sack_psn_offset", 16, "the bitmap's base PSN is cack_psn + sack_psn_offset",
+       signed=True),
+    _f("sack_bitmap", 64, "64 PSNs from the base PSN"),
+)
+
+# Congestion control state, after the SETH.
+CC_STATE = _h("CC_STATE", "Congestion Control State", "mrc-1.0",
+    _f("tx_timestamp", 16, "tx_timestamp echoed from the triggering packet"),
+    _f("reserved", 1, "reserved"),
+    _f("ooo_count", 15, "packets the responder holds out of order"),
+    _f("restore_cwnd", 1, "restore the congestion window"),
+    _f("rcv_cwnd_pen", 7, "receiver's congestion window penalty"),
+    _f("rcvd_bytes", 24, "bytes the responder has received"),
+)
+
+# NACK Extended Transport Header, on RELIABILITY_NACK. BTH.psn is nack_psn.
+NETH = _h("NETH", "NACK Extended Transport Header", "mrc-1.0",
+    _f("reserved0", 16, "0"),
+    _f("nack_reason", 8, "why (hdl.protocol.Mrc10NackReason)"),
+    _f("vendor_info", 8, "vendor information"),
+    _f("entropy", 32, "the EV the refused packet arrived with"),
+    _f("spdcid", 16, "source PDC id"),
+    _f("dpdcid", 16, "destination PDC id"),
+    _f("reserved1", 8, "reserved"),
+    _f("nack_psn", 24, "the PSN refused, equal to BTH.psn"),
+    _f("cc_type", 4, "congestion control type"),
+    _f("cc_flags", 4, "congestion control flags"),
+    _f("reserved2", 8, "reserved"),
+    _f("tx_timestamp", 16, "tx_timestamp echoed from the refused packet"),
+)
+
+# Probe Extended Transport Header, on RELIABILITY_PROBE_REQUEST: consumes no PSN, answered by
+# a SACK with pr = 1.
+PETH = _h("PETH", "Probe Extended Transport Header", "mrc-1.0",
+    _f("reserved0", 16, "0"),
+    _f("reserved1", 8, "reserved"),
+    _f("vendor_info", 8, "vendor information"),
+    _f("probe_id", 16, "probe id, echoed in the answering SACK's ack_psn_offset"),
+    _f("reserved2", 16, "reserved"),
+    _f("spdcid", 16, "source PDC id"),
+    _f("dpdcid", 16, "destination PDC id"),
+    _f("tx_timestamp", 16, "sender's transmit timestamp"),
+    _f("tsr", 1, "timestamp request"),
+    _f("reserved3", 11, "reserved"),
+    _f("ftype", 4, "format type (hdl.protocol.Mrc10Ftype)"),
+)
+
+# Endpoint Request Transport Header, on ENDPOINT_REQUEST: BTH.dqpn is the endpoint QP
+# (hdl.protocol.MRC10_ENDPOINT_QPN), BTH.psn[15:0] an id private to the requester.
+ERTH = _h("ERTH", "Endpoint Request Transport Header", "mrc-1.0",
+    _f("reserved0", 14, "reserved"),
+    _f("op", 2, "endpoint operation (hdl.protocol.Mrc10EndpointOp)"),
+    _f("reserved1", 8, "reserved"),
+    _f("vendor_info", 8, "vendor information"),
+    _f("port_status_mask", 32, "ports whose status is asked for"),
+    _f("reserved2", 32, "reserved"),
+    _f("tx_timestamp", 16, "requester's transmit timestamp"),
+    _f("tsr", 1, "timestamp request"),
+    _f("reserved3", 11, "reserved"),
+    _f("ftype", 4, "format type (hdl.protocol.Mrc10Ftype)"),
+)
+
+# Endpoint Response Extended Transport Header, on ENDPOINT_RESPONSE: BTH.psn[15:0] echoes the
+# request's id. The references disagree on where op sits in byte 1 (bits 5-4 with reserved
+# bits 6 and 3, or bits 3-2); this is the one place that decides it.
+EETH = _h("EETH", "Endpoint Response Extended Transport Header", "mrc-1.0",
+    _f("reserved0", 12, "reserved"),
+    _f("op", 2, "endpoint operation answered (hdl.protocol.Mrc10EndpointOp) [uncertain]: "
+       "bits 3-2 of byte 1; one reference puts it at bits 5-4", source="project"),
+    _f("reserved1", 2, "reserved"),
+    _f("reserved2", 208, "reserved"),
+    _f("tx_timestamp", 16, "tx_timestamp echoed from the request"),
+    _f("reserved3", 48, "reserved"),
+)
+
+def mrc10_bth_flag(name):
+    """``(field, mask)``: the field of the RoCEv2 :data:`BTH` (Scapy's names) that holds the
+    one-bit MRC 1.0 BTH flag ``name`` (``"rtx"``, ``"ts"``), and the flag's bit in it."""
+    if BTH_MRC10.field(name).bits != 1:
+        raise ValueError(f"BTH.{name} is not a one-bit flag")
+    offset = BTH_MRC10.bit_offset(name)
+    for field in BTH.fields:
+        start = BTH.bit_offset(field.name)
+        if start <= offset < start + field.bits:
+            return field.name, 1 << (start + field.bits - 1 - offset)
+    raise AssertionError(f"BTH.{name} lies outside the BTH")
+
+
+#: The MRC 1.0 extension headers, in the order of the opcode table.
+MRC10_HEADERS = (METH, TSETH, SETH, CC_STATE, NETH, PETH, ERTH, EETH)
+#: What follows the SETH of a RELIABILITY_SACK: 36 bytes in all.
+SACK_HEADERS = (SETH, CC_STATE)
+
+
+# ---------------------------------------------------------------------------------------------
+# ICRC (RoCEv2)
+# ---------------------------------------------------------------------------------------------
+
+#: Fields replaced by all ones before the ICRC is computed (RoCEv2), per IP version.
+ICRC_MASKED_FIELDS = {
+    4: ((IPV4, "tos"), (IPV4, "ttl"), (IPV4, "checksum")),
+    6: ((IPV6, "tclass"), (IPV6, "flow_label"), (IPV6, "hop_limit")),
+    "udp": ((UDP, "checksum"),),
+    "bth": ((BTH, "fecn"), (BTH, "becn"), (BTH, "resv6")),
+}
+#: The pseudo-LRH that RoCEv2 puts in front of the IP header for the ICRC.
+ICRC_INIT_BYTES = b"\xff" * 8
+
+
+def icrc_byte_mask(header):
+    """``header.size`` bytes: the bits of ``header`` the ICRC sees as all ones."""
+    names = [name for fields in ICRC_MASKED_FIELDS.values()
+             for masked, name in fields if masked is header]
+    return header.byte_mask(names)
+
+
+# ---------------------------------------------------------------------------------------------
+# Collections and the documentation view
+# ---------------------------------------------------------------------------------------------
+
+#: The headers Scapy lacks: this project's own plus RETH, ImmDt and the MRC 1.0 ones.
+GENERATED_SCAPY_HEADERS = (RETH, IMMDT, MDETH, MACKETH, MPRH, *MRC10_HEADERS)
+#: Every transport header (the BTH and what follows it on the wire, both formats).
+ALL_HEADERS = (BTH, RETH, IMMDT, AETH, MDETH, MACKETH, MPRH, *MRC10_HEADERS)
 
 
 def markdown_table(header):
     """The field table of ``header`` as ``docs/wire-format.md`` shows it (a test compares)."""
-    lines = [f"{header.name} ({header.size} bytes{', this project' if header.own else ''}):", "",
-             "| byte | bit | bits | field | meaning |", "| ---: | ---: | ---: | --- | --- |"]
+    lines = [f"{header.name} ({header.size} bytes, {SOURCES[header.source]}):", "",
+             "| byte | bit | bits | field | source | meaning |",
+             "| ---: | ---: | ---: | --- | --- | --- |"]
     for field in header.fields:
         offset = header.bit_offset(field.name)
-        lines.append(f"| {offset // 8} | {offset % 8} | {field.bits} | `{field.name}` | "
-                     f"{field.doc} |")
+        signed = ", signed" if field.signed else ""
+        lines.append(f"| {offset // 8} | {offset % 8} | {field.bits}{signed} | `{field.name}` | "
+                     f"{SOURCES[header.field_source(field.name)]} | {field.doc} |")
     return "\n".join(lines)
+
+
+def mrc10_markdown():
+    """The "MRC 1.0 headers" tables of ``docs/wire-format.md`` (a test compares).
+
+    Regenerate with ``python -m hdl.packet.layouts``.
+    """
+    return "\n\n".join(markdown_table(h) for h in (BTH_MRC10, *MRC10_HEADERS))
+
+
+if __name__ == "__main__":
+    print(mrc10_markdown())

@@ -24,10 +24,17 @@ local AETH_KIND_MASK = 0x60
 local AETH_NAK_BASE = 0x60
 local NAK_CODE_MASK = 0x1F
 local OPCODE_ACKNOWLEDGE = 0x11
+local MRC10_OPCODE_ACKNOWLEDGE = 0xD1
 local OPCODE_PROBE_REQUEST = 0xC0
 local OPCODE_PROBE_RESPONSE = 0xC1
 local DATA_OPCODES = { [0x06] = true, [0x07] = true, [0x08] = true, [0x09] = true, [0x0A] = true, [0x0B] = true }
 local IMMEDIATE_OPCODES = { [0x09] = true, [0x0B] = true }
+local MRC10_DATA_OPCODES = { [0xC6] = true, [0xC7] = true, [0xC8] = true, [0xC9] = true, [0xCA] = true, [0xCB] = true }
+local MRC10_IMMEDIATE_OPCODES = { [0xC9] = true, [0xCB] = true }
+local BTH_RTX_FIELD = "resv7"
+local BTH_RTX = 0x20
+local BTH_TS_FIELD = "resv7"
+local BTH_TS = 0x10
 local SACK_BYTES_ALLOWED = { [8] = true, [16] = true, [32] = true, [64] = true, [128] = true }
 local DATA_RETRANSMISSION = 0x01
 local OPCODE_NAMES = {
@@ -40,6 +47,18 @@ local OPCODE_NAMES = {
     [0x11] = "ACKNOWLEDGE",
     [0xC0] = "PROBE_REQUEST",
     [0xC1] = "PROBE_RESPONSE",
+    [0xC6] = "RDMA_WRITE_FIRST",
+    [0xC7] = "RDMA_WRITE_MIDDLE",
+    [0xC8] = "RDMA_WRITE_LAST",
+    [0xC9] = "RDMA_WRITE_LAST_WITH_IMMEDIATE",
+    [0xCA] = "RDMA_WRITE_ONLY",
+    [0xCB] = "RDMA_WRITE_ONLY_WITH_IMMEDIATE",
+    [0xD1] = "ACKNOWLEDGE",
+    [0xD8] = "ENDPOINT_REQUEST",
+    [0xD9] = "ENDPOINT_RESPONSE",
+    [0xDC] = "RELIABILITY_SACK",
+    [0xDD] = "RELIABILITY_NACK",
+    [0xDE] = "RELIABILITY_PROBE_REQUEST",
 }
 local NAK_NAMES = {
     [0x00] = "PSN_OUT_OF_WINDOW",
@@ -55,6 +74,28 @@ local SYNDROME_NAMES = {
     [0x62] = "NAK REMOTE_ACCESS",
     [0x63] = "NAK REMOTE_OPERATIONAL",
     [0x65] = "NAK TRIMMED",
+}
+local VALUE_NAMES = {}
+VALUE_NAMES.Mrc10EndpointOp = {
+    [0x00] = "PORT_STATUS_UPDATE",
+    [0x01] = "EV_PROBE",
+}
+VALUE_NAMES.Mrc10Ftype = {
+    [0x01] = "TIMESTAMP",
+}
+VALUE_NAMES.Mrc10NackReason = {
+    [0x01] = "TRIMMED",
+    [0x02] = "TRIMMED_LASTHOP",
+    [0x06] = "NO_BITMAP",
+    [0x07] = "NO_PKT_BUFFER",
+    [0x0A] = "NO_RESOURCE",
+    [0x0B] = "PSN_OOR_WINDOW",
+    [0x19] = "UNEXP_EVENT",
+}
+VALUE_NAMES.Mrc10SackMark = {
+    [0x00] = "NONE",
+    [0x01] = "SKIP_ONCE",
+    [0x02] = "ALWAYS_SKIP",
 }
 
 -- ---------------------------------------------------------------------------------------------
@@ -188,16 +229,216 @@ HEADERS["MPRH"] = {
     },
 }
 
+-- METH: MRC Extended Transport Header, 4 bytes
+hf["meth"] = ProtoField.none("mrc.meth", "MRC Extended Transport Header")
+hf["meth.rqmsn"] = ProtoField.uint16("mrc.meth.rqmsn", "rqmsn", base.HEX_DEC, nil, nil, "receive-queue message sequence number, modulo 2**16: how many messages that consume a pre-posted receive buffer (WRITE WITH IMMEDIATE) the QP sent before this packet's message, so a responder placing out of order knows which receive buffer completes it")
+hf["meth.msn"] = ProtoField.uint16("mrc.meth.msn", "msn", base.HEX_DEC, nil, nil, "message sequence number, modulo 2**16: how many messages the QP sent before this packet's message; every packet of a message carries the same value")
+HEADERS["METH"] = {
+    name = "METH", key = "meth", size = 4,
+    fields = {
+        { name = "rqmsn", key = "meth.rqmsn", offset = 0, length = 2, bit = 0, bits = 16, flags = nil },
+        { name = "msn", key = "meth.msn", offset = 2, length = 2, bit = 0, bits = 16, flags = nil },
+    },
+}
+
+-- TSETH: Timestamp Extended Transport Header, 4 bytes
+hf["tseth"] = ProtoField.none("mrc.tseth", "Timestamp Extended Transport Header")
+hf["tseth.tx_timestamp"] = ProtoField.uint16("mrc.tseth.tx_timestamp", "tx_timestamp", base.HEX_DEC, nil, nil, "sender's transmit timestamp")
+hf["tseth.tsr"] = ProtoField.uint8("mrc.tseth.tsr", "tsr", base.HEX_DEC, nil, 0x80, "timestamp request")
+hf["tseth.reserved"] = ProtoField.uint16("mrc.tseth.reserved", "reserved", base.HEX_DEC, nil, 0x7FF0, "reserved")
+hf["tseth.ftype"] = ProtoField.uint8("mrc.tseth.ftype", "ftype", base.HEX, VALUE_NAMES.Mrc10Ftype, 0xF, "format type (hdl.protocol.Mrc10Ftype)")
+HEADERS["TSETH"] = {
+    name = "TSETH", key = "tseth", size = 4,
+    fields = {
+        { name = "tx_timestamp", key = "tseth.tx_timestamp", offset = 0, length = 2, bit = 0, bits = 16, flags = nil },
+        { name = "tsr", key = "tseth.tsr", offset = 2, length = 1, bit = 0, bits = 1, flags = nil },
+        { name = "reserved", key = "tseth.reserved", offset = 2, length = 2, bit = 1, bits = 11, flags = nil },
+        { name = "ftype", key = "tseth.ftype", offset = 3, length = 1, bit = 4, bits = 4, flags = nil },
+    },
+}
+
+-- SETH: SACK Extended Transport Header, 28 bytes
+hf["seth"] = ProtoField.none("mrc.seth", "SACK Extended Transport Header")
+hf["seth.type"] = ProtoField.uint8("mrc.seth.type", "type", base.HEX_DEC, nil, 0xF0, "header type, 0")
+hf["seth.next_header"] = ProtoField.uint16("mrc.seth.next_header", "next_header", base.HEX_DEC, nil, 0xF80, "next header, 0")
+hf["seth.m"] = ProtoField.uint8("mrc.seth.m", "m", base.HEX, VALUE_NAMES.Mrc10SackMark, 0x60, "SACK mark for the triggering packet's EV (hdl.protocol.Mrc10SackMark)")
+hf["seth.reserved0"] = ProtoField.uint8("mrc.seth.reserved0", "reserved0", base.HEX_DEC, nil, 0x1C, "reserved")
+hf["seth.pr"] = ProtoField.uint8("mrc.seth.pr", "pr", base.HEX_DEC, nil, 0x2, "1: this SACK answers a reliability probe (ack_psn_offset is its probe_id)")
+hf["seth.reserved1"] = ProtoField.uint8("mrc.seth.reserved1", "reserved1", base.HEX_DEC, nil, 0x1, "reserved")
+hf["seth.ack_psn_offset"] = ProtoField.int16("mrc.seth.ack_psn_offset", "ack_psn_offset", base.DEC, nil, nil, "ack_psn = cack_psn + ack_psn_offset is the PSN that triggered this SACK; the probe_id answered when pr = 1")
+hf["seth.entropy"] = ProtoField.uint32("mrc.seth.entropy", "entropy", base.HEX_DEC, nil, nil, "the EV the triggering packet arrived with")
+hf["seth.spdcid"] = ProtoField.uint16("mrc.seth.spdcid", "spdcid", base.HEX_DEC, nil, nil, "source PDC id")
+hf["seth.dpdcid"] = ProtoField.uint16("mrc.seth.dpdcid", "dpdcid", base.HEX_DEC, nil, nil, "destination PDC id")
+hf["seth.reserved2"] = ProtoField.uint8("mrc.seth.reserved2", "reserved2", base.HEX_DEC, nil, nil, "reserved")
+hf["seth.cack_psn"] = ProtoField.uint24("mrc.seth.cack_psn", "cack_psn", base.HEX_DEC, nil, nil, "cumulative PSN acknowledged, equal to BTH.psn")
+hf["seth.cc_type"] = ProtoField.uint8("mrc.seth.cc_type", "cc_type", base.HEX_DEC, nil, 0xF0, "congestion control type")
+hf["seth.cc_flags"] = ProtoField.uint8("mrc.seth.cc_flags", "cc_flags", base.HEX_DEC, nil, 0xF, "congestion control flags")
+hf["seth.mpr"] = ProtoField.uint8("mrc.seth.mpr", "mpr", base.HEX_DEC, nil, nil, "responder's max PSN range")
+hf["seth.sack_psn_offset"] = ProtoField.int16("mrc.seth.sack_psn_offset", "sack_psn_offset", base.DEC, nil, nil, "the bitmap's base PSN is cack_psn + sack_psn_offset")
+hf["seth.sack_bitmap"] = ProtoField.uint64("mrc.seth.sack_bitmap", "sack_bitmap", base.HEX_DEC, nil, nil, "64 PSNs from the base PSN")
+HEADERS["SETH"] = {
+    name = "SETH", key = "seth", size = 28,
+    fields = {
+        { name = "type", key = "seth.type", offset = 0, length = 1, bit = 0, bits = 4, flags = nil },
+        { name = "next_header", key = "seth.next_header", offset = 0, length = 2, bit = 4, bits = 5, flags = nil },
+        { name = "m", key = "seth.m", offset = 1, length = 1, bit = 1, bits = 2, flags = nil },
+        { name = "reserved0", key = "seth.reserved0", offset = 1, length = 1, bit = 3, bits = 3, flags = nil },
+        { name = "pr", key = "seth.pr", offset = 1, length = 1, bit = 6, bits = 1, flags = nil },
+        { name = "reserved1", key = "seth.reserved1", offset = 1, length = 1, bit = 7, bits = 1, flags = nil },
+        { name = "ack_psn_offset", key = "seth.ack_psn_offset", offset = 2, length = 2, bit = 0, bits = 16, signed = true, flags = nil },
+        { name = "entropy", key = "seth.entropy", offset = 4, length = 4, bit = 0, bits = 32, flags = nil },
+        { name = "spdcid", key = "seth.spdcid", offset = 8, length = 2, bit = 0, bits = 16, flags = nil },
+        { name = "dpdcid", key = "seth.dpdcid", offset = 10, length = 2, bit = 0, bits = 16, flags = nil },
+        { name = "reserved2", key = "seth.reserved2", offset = 12, length = 1, bit = 0, bits = 8, flags = nil },
+        { name = "cack_psn", key = "seth.cack_psn", offset = 13, length = 3, bit = 0, bits = 24, flags = nil },
+        { name = "cc_type", key = "seth.cc_type", offset = 16, length = 1, bit = 0, bits = 4, flags = nil },
+        { name = "cc_flags", key = "seth.cc_flags", offset = 16, length = 1, bit = 4, bits = 4, flags = nil },
+        { name = "mpr", key = "seth.mpr", offset = 17, length = 1, bit = 0, bits = 8, flags = nil },
+        { name = "sack_psn_offset", key = "seth.sack_psn_offset", offset = 18, length = 2, bit = 0, bits = 16, signed = true, flags = nil },
+        { name = "sack_bitmap", key = "seth.sack_bitmap", offset = 20, length = 8, bit = 0, bits = 64, flags = nil },
+    },
+}
+
+-- CC_STATE: Congestion Control State, 8 bytes
+hf["cc_state"] = ProtoField.none("mrc.cc_state", "Congestion Control State")
+hf["cc_state.tx_timestamp"] = ProtoField.uint16("mrc.cc_state.tx_timestamp", "tx_timestamp", base.HEX_DEC, nil, nil, "tx_timestamp echoed from the triggering packet")
+hf["cc_state.reserved"] = ProtoField.uint8("mrc.cc_state.reserved", "reserved", base.HEX_DEC, nil, 0x80, "reserved")
+hf["cc_state.ooo_count"] = ProtoField.uint16("mrc.cc_state.ooo_count", "ooo_count", base.HEX_DEC, nil, 0x7FFF, "packets the responder holds out of order")
+hf["cc_state.restore_cwnd"] = ProtoField.uint8("mrc.cc_state.restore_cwnd", "restore_cwnd", base.HEX_DEC, nil, 0x80, "restore the congestion window")
+hf["cc_state.rcv_cwnd_pen"] = ProtoField.uint8("mrc.cc_state.rcv_cwnd_pen", "rcv_cwnd_pen", base.HEX_DEC, nil, 0x7F, "receiver's congestion window penalty")
+hf["cc_state.rcvd_bytes"] = ProtoField.uint24("mrc.cc_state.rcvd_bytes", "rcvd_bytes", base.HEX_DEC, nil, nil, "bytes the responder has received")
+HEADERS["CC_STATE"] = {
+    name = "CC_STATE", key = "cc_state", size = 8,
+    fields = {
+        { name = "tx_timestamp", key = "cc_state.tx_timestamp", offset = 0, length = 2, bit = 0, bits = 16, flags = nil },
+        { name = "reserved", key = "cc_state.reserved", offset = 2, length = 1, bit = 0, bits = 1, flags = nil },
+        { name = "ooo_count", key = "cc_state.ooo_count", offset = 2, length = 2, bit = 1, bits = 15, flags = nil },
+        { name = "restore_cwnd", key = "cc_state.restore_cwnd", offset = 4, length = 1, bit = 0, bits = 1, flags = nil },
+        { name = "rcv_cwnd_pen", key = "cc_state.rcv_cwnd_pen", offset = 4, length = 1, bit = 1, bits = 7, flags = nil },
+        { name = "rcvd_bytes", key = "cc_state.rcvd_bytes", offset = 5, length = 3, bit = 0, bits = 24, flags = nil },
+    },
+}
+
+-- NETH: NACK Extended Transport Header, 20 bytes
+hf["neth"] = ProtoField.none("mrc.neth", "NACK Extended Transport Header")
+hf["neth.reserved0"] = ProtoField.uint16("mrc.neth.reserved0", "reserved0", base.HEX_DEC, nil, nil, "0")
+hf["neth.nack_reason"] = ProtoField.uint8("mrc.neth.nack_reason", "nack_reason", base.HEX, VALUE_NAMES.Mrc10NackReason, nil, "why (hdl.protocol.Mrc10NackReason)")
+hf["neth.vendor_info"] = ProtoField.uint8("mrc.neth.vendor_info", "vendor_info", base.HEX_DEC, nil, nil, "vendor information")
+hf["neth.entropy"] = ProtoField.uint32("mrc.neth.entropy", "entropy", base.HEX_DEC, nil, nil, "the EV the refused packet arrived with")
+hf["neth.spdcid"] = ProtoField.uint16("mrc.neth.spdcid", "spdcid", base.HEX_DEC, nil, nil, "source PDC id")
+hf["neth.dpdcid"] = ProtoField.uint16("mrc.neth.dpdcid", "dpdcid", base.HEX_DEC, nil, nil, "destination PDC id")
+hf["neth.reserved1"] = ProtoField.uint8("mrc.neth.reserved1", "reserved1", base.HEX_DEC, nil, nil, "reserved")
+hf["neth.nack_psn"] = ProtoField.uint24("mrc.neth.nack_psn", "nack_psn", base.HEX_DEC, nil, nil, "the PSN refused, equal to BTH.psn")
+hf["neth.cc_type"] = ProtoField.uint8("mrc.neth.cc_type", "cc_type", base.HEX_DEC, nil, 0xF0, "congestion control type")
+hf["neth.cc_flags"] = ProtoField.uint8("mrc.neth.cc_flags", "cc_flags", base.HEX_DEC, nil, 0xF, "congestion control flags")
+hf["neth.reserved2"] = ProtoField.uint8("mrc.neth.reserved2", "reserved2", base.HEX_DEC, nil, nil, "reserved")
+hf["neth.tx_timestamp"] = ProtoField.uint16("mrc.neth.tx_timestamp", "tx_timestamp", base.HEX_DEC, nil, nil, "tx_timestamp echoed from the refused packet")
+HEADERS["NETH"] = {
+    name = "NETH", key = "neth", size = 20,
+    fields = {
+        { name = "reserved0", key = "neth.reserved0", offset = 0, length = 2, bit = 0, bits = 16, flags = nil },
+        { name = "nack_reason", key = "neth.nack_reason", offset = 2, length = 1, bit = 0, bits = 8, flags = nil },
+        { name = "vendor_info", key = "neth.vendor_info", offset = 3, length = 1, bit = 0, bits = 8, flags = nil },
+        { name = "entropy", key = "neth.entropy", offset = 4, length = 4, bit = 0, bits = 32, flags = nil },
+        { name = "spdcid", key = "neth.spdcid", offset = 8, length = 2, bit = 0, bits = 16, flags = nil },
+        { name = "dpdcid", key = "neth.dpdcid", offset = 10, length = 2, bit = 0, bits = 16, flags = nil },
+        { name = "reserved1", key = "neth.reserved1", offset = 12, length = 1, bit = 0, bits = 8, flags = nil },
+        { name = "nack_psn", key = "neth.nack_psn", offset = 13, length = 3, bit = 0, bits = 24, flags = nil },
+        { name = "cc_type", key = "neth.cc_type", offset = 16, length = 1, bit = 0, bits = 4, flags = nil },
+        { name = "cc_flags", key = "neth.cc_flags", offset = 16, length = 1, bit = 4, bits = 4, flags = nil },
+        { name = "reserved2", key = "neth.reserved2", offset = 17, length = 1, bit = 0, bits = 8, flags = nil },
+        { name = "tx_timestamp", key = "neth.tx_timestamp", offset = 18, length = 2, bit = 0, bits = 16, flags = nil },
+    },
+}
+
+-- PETH: Probe Extended Transport Header, 16 bytes
+hf["peth"] = ProtoField.none("mrc.peth", "Probe Extended Transport Header")
+hf["peth.reserved0"] = ProtoField.uint16("mrc.peth.reserved0", "reserved0", base.HEX_DEC, nil, nil, "0")
+hf["peth.reserved1"] = ProtoField.uint8("mrc.peth.reserved1", "reserved1", base.HEX_DEC, nil, nil, "reserved")
+hf["peth.vendor_info"] = ProtoField.uint8("mrc.peth.vendor_info", "vendor_info", base.HEX_DEC, nil, nil, "vendor information")
+hf["peth.probe_id"] = ProtoField.uint16("mrc.peth.probe_id", "probe_id", base.HEX_DEC, nil, nil, "probe id, echoed in the answering SACK's ack_psn_offset")
+hf["peth.reserved2"] = ProtoField.uint16("mrc.peth.reserved2", "reserved2", base.HEX_DEC, nil, nil, "reserved")
+hf["peth.spdcid"] = ProtoField.uint16("mrc.peth.spdcid", "spdcid", base.HEX_DEC, nil, nil, "source PDC id")
+hf["peth.dpdcid"] = ProtoField.uint16("mrc.peth.dpdcid", "dpdcid", base.HEX_DEC, nil, nil, "destination PDC id")
+hf["peth.tx_timestamp"] = ProtoField.uint16("mrc.peth.tx_timestamp", "tx_timestamp", base.HEX_DEC, nil, nil, "sender's transmit timestamp")
+hf["peth.tsr"] = ProtoField.uint8("mrc.peth.tsr", "tsr", base.HEX_DEC, nil, 0x80, "timestamp request")
+hf["peth.reserved3"] = ProtoField.uint16("mrc.peth.reserved3", "reserved3", base.HEX_DEC, nil, 0x7FF0, "reserved")
+hf["peth.ftype"] = ProtoField.uint8("mrc.peth.ftype", "ftype", base.HEX, VALUE_NAMES.Mrc10Ftype, 0xF, "format type (hdl.protocol.Mrc10Ftype)")
+HEADERS["PETH"] = {
+    name = "PETH", key = "peth", size = 16,
+    fields = {
+        { name = "reserved0", key = "peth.reserved0", offset = 0, length = 2, bit = 0, bits = 16, flags = nil },
+        { name = "reserved1", key = "peth.reserved1", offset = 2, length = 1, bit = 0, bits = 8, flags = nil },
+        { name = "vendor_info", key = "peth.vendor_info", offset = 3, length = 1, bit = 0, bits = 8, flags = nil },
+        { name = "probe_id", key = "peth.probe_id", offset = 4, length = 2, bit = 0, bits = 16, flags = nil },
+        { name = "reserved2", key = "peth.reserved2", offset = 6, length = 2, bit = 0, bits = 16, flags = nil },
+        { name = "spdcid", key = "peth.spdcid", offset = 8, length = 2, bit = 0, bits = 16, flags = nil },
+        { name = "dpdcid", key = "peth.dpdcid", offset = 10, length = 2, bit = 0, bits = 16, flags = nil },
+        { name = "tx_timestamp", key = "peth.tx_timestamp", offset = 12, length = 2, bit = 0, bits = 16, flags = nil },
+        { name = "tsr", key = "peth.tsr", offset = 14, length = 1, bit = 0, bits = 1, flags = nil },
+        { name = "reserved3", key = "peth.reserved3", offset = 14, length = 2, bit = 1, bits = 11, flags = nil },
+        { name = "ftype", key = "peth.ftype", offset = 15, length = 1, bit = 4, bits = 4, flags = nil },
+    },
+}
+
+-- ERTH: Endpoint Request Transport Header, 16 bytes
+hf["erth"] = ProtoField.none("mrc.erth", "Endpoint Request Transport Header")
+hf["erth.reserved0"] = ProtoField.uint16("mrc.erth.reserved0", "reserved0", base.HEX_DEC, nil, 0xFFFC, "reserved")
+hf["erth.op"] = ProtoField.uint8("mrc.erth.op", "op", base.HEX, VALUE_NAMES.Mrc10EndpointOp, 0x3, "endpoint operation (hdl.protocol.Mrc10EndpointOp)")
+hf["erth.reserved1"] = ProtoField.uint8("mrc.erth.reserved1", "reserved1", base.HEX_DEC, nil, nil, "reserved")
+hf["erth.vendor_info"] = ProtoField.uint8("mrc.erth.vendor_info", "vendor_info", base.HEX_DEC, nil, nil, "vendor information")
+hf["erth.port_status_mask"] = ProtoField.uint32("mrc.erth.port_status_mask", "port_status_mask", base.HEX_DEC, nil, nil, "ports whose status is asked for")
+hf["erth.reserved2"] = ProtoField.uint32("mrc.erth.reserved2", "reserved2", base.HEX_DEC, nil, nil, "reserved")
+hf["erth.tx_timestamp"] = ProtoField.uint16("mrc.erth.tx_timestamp", "tx_timestamp", base.HEX_DEC, nil, nil, "requester's transmit timestamp")
+hf["erth.tsr"] = ProtoField.uint8("mrc.erth.tsr", "tsr", base.HEX_DEC, nil, 0x80, "timestamp request")
+hf["erth.reserved3"] = ProtoField.uint16("mrc.erth.reserved3", "reserved3", base.HEX_DEC, nil, 0x7FF0, "reserved")
+hf["erth.ftype"] = ProtoField.uint8("mrc.erth.ftype", "ftype", base.HEX, VALUE_NAMES.Mrc10Ftype, 0xF, "format type (hdl.protocol.Mrc10Ftype)")
+HEADERS["ERTH"] = {
+    name = "ERTH", key = "erth", size = 16,
+    fields = {
+        { name = "reserved0", key = "erth.reserved0", offset = 0, length = 2, bit = 0, bits = 14, flags = nil },
+        { name = "op", key = "erth.op", offset = 1, length = 1, bit = 6, bits = 2, flags = nil },
+        { name = "reserved1", key = "erth.reserved1", offset = 2, length = 1, bit = 0, bits = 8, flags = nil },
+        { name = "vendor_info", key = "erth.vendor_info", offset = 3, length = 1, bit = 0, bits = 8, flags = nil },
+        { name = "port_status_mask", key = "erth.port_status_mask", offset = 4, length = 4, bit = 0, bits = 32, flags = nil },
+        { name = "reserved2", key = "erth.reserved2", offset = 8, length = 4, bit = 0, bits = 32, flags = nil },
+        { name = "tx_timestamp", key = "erth.tx_timestamp", offset = 12, length = 2, bit = 0, bits = 16, flags = nil },
+        { name = "tsr", key = "erth.tsr", offset = 14, length = 1, bit = 0, bits = 1, flags = nil },
+        { name = "reserved3", key = "erth.reserved3", offset = 14, length = 2, bit = 1, bits = 11, flags = nil },
+        { name = "ftype", key = "erth.ftype", offset = 15, length = 1, bit = 4, bits = 4, flags = nil },
+    },
+}
+
+-- EETH: Endpoint Response Extended Transport Header, 36 bytes
+hf["eeth"] = ProtoField.none("mrc.eeth", "Endpoint Response Extended Transport Header")
+hf["eeth.reserved0"] = ProtoField.uint16("mrc.eeth.reserved0", "reserved0", base.HEX_DEC, nil, 0xFFF0, "reserved")
+hf["eeth.op"] = ProtoField.uint8("mrc.eeth.op", "op", base.HEX, VALUE_NAMES.Mrc10EndpointOp, 0xC, "endpoint operation answered (hdl.protocol.Mrc10EndpointOp) [uncertain]: bits 3-2 of byte 1; one reference puts it at bits 5-4")
+hf["eeth.reserved1"] = ProtoField.uint8("mrc.eeth.reserved1", "reserved1", base.HEX_DEC, nil, 0x3, "reserved")
+hf["eeth.reserved2"] = ProtoField.bytes("mrc.eeth.reserved2", "reserved2", base.NONE, "reserved")
+hf["eeth.tx_timestamp"] = ProtoField.uint16("mrc.eeth.tx_timestamp", "tx_timestamp", base.HEX_DEC, nil, nil, "tx_timestamp echoed from the request")
+hf["eeth.reserved3"] = ProtoField.bytes("mrc.eeth.reserved3", "reserved3", base.NONE, "reserved")
+HEADERS["EETH"] = {
+    name = "EETH", key = "eeth", size = 36,
+    fields = {
+        { name = "reserved0", key = "eeth.reserved0", offset = 0, length = 2, bit = 0, bits = 12, flags = nil },
+        { name = "op", key = "eeth.op", offset = 1, length = 1, bit = 4, bits = 2, flags = nil },
+        { name = "reserved1", key = "eeth.reserved1", offset = 1, length = 1, bit = 6, bits = 2, flags = nil },
+        { name = "reserved2", key = "eeth.reserved2", offset = 2, length = 26, bit = 0, bits = 208, bytes = true, flags = nil },
+        { name = "tx_timestamp", key = "eeth.tx_timestamp", offset = 28, length = 2, bit = 0, bits = 16, flags = nil },
+        { name = "reserved3", key = "eeth.reserved3", offset = 30, length = 6, bit = 0, bits = 48, bytes = true, flags = nil },
+    },
+}
+
 -- ---------------------------------------------------------------------------------------------
 -- Summary fields
 -- ---------------------------------------------------------------------------------------------
 
-hf["kind"] = ProtoField.string("mrc.kind", "kind", base.ASCII, "packet kind: data, ack, nack, probe_request, probe_response or unsupported")
+hf["kind"] = ProtoField.string("mrc.kind", "kind", base.ASCII, "packet kind: data, ack, nack, probe_request, probe_response, the MRC 1.0 kinds (mrc10_data, mrc10_ack, mrc10_nak, mrc10_sack, mrc10_nack, mrc10_probe, mrc10_endpoint_request, mrc10_endpoint_response) or unsupported")
 hf["opcode"] = ProtoField.uint8("mrc.opcode", "opcode", base.HEX, OPCODE_NAMES, nil, "BTH opcode")
 hf["nak_code"] = ProtoField.string("mrc.nak_code", "nak_code", base.ASCII, "NAK code name of a NACK (hdl.protocol.NakCode)")
 hf["trimmed"] = ProtoField.bool("mrc.trimmed", "trimmed", base.NONE, nil, nil, "data packet whose inner IP DSCP is the trim DSCP preference")
 hf["payload_len"] = ProtoField.uint32("mrc.payload_len", "payload_len", base.HEX_DEC, nil, nil, "bytes of data payload between the headers and the ICRC")
-hf["retransmission"] = ProtoField.bool("mrc.retransmission", "retransmission", base.NONE, nil, nil, "data packet with MDETH flag RETRANSMISSION")
+hf["retransmission"] = ProtoField.bool("mrc.retransmission", "retransmission", base.NONE, nil, nil, "data packet with MDETH flag RETRANSMISSION (MRC 1.0: BTH.rtx)")
 hf["sack_psn"] = ProtoField.uint32("mrc.sack_psn", "sack_psn", base.HEX_DEC, nil, nil, "a PSN the SACK bitmap acknowledges (one per set bit)")
 hf["icrc"] = ProtoField.uint32("mrc.icrc", "icrc", base.HEX_DEC, nil, nil, "invariant CRC trailer (zero and unchecked on trimmed packets)")
 hf["malformed"] = ProtoField.bool("mrc.malformed", "malformed", base.NONE, nil, nil, "the frame is too short for its headers")
@@ -262,6 +503,8 @@ end
 
 local function read_field(tvb, offset, spec)
     local range = tvb:range(offset + spec.offset, spec.length)
+    if spec.bytes then return range:bytes() end
+    if spec.signed then return range:int() end
     if spec.bits > 32 then return range:uint64() end
     if spec.bit == 0 and spec.bits == 8 * spec.length then return range:uint() end
     return range:bitfield(spec.bit, spec.bits)
@@ -424,6 +667,62 @@ local function parse_probe(p, opcode)
     p:icrc(false)
 end
 
+-- MRC 1.0 (not sent by the NIC yet): METH, TSETH when BTH.ts, RETH, ImmDt, payload.
+local function parse_mrc10_data(p, opcode, trim_dscp)
+    p.kind = "mrc10_data"
+    p:add_info(OPCODE_NAMES[opcode])
+    p:add_info("QP=" .. hex(p.dqpn))
+    p:add_info("PSN=" .. hex(p.psn))
+    local dscp = inner_dscp(p.udp_offset)
+    p.trimmed = dscp ~= nil and dscp == trim_dscp
+    p.retransmission = band(p.bth[BTH_RTX_FIELD], BTH_RTX) ~= 0
+    local meth = p:header(HEADERS["METH"])
+    if not meth then return end
+    p:add_info("MSN=" .. meth.msn)
+    if band(p.bth[BTH_TS_FIELD], BTH_TS) ~= 0 and not p:header(HEADERS["TSETH"]) then return end
+    local reth = p:header(HEADERS["RETH"])
+    if not reth then return end
+    p:add_info("va=" .. hex(reth.va))
+    p:add_info("dma_len=" .. reth.dma_len)
+    if MRC10_IMMEDIATE_OPCODES[opcode] and not p:header(HEADERS["ImmDt"]) then return end
+    if p.retransmission then p:add_info("[RTX]") end
+    if not p:icrc(true) then return end
+    if p.trimmed then
+        p.notes[#p.notes + 1] = { experts.trimmed }
+    elseif p.payload_len ~= reth.dma_len then
+        p.notes[#p.notes + 1] = { experts.length_mismatch, string.format(
+            "Payload is %d bytes, RETH dma_len says %d", p.payload_len, reth.dma_len) }
+    end
+end
+
+local MRC10_CONTROL = {
+    [0xD1] = { kind = "mrc10_ack", headers = { HEADERS["AETH"] } },
+    [0xD8] = { kind = "mrc10_endpoint_request", headers = { HEADERS["ERTH"] } },
+    [0xD9] = { kind = "mrc10_endpoint_response", headers = { HEADERS["EETH"] } },
+    [0xDC] = { kind = "mrc10_sack", headers = { HEADERS["SETH"], HEADERS["CC_STATE"] } },
+    [0xDD] = { kind = "mrc10_nack", headers = { HEADERS["NETH"] } },
+    [0xDE] = { kind = "mrc10_probe", headers = { HEADERS["PETH"] } },
+}
+
+local function parse_mrc10_control(p, opcode)
+    local entry = MRC10_CONTROL[opcode]
+    p.kind = entry.kind
+    p:add_info(OPCODE_NAMES[opcode])
+    p:add_info("QP=" .. hex(p.dqpn))
+    p:add_info("PSN=" .. hex(p.psn))
+    for _, header in ipairs(entry.headers) do
+        local values = p:header(header)
+        if not values then return end
+        if header == HEADERS["AETH"] and band(values.syndrome, AETH_KIND_MASK) == AETH_NAK_BASE then
+            local code = band(values.syndrome, NAK_CODE_MASK)
+            p.kind = "mrc10_nak"
+            p.nak_code = NAK_NAMES[code] or string.format("UNKNOWN_%d", code)
+            p:add_info("NAK " .. p.nak_code)
+        end
+    end
+    p:icrc(false)
+end
+
 -- ---------------------------------------------------------------------------------------------
 -- Tree
 -- ---------------------------------------------------------------------------------------------
@@ -474,6 +773,10 @@ function mrc.dissector(tvb, pinfo, tree)
         opcode = read_field(source, bth_offset, BTH_FIELDS.opcode)
         p.dqpn = read_field(source, bth_offset, BTH_FIELDS.dqpn)
         p.psn = read_field(source, bth_offset, BTH_FIELDS.psn)
+        p.bth = {}
+        for name, spec in pairs(BTH_FIELDS) do
+            p.bth[name] = read_field(source, bth_offset, spec)
+        end
         p.offset = bth_offset + BTH_BYTES
         if DATA_OPCODES[opcode] then
             parse_data(p, opcode, mrc.prefs.trim_dscp)
@@ -481,6 +784,10 @@ function mrc.dissector(tvb, pinfo, tree)
             parse_ack(p)
         elseif opcode == OPCODE_PROBE_REQUEST or opcode == OPCODE_PROBE_RESPONSE then
             parse_probe(p, opcode)
+        elseif MRC10_DATA_OPCODES[opcode] then
+            parse_mrc10_data(p, opcode, mrc.prefs.trim_dscp)
+        elseif MRC10_CONTROL[opcode] then
+            parse_mrc10_control(p, opcode)
         else
             p.kind = "unsupported"
             p:add_info(string.format("unsupported opcode 0x%02X", opcode))
@@ -496,7 +803,7 @@ function mrc.dissector(tvb, pinfo, tree)
     if p.kind then generated(root, "kind", p.kind) end
     if opcode then generated(root, "opcode", opcode) end
     if p.nak_code then generated(root, "nak_code", p.nak_code) end
-    if p.kind == "data" then generated(root, "trimmed", p.trimmed) end
+    if p.kind == "data" or p.kind == "mrc10_data" then generated(root, "trimmed", p.trimmed) end
     if p.retransmission ~= nil then generated(root, "retransmission", p.retransmission) end
     if p.payload_len ~= nil then generated(root, "payload_len", p.payload_len) end
     if p.malformed then
