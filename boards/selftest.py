@@ -518,8 +518,8 @@ class DelayLine(wiring.Component):
         entry = data.StructLayout({"beat": self._layout, "due": 16})
         m.submodules.fifo = fifo = SyncFIFOBuffered(width=entry.size, depth=self._depth)
         # The head waits in flip-flops (``head``), so the due test starts from a register, not
-        # from the block RAM's output: the RAM's 4.1 ns clock-to-out in front of the subtract
-        # was the Versa self-test's critical path at 100 MHz (98.25 MHz, docs/boards.md).
+        # from the block RAM's output: the RAM's clock-to-out in front of the subtract was
+        # once the Versa self-test's critical path at 100 MHz.
         head = Signal(entry)
         head_valid = Signal()
         early = Signal(16)

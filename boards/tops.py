@@ -5,8 +5,7 @@ The ECPIX-5 and Versa self-tests take their clock from the board's default oscil
 (Amaranth makes the ``sync`` domain from it); the ULX3S self-test runs at 50 MHz from the ECP5
 PLL (:class:`~boards.pll.Ecp5Pll`) fed by its 25 MHz oscillator; ``ecpix5-125`` runs the
 ECPIX-5 self-test at the engine's target of 125 MHz, made from the 100 MHz oscillator by the
-PLL. It misses 125 MHz today (92.9-104.3 MHz over three seeds, placement-limited:
-docs/boards.md).
+PLL; whether it meets that clock is in docs/boards.md (generated from the synthesis report).
 """
 
 from amaranth import *
@@ -302,14 +301,13 @@ ENGINE_HZ = NicConfig().clock_hz
 
 #: The clock of the transport self-test (the whole NIC), made by the PLL for
 #: ``ecpix5-transport`` and ``ecpix5-rgmii``. The transport blocks were built for simulation and
-#: have not been pipelined for an FPGA yet: placed for 50 MHz, the NIC was estimated at
-#: 15.1 MHz, its longest path (107 cells) running through the responder from its QP table's
-#: LUT-RAM read through the receive bitmaps and the ACK payload (docs/boards.md).
+#: have not been pipelined for an FPGA yet: the NIC's longest path runs through the responder
+#: from its QP table's LUT-RAM read through the receive bitmaps and the ACK payload
+#: (docs/boards.md).
 TRANSPORT_HZ = 10_000_000
 
 #: The ULX3S self-test's clock, made by the PLL from the 25 MHz oscillator. The LFE5U-85F on
-#: the ULX3S is speed grade 6; the self-test reached 70.6 MHz there at a 25 MHz constraint
-#: (docs/boards.md), so 50 MHz leaves it room.
+#: the ULX3S is speed grade 6, slower than the other boards' (docs/boards.md).
 ULX3S_HZ = 50_000_000
 
 #: Boards of ``make bitstream BOARD=...``.
@@ -319,8 +317,8 @@ BOARDS = {
     "ecpix5-125": Board("ecpix5-125", ECPIX585Platform,
                         lambda name: SelfTestTop("ecpix5", pll_hz=ENGINE_HZ),
                         "LambdaConcept ECPIX-5 85F (LFE5UM5G-85F-8BG554), self-test at the "
-                        "engine's 125 MHz (PLL from the 100 MHz oscillator; misses it today: "
-                        "104.3 MHz, build with --allow-timing-fail)", router="router2"),
+                        "engine's 125 MHz (PLL from the 100 MHz oscillator; build with "
+                        "--allow-timing-fail if it misses: docs/boards.md)", router="router2"),
     "ecpix5-ci": Board("ecpix5-ci", ECPIX585Platform, lambda name: NetworkSelftestTop(),
                        "LambdaConcept ECPIX-5 85F (LFE5UM5G-85F-8BG554), network-level "
                        "self-test (no packet engines) at 100 MHz, the CI bitstream"),
@@ -328,14 +326,12 @@ BOARDS = {
         "ecpix5-transport", ECPIX585Platform,
         lambda name: TransportSelfTestTop(clock_hz=TRANSPORT_HZ),
         "LambdaConcept ECPIX-5 85F (LFE5UM5G-85F-8BG554), transport self-test: the whole NIC "
-        "in loopback through the impaired fabric, 10 MHz from the PLL (routes at 17.3 MHz: "
-        "docs/boards.md)", router="router2"),
+        "in loopback through the impaired fabric, 10 MHz from the PLL", router="router2"),
     "ecpix5-rgmii": Board(
         "ecpix5-rgmii", ECPIX585Platform,
         lambda name: TransportSelfTestTop(clock_hz=TRANSPORT_HZ, rgmii=True),
         "LambdaConcept ECPIX-5 85F (LFE5UM5G-85F-8BG554), transport self-test with plane 1 on "
-        "the RGMII Ethernet port (1 Gb/s MAC), 10 MHz from the PLL (places, does not route "
-        "yet: docs/boards.md)", router="router2"),
+        "the RGMII Ethernet port (1 Gb/s MAC), 10 MHz from the PLL", router="router2"),
     "versa": Board("versa", VersaECP5Platform, SelfTestTop,
                    "Lattice Versa ECP5 (LFE5UM-45F-8BG381), self-test at 100 MHz"),
     "ulx3s": Board("ulx3s", ULX3S_85F_Platform,

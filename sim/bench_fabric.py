@@ -34,7 +34,7 @@ leaves each port silent too long for it; that entry also keeps ``reo_wnd`` 0, th
 ACK policy was measured with).
 
 ``recovery.json`` puts ``plane-failure``, ``timeout-only`` and ``plane-failure-sack`` side by
-side (issue #6's measurement).
+side (the loss-recovery figures of ``docs/performance.md``).
 """
 
 import json
@@ -60,13 +60,10 @@ BASES = {"clean-oneway": "clean", "clean-coalesced": "clean",
 #: Every entry but ``clean-coalesced`` keeps the responders' default ACK policy (an ACK every
 #: 4 packets or 128 cycles, out-of-order arrivals ACKed at once). With 4 QPs sharing 8 Gb/s a
 #: QP receives a packet every ~4.4 us, so the 1 us ACK timer fires before the fourth packet
-#: and every data packet gets its own ACK: 110 of every 1,210 wire bytes, efficiency near 0.90
-#: with traffic both ways. ``clean-coalesced`` ACKs every 16 packets or 4,096 cycles (33 us)
-#: with gaps coalesced and ``gap_depth`` 8 (120 ACKs per 1,024 packets, efficiency 0.959, the
-#: same without ``gap_depth``). It is not the default: it finds a dead plane later (9.13 base
-#: round trips against 5.78) and resends its lost PSNs later (1.73 timeouts against 1.44);
-#: under 1 % loss it measured 0.835 (0.646 before the ECN window's repair) against the
-#: default policy's 0.750-0.817 (docs/performance.md).
+#: and every data packet gets its own ACK, which caps the efficiency with traffic both ways.
+#: ``clean-coalesced`` ACKs every 16 packets or 4,096 cycles (33 us) with gaps coalesced and
+#: ``gap_depth`` 8. It is not the default: it finds a dead plane later and resends its lost
+#: PSNs later (docs/performance.md).
 #: Fate sharing is off under random loss, where a single loss would cost a whole plane.
 SIZES = {
     "clean": {"bytes": 1 << 20},

@@ -1,4 +1,4 @@
-"""``mrc-nic sim``: the most end-to-end flow that exists, grown issue by issue.
+"""``mrc-nic sim``: the most end-to-end flow that exists.
 
 Today (before the RTL NIC exists) it exercises the foundation end to end: it loads the default
 EV profile, generates and expands its EVs, segments WRITE and WRITE WITH IMMEDIATE messages
@@ -24,6 +24,7 @@ from . import packets as pk
 from .dissector import tshark_errors
 from .env import BUILD, REPO
 from .errors import fail
+from .waves import add_waves_arguments, waves_from_args
 
 DEFAULT_PROFILE = D.DEFAULT_PROFILE_JSON
 
@@ -55,6 +56,7 @@ def register(subparsers):
                    help="output folder (default: build/flow)")
     p.add_argument("--sim", choices=("verilator", "icarus", "none"), default="verilator",
                    help="simulator for the RTL receive path (none: skip the RTL step)")
+    add_waves_arguments(p, "OUT/waves.fst (the RTL receive path)")
     p.set_defaults(func=run)
 
 
@@ -105,6 +107,9 @@ def run(args):
         return fail("the foundation flow sends UDP/STEV EVs only; SRv6 arrives with the RTL",
                     field="--profile")
     out = args.out or BUILD / "flow"
+    waves = waves_from_args(args, out / "waves.fst")
+    if waves and args.sim == "none":
+        return fail("needs the RTL step: --sim verilator or icarus, not none", field="--waves")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -154,7 +159,7 @@ def run(args):
     raw_frames = [bytes(f) for f in frames]
     bad_icrc = sum(not pk.icrc_ok(f) for f in raw_frames)
     decoded = _tshark_check(pcap, frames)
-    rtl = _rtl_receive(raw_frames, frame_ports, config, args.sim, out)
+    rtl = _rtl_receive(raw_frames, frame_ports, config, args.sim, out, waves)
     report = {
         "stage": "foundation (no RTL yet)",
         "config": config.to_dict(), "seed": args.seed,
@@ -179,7 +184,7 @@ def run(args):
     return 0 if ok else 1
 
 
-def _rtl_receive(frames, ports, config, sim, out):
+def _rtl_receive(frames, ports, config, sim, out, waves=None):
     """Every frame through the NIC's RTL receive path, each on its EV's plane."""
     if sim == "none":
         return {"status": "skipped"}
@@ -189,7 +194,7 @@ def _rtl_receive(frames, ports, config, sim, out):
           flush=True)
     try:
         outcome = replay_frames(frames, config, ports=ports, sim=sim,
-                                build_dir=out / f"rtl-{sim}")
+                                build_dir=out / f"rtl-{sim}", waves=waves)
     except CocotbFailure as e:
         return {"status": "error", "simulator": sim, "error": str(e)}
     counters = outcome["counters"]

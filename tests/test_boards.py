@@ -878,9 +878,9 @@ def test_lock_reset_holds_until_cycles_after_lock_and_again_on_loss():
 
 @pytest.mark.parametrize("router", [None, "router2"])
 def test_board_builds_pass_their_router_to_nextpnr(tmp_path, router):
-    """The 125 MHz ECPIX-5 self-test routes with router2 (router1 did not converge there in
-    25 minutes); the flow hands a board's router to nextpnr, and only then. The 100 MHz tops
-    keep nextpnr's default, router1 (ECPIX-5: 126.5 MHz with it, 87.9 MHz with router2)."""
+    """The 125 MHz ECPIX-5 self-test routes with router2 (router1 did not converge there); the
+    flow hands a board's router to nextpnr, and only then. The 100 MHz tops keep nextpnr's
+    default, router1, which gives them the higher fmax (docs/boards.md)."""
     from boards.build import _platform_build
     seen = {}
 

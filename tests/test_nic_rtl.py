@@ -1,6 +1,6 @@
 """End-to-end: two RTL NICs (hdl/nic.py) under cocotb over the multi-plane fabric
 (sim/tb/cocotb_fabric.py, the main job's bench), through every impairment the transport must
-survive. The one end-to-end test that stays green from the first RTL issue on.
+survive. The one end-to-end test that stays green as the RTL grows.
 
 One Verilator build (4 planes, MTU 512, the main job's NIC tables) serves every scenario. Each
 run must end with the target memory equal byte for byte and every completion delivered in

@@ -1,4 +1,4 @@
-"""Loss recovery in the requester (issue #6): retransmit timer, retry policy, exhaustion,
+"""Loss recovery in the requester: retransmit timer, retry policy, exhaustion,
 timeout walks, SACK-inferred losses and LOST feedback (Amaranth simulator).
 
 The time input ``now_units`` is driven by the bench: frozen (``step`` 0) and jumped where a

@@ -328,7 +328,7 @@ def test_qp_write_busy_with_outstanding_wrs_and_read_back():
     assert m.control(3) == (P.Errno.EINVAL, 0)
 
 
-# -- loss recovery (issue #6) ------------------------------------------------------------------
+# -- loss recovery -----------------------------------------------------------------------------
 
 def timed_model(timeout=4, linear=0, exp=0, psn=0, infer_k=None):
     m = RequesterModel(CONFIG)

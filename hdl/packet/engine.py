@@ -10,7 +10,7 @@ packet benchmarks drive::
 The ``[slice]`` stages (:class:`~hdl.packet.slice.RegisterSlice`, with ``pipeline=True``, the
 default) cut the combinational paths from the arbiter's grant multiplexer into the parser's
 admission logic and from the builder's output stage into the demux and the ports' ``ready``:
-without them that chain limited the engine to 75 MHz on the ECP5 (``docs/boards.md``).
+without them that chain was the engine's critical path on the ECP5 (``docs/boards.md``).
 
 The receive path checks every frame (docs/parser.md) and drops bad ones whole with a counted
 reason; the transmit path builds complete frames with lengths, checksums and ICRC

@@ -54,10 +54,9 @@ class PortArbiter(wiring.Component):
         # Round-robin as a masked priority encoder on one-hot vectors: `above` (the ports after
         # the last grant, searched first) is a register, so the pick is two find-first-set
         # circuits and a 2:1 select, and the beat multiplexer an AND-OR over one-hot selects.
-        # The chained compare-and-select of a binary grant limited the packet engine to
-        # 75-93 MHz on ECP5; the one-hot form reached 119 MHz in the engine, its critical path
-        # then input `valid` -> pick -> grant -> beat multiplexer -> the receive slice
-        # (docs/boards.md); with the pick registered the engine reaches 138 MHz. The pick is
+        # The chained compare-and-select of a binary grant was the packet engine's critical
+        # path on ECP5; with the one-hot form it became input `valid` -> pick -> grant -> beat
+        # multiplexer -> the receive slice (docs/boards.md). So the pick is
         # registered (`ahead`): it is computed in every
         # cycle from the waiting ports and used in the next, so the multiplexer's select is
         # `grant` or `ahead`, both registers. A port stays valid until its beat is taken, so a

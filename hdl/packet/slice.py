@@ -3,7 +3,7 @@
 Between two large blocks (the port arbiter and the parser, the header builder and the port
 demux) the forward path (``valid``, payload) and the backward path (``ready``) would otherwise
 chain the producer's output logic into the consumer's input logic in one clock cycle; on the
-ECP5 that chain limited the packet engine to 75 MHz (``docs/boards.md``).
+ECP5 that chain was the packet engine's critical path (``docs/boards.md``).
 """
 
 from amaranth import *

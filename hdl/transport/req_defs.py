@@ -29,7 +29,7 @@ __all__ = [
 #: (*project choice*; with an MTU of 1024 or more no 32-bit length reaches it).
 MAX_WR_PACKETS = 1 << 22
 #: Per-PSN send time: ``now_ns >> TIME_SHIFT`` (1.024 us units) in TIME_BITS bits, as the
-#: retransmit timer of issue #6 counts in the same unit as the local ACK timeout.
+#: retransmit timer counts in the same unit as the local ACK timeout.
 TIME_SHIFT = 10
 TIME_BITS = 16
 ACKREQ_EVERY_BITS = 16
@@ -223,7 +223,7 @@ def sent_layout(config):
 
 
 def retx_layout(config):
-    """A request to retransmit one PSN (retransmit timer of issue #6)."""
+    """A request to retransmit one PSN (from the retransmit timer)."""
     return data.StructLayout({
         "qpn": unsigned(config.qpn_bits),
         "psn": unsigned(P.PSN_BITS),
@@ -244,7 +244,7 @@ REQUESTER_COUNTERS = (
     "duplicate_acks", "bad_acks", "nak_psn_out_of_window", "nak_invalid_request",
     "nak_remote_access", "nak_remote_operational", "nak_trimmed", "completions",
     "error_completions", "feedback_dropped",
-    # Issue #6: retransmit timer and loss recovery.
+    # Retransmit timer and loss recovery.
     "timeouts", "retry_exceeded", "timeout_retransmissions", "inferred_losses",
     "lost_feedback", "walk_skipped", "arm_dropped", "infer_dropped",
     # Time-based inference: regions whose reorder window expired.

@@ -13,7 +13,8 @@ write port and the engines run at the same time without arbitration:
 * **ACK processing** (A1) applies one ACK/NAK per cycle: cumulative advance, SACK merge into
   the acked bitmap, TRIM -> retransmit queue, fatal NAK -> QP ERROR;
 * **completion engine** walks a QP's WR ring from the oldest slot and completes WRs in order;
-* **timer scanner** (issue #6) visits one QP per cycle and expires its retransmit timer;
+* **timer scanner** visits one QP per cycle and expires its retransmit timer
+  (``docs/recovery.md``);
 * **walker** feeds the retransmitter PSN ranges (timeout and SACK-inferred losses);
 * **inference unit** (I0-I3) finds the holes with K later PSNs SACKed in each applied ACK.
 
@@ -111,7 +112,7 @@ def requester_tables(config):
         "wr_send": (data.StructLayout({"va": 64, "local": 64, "rkey": 32, "imm": 32,
                                        "first": _PSN, "length": 32, "is_imm": 1}),
                     qps * slots, 1),
-        # Issue #6. The timer scanner's own table: armed, start time, una at its last visit,
+        # Loss recovery: the timer scanner's own table: armed, start time, una at its last visit,
         # retries since the last progress.
         "tmr": (data.StructLayout({"armed": 1, "start": 32, "una_seen": _PSN,
                                    "retries": RETRY_COUNT_BITS}), qps, 2),
@@ -209,7 +210,7 @@ class Requester(wiring.Component):
     finds its output full is dropped and counted in ``feedback_dropped``. ``docs/requester.md``
     has every rule.
 
-    Loss recovery (issue #6, ``docs/recovery.md``): a per-QP retransmit timer, kept in block
+    Loss recovery (``docs/recovery.md``): a per-QP retransmit timer, kept in block
     RAM and visited by a scanner one QP per cycle (accurate to one scan period, ``qps``
     cycles plus arm events), resends the oldest unacknowledged PSN and the old holes after it
     on expiry, with the retry policy of :func:`~hdl.transport.req_defs.retry_expiry`; when
@@ -236,7 +237,7 @@ class Requester(wiring.Component):
         Path feedback per applied ACK (ACKED or ECN), TRIM NAK (TRIMMED) and PSN resent for a
         timeout or an inferred loss (LOST); dropped, not stalled, when full.
     retx : ``In(stream.Signature(retx_layout(config)))``
-        Requests to retransmit a PSN (the retransmit timer of issue #6).
+        Requests to retransmit a PSN (the retransmit timer).
     completion : ``Out(stream.Signature(completion_layout(config)))``
         Requester completions, in WR order per QP. Never dropped.
     qp_error : ``Out(stream.Signature(qp_error_layout(config)))``
@@ -244,7 +245,7 @@ class Requester(wiring.Component):
     ctl : ``In(stream.Signature(requester_command_layout(config)))``
     ctl_resp : ``Out(stream.Signature(requester_response_layout(config)))``
     now_ns : ``In(32)``
-        Unused since issue #6 (the time is ``now_units``); kept so the NIC's wiring holds.
+        Unused (the time is ``now_units``); kept so the NIC's wiring holds.
     now_units : ``In(32)``
         The time in 1.024 us units (:attr:`Timebase.units <hdl.timebase.Timebase.units>`):
         the retransmit timers and the per-PSN send time.
@@ -353,7 +354,7 @@ class Requester(wiring.Component):
         qe_layout = qp_error_layout(cfg)
         m.submodules.qp_error_fifo = qp_error_fifo = SyncFIFOBuffered(
             width=qe_layout.size, depth=self.QP_ERROR_DEPTH)
-        # Issue #6: arm events (segmenter -> scanner), walk requests per kind (scanner,
+        # Loss recovery: arm events (segmenter -> scanner), walk requests per kind (scanner,
         # inference unit -> walker), retry-exceeded QPs (scanner -> ACK processing), LOST
         # feedback (walker), merged with the ACK side's into `feedback`.
         wl = walk_layout(cfg)
@@ -747,7 +748,7 @@ class Requester(wiring.Component):
 
         rx_header = self.rx.payload.header
         rx_take = Signal()
-        # A QP whose retries are exhausted takes the place of an rx beat (issue #6).
+        # A QP whose retries are exhausted takes the place of an rx beat.
         a0_room = (~hold & room(trim_queue, self.TRIM_QUEUE_DEPTH)
                    & room(qp_error_fifo, self.QP_ERROR_DEPTH))
         x_take = exceed_fifo.r_rdy & a0_room

@@ -11,7 +11,7 @@ network simulations uses it as its requester.
 Timing is not modelled: the gateware does the same things in the same order per stream, but
 interleaves the streams in time. The rules are in ``docs/requester.md``.
 
-The retransmit timer of issue #6 (``docs/recovery.md``) is modelled as an ideal timer: time is
+The retransmit timer (``docs/recovery.md``) is modelled as an ideal timer: time is
 :attr:`RequesterModel.now_units` (set it, or pass ``now_units`` to :meth:`~RequesterModel.pull`
 and :meth:`~RequesterModel.poll_timers`), and :meth:`~RequesterModel.poll_timers` expires every
 QP whose wait has passed at once, where the gateware's scanner notices it up to one scan
@@ -294,7 +294,7 @@ class RequesterModel:
         """Ask for PSN ``psn`` of QP ``qpn`` to be resent (the retransmit timer's input)."""
         self._retx.append((qpn, psn))
 
-    # -- retransmit timer (issue #6) -----------------------------------------------------------
+    # -- retransmit timer ----------------------------------------------------------------------
 
     def timer(self, qpn):
         """QP ``qpn``'s timer: ``{"armed", "start", "retries", "wait", "exhausted"}`` where
@@ -655,7 +655,7 @@ class RequesterModel:
             elif not qp.error:
                 return
             elif qp.err_status == P.CompletionStatus.RETRY_EXC_ERR:
-                status = qp.err_status          # every outstanding WR (issue #6)
+                status = qp.err_status          # every outstanding WR
             elif not qp.err_done and P.psn_diff(slot.end, qp.err_psn) > 0:
                 status, qp.err_done = qp.err_status, True
             else:
