@@ -78,6 +78,10 @@ def run(args):
         fabric_sims = _list(args.fabric_sims, "--fabric-sims", SIMULATORS)
     if args.count < 1:
         return fail(f"must be at least 1, not {args.count}", field="--count")
+    try:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return fail(f"{args.out.parent}: cannot create: {e.strerror}", field="--out")
     only = set(args.only or ("packet", "path", "fabric"))
     if "packet" in only:
         status = _packet(args)

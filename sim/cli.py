@@ -36,6 +36,8 @@ def _verilog(args):
     from .export import export_sv
     config = nic_config_from(args.config)
     try:
+        # Before the export, which takes a while: a path that cannot be written fails at once.
+        args.out.parent.mkdir(parents=True, exist_ok=True)
         export_sv(MrcNic(config), name="mrc_nic", path=args.out)
     except OSError as e:
         return fail(f"{args.out}: cannot write: {e.strerror}", field="--out")

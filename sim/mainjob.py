@@ -155,6 +155,10 @@ def run(args):
     except ScenarioError as e:
         return fail(str(e))
     out = args.out or BUILD / "sim" / scn.name
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return fail(f"{out}: cannot create: {e.strerror}", field="--out" if args.out else None)
     report = run_scenario(scn, out, log=print, scenario_file=path)
     print(summary(report))
     return 0 if report["ok"] else 1

@@ -112,18 +112,18 @@ _RULES = {
     "evs": _int(1, MAX_EVS),
     "both_ways": _BOOL,
     "fail_plane": _int(0, None),
-    "fail_at_us": _number(0, 1e9),
-    "recover_at_us": _number(0, 1e9),
+    "fail_at_us": _number(0, 10**9),
+    "recover_at_us": _number(0, 10**9),
     "fail_kind": _choice("blackhole", "flap"),
     "fail_all": _BOOL,
-    "flap_period_us": _number(0.01, 1e9),
+    "flap_period_us": _number(0.01, 10**9),
     "loss": _number(0.0, 0.5),
     "duplicate": _number(0.0, 0.5),
     "corrupt": _number(0.0, 0.5),
     "trim_threshold": _int(0, 1 << 30),
     "ecn_threshold": _int(0, 1 << 30),
     "queue_bytes": _int(1, 1 << 30),
-    "latency_us": _number(0.0, 1e6),
+    "latency_us": _number(0.0, 10**6),
     "timeout": _int(0, P.LOCAL_ACK_TIMEOUT_MAX),
     "retry_linear": _int(0, P.RETRY_LINEAR_MAX),
     "retry_exponential": _int(0, P.RETRY_EXPONENTIAL_MAX),
@@ -142,7 +142,7 @@ _RULES = {
     "baseline": _choice("ecmp", None),
     "sim": _choice("verilator", "icarus"),
     "waves": _BOOL,
-    "max_us": _number(1.0, 1e7),
+    "max_us": _number(1.0, 10**7),
     "extra": ("table",),
 }
 
@@ -179,8 +179,8 @@ def allowed(name):
         "planes": "an integer from 1 to 16; with --config, its ports",
         "mtu": f"one of {', '.join(map(str, MTUS))}; with --config, its mtu",
         "fail_plane": "an integer from 0 to planes - 1, or -1 for no failure",
-        "fail_at_us": "a number from 0 to 1e9",
-        "recover_at_us": "a number after the failure time, up to 1e9, or -1 for never",
+        "fail_at_us": f"a number from 0 to {10**9}",
+        "recover_at_us": f"a number after the failure time, up to {10**9}, or -1 for never",
     }
     return special.get(name) or _allowed_text(_RULES[name])
 
