@@ -42,7 +42,9 @@ def read_capture(path):
     from scapy.layers.l2 import Ether
     from scapy.utils import rdpcap
     try:
-        packets = rdpcap(str(path))
+        # Opened here, so a file that is not a capture is closed too (rdpcap leaves it open).
+        with open(path, "rb") as file:
+            packets = rdpcap(file)
     except FileNotFoundError:
         raise ValueError(f"{path}: no such file") from None
     except (Scapy_Exception, OSError, EOFError, ValueError) as e:
