@@ -102,3 +102,39 @@ def test_kind_of_each_flow_document():
     assert docfigures.kind_of({"decisions_per_cycle": 1.0}) == "path"
     assert docfigures.kind_of({"results": []}) == "synth"
     assert docfigures.kind_of({"kind": "board", "resources": {}}) == "synth"
+
+
+def _document_for(snapshot, kind):
+    """A document of ``kind`` holding every sourced figure's value where its source points
+    (globs replaced by a clock name), as the flow would write it."""
+    doc = {"results": []} if kind == "synth" else {"scenarios": {}}
+    for _, fig in docfigures._sourced(snapshot, kind):
+        source, value = fig["source"], fig["value"]
+        node = doc
+        if source.get("select"):
+            entry = next((e for e in doc["results"]
+                          if all(e.get(k) == v for k, v in source["select"].items())), None)
+            if entry is None:
+                entry = dict(source["select"])
+                doc["results"].append(entry)
+            node = entry
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = value / source.get("scale", 1)
+        *keys, last = [k.replace("*", "clk") for k in source["path"]]
+        for key in keys:
+            node = node.setdefault(key, {})
+        node[last] = value
+    return doc
+
+
+@pytest.mark.parametrize("name", sorted(DOCS))
+def test_every_source_points_into_its_flows_json(name):
+    """Each sourced figure is found again, unchanged, in a document of its flow's shape."""
+    snapshot = load(name)
+    kinds = {f["source"]["file"] for t in snapshot["tables"] for r in t["rows"] for c in r
+             for f in docfigures._figures(c) if f["source"]}
+    for kind in kinds:
+        document = _document_for(snapshot, kind)
+        assert docfigures.kind_of(document) == ("synth" if kind == "synth" else "fabric")
+        changed, missing = update(snapshot, document, kind)
+        assert not missing and not changed, (kind, changed[:3], missing[:3])
