@@ -8,9 +8,9 @@
      "source": {"file": "fabric", "path": ["scenarios", "clean", "efficiency"]}}
 
 ``value`` is a number, a boolean (shown as yes / no), or a string for a figure that is a state
-("not routed"); ``command``
-reproduces it; ``seed`` is the seed of the run (``null`` where the flow has none); ``source``
-says where the flow that ``command`` runs writes it:
+("not routed"); ``command`` reproduces it; ``seed`` is the seed of the run (``null`` where the
+flow has none); ``source`` says where the flow that ``command`` runs writes it (``null`` for a
+figure no flow writes, e.g. one read from a build's log, which only an edit changes):
 
 * ``file``: ``fabric`` (``build/bench/fabric.json``), ``recovery``, ``packet``, ``path``
   (``build/bench/``), or ``synth``: ``build/synth/report.json`` or a bitstream build's
@@ -255,13 +255,18 @@ def _lookup(document, source):
     return value
 
 
-def _sourced(snapshot, kind):
-    """``(table name, figure)`` for every figure of ``snapshot`` that comes from ``kind``."""
+def _all(snapshot):
+    """``(table name, figure)`` for every figure of ``snapshot``."""
     for table in snapshot["tables"]:
         for row in table["rows"]:
             for fig in (f for cell in row for f in _figures(cell)):
-                if (fig.get("source") or {}).get("file") == kind:
-                    yield table["name"], fig
+                yield table["name"], fig
+
+
+def _sourced(snapshot, kind):
+    """``(table name, figure)`` for every figure of ``snapshot`` that comes from ``kind``."""
+    return [(name, fig) for name, fig in _all(snapshot)
+            if (fig.get("source") or {}).get("file") == kind]
 
 
 def update(snapshot, document, kind=None):
@@ -305,21 +310,15 @@ def update_snapshot(name, documents, root=FIGURES):
     return changed, missing
 
 
-def _all(snapshot):
-    for table in snapshot["tables"]:
-        for row in table["rows"]:
-            for fig in (f for cell in row for f in _figures(cell)):
-                yield table["name"], fig
-
-
 def build_outputs(build=REPO / "build"):
-    """The flows' JSON files present under ``build``."""
+    """The flows' JSON files present under ``build``, oldest first (so that where a board is
+    in both the synthesis report and its bitstream's ``summary.json``, the newer one wins)."""
     build = Path(build)
     names = [build / "bench" / f for f in ("fabric.json", "recovery.json", "packet.json",
                                            "path.json")]
     names.append(build / "synth" / "report.json")
     names += sorted((build / "boards").glob("*/summary.json"))
-    return [p for p in names if p.exists()]
+    return sorted((p for p in names if p.exists()), key=lambda p: p.stat().st_mtime)
 
 
 def sync(check=False, root=FIGURES, docs=None):
@@ -352,14 +351,15 @@ def main(argv=None):
     if files and args.check:
         parser.error("--check writes nothing: it cannot be combined with --update")
     for name in DOCS if files else ():
-        changed, missing = update_snapshot(name, files)
+        changed, missing = update_snapshot(name, files, root=FIGURES)
         for table, old, new in changed:
             print(f"{name}/{table}: {old} -> {new}")
         for table, source in missing:
             print(f"{name}/{table}: not in these files: {source}")
-    stale = sync(check=args.check)
+    stale = sync(check=args.check, root=FIGURES, docs=DOCS)
     for path in stale:
-        print(f"{'out of date' if args.check else 'wrote'}: {path.relative_to(REPO)}")
+        shown = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+        print(f"{'out of date' if args.check else 'wrote'}: {shown}")
     if args.check and stale:
         print("run: python -m sim.docfigures", file=sys.stderr)
         return 1

@@ -138,3 +138,20 @@ def test_every_source_points_into_its_flows_json(name):
         assert docfigures.kind_of(document) == ("synth" if kind == "synth" else "fabric")
         changed, missing = update(snapshot, document, kind)
         assert not missing and not changed, (kind, changed[:3], missing[:3])
+
+
+def test_cli_updates_from_a_flow_file_then_checks(tmp_path, monkeypatch, capsys):
+    (tmp_path / "t.json").write_text(docfigures.dumps(_snapshot()))
+    doc = tmp_path / "t.md"
+    doc.write_text("<!-- figures:eff begin -->\n<!-- figures:eff end -->\n"
+                   "<!-- figures:fmax begin -->\n<!-- figures:fmax end -->\n")
+    monkeypatch.setattr(docfigures, "FIGURES", tmp_path)
+    monkeypatch.setattr(docfigures, "DOCS", {"t": doc})
+    assert docfigures.main(["--check"]) == 1
+    assert docfigures.main([]) == 0 and docfigures.main(["--check"]) == 0
+    fabric = tmp_path / "fabric.json"
+    fabric.write_text(json.dumps({"scenarios": {"clean": {"efficiency": 0.99}}}))
+    assert docfigures.main(["--update", str(fabric)]) == 0
+    assert "eff: 0.5 -> 0.99" in capsys.readouterr().out
+    assert "| clean | 0.990 | >= 0.97: met |" in doc.read_text()
+    assert load("t", tmp_path)["tables"][0]["rows"][0][1]["value"] == 0.99
