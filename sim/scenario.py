@@ -174,7 +174,8 @@ def _allowed_text(rule):
 def allowed(name):
     """The allowed values of a field, as ``--help`` shows them."""
     special = {
-        "qps": f"an integer from 1 to {MAX_QPS}, or to the qps of --config",
+        "qps": f"an integer from 1 to {MAX_QPS}, or to the qps (and evs_per_profile) of "
+               f"--config",
         "evs": f"an integer from 1 to {MAX_EVS}, or to the evs_per_profile of --config",
         "planes": "an integer from 1 to 16; with --config, its ports",
         "mtu": f"one of {', '.join(map(str, MTUS))}; with --config, its mtu",
@@ -283,6 +284,10 @@ class Scenario:
         if name == "fail_plane":
             return lo, self.planes - 1, "one less than {planes}"
         if config is not None and name == "qps":
+            # QP n starts at EV n of the profile (sim/model/pair.py, sim/tb/cocotb_fabric.py).
+            if config.evs_per_profile < config.qps:
+                return lo, config.evs_per_profile, ("the evs_per_profile of {nic_config}: QP n "
+                                                    "starts at EV n")
             return lo, config.qps, "the qps of {nic_config}"
         if config is not None and name == "evs":
             return lo, config.evs_per_profile, "the evs_per_profile of {nic_config}"
