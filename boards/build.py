@@ -3,7 +3,7 @@
 Every build goes through the Amaranth platform's own ``build()`` (the scripts it writes stay in
 the build directory, so a run can be repeated by hand with ``build_top.sh``), with
 
-- a fixed nextpnr seed (``--seed``; unseeded runs of one design differ by 20 % in fmax),
+- a fixed nextpnr seed (``--seed``; unseeded runs of one design differ widely in fmax),
 - ``--report report.json``: nextpnr's machine-readable utilisation and fmax,
 - the Yosys 0.70 ``abc9`` work-around (``docs/parser.md``): flatten and rename the private
   wires and cells before ``synth_ecp5``, else ``abc9`` fails an internal assertion

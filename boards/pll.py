@@ -148,10 +148,10 @@ class Ecp5Pll(Elaboratable):
         if self.global_reset:
             # The reset drives every ``sync`` flip-flop's LSR across the chip: through a DCCA
             # (a primary clock buffer) nextpnr routes it on a global network, as it does a
-            # clock, instead of on general routing from one flip-flop (11 ns of routing at
-            # 125 MHz). nextpnr promotes only clocks to globals by itself; a net a DCCA drives
-            # it always routes on one. The DCCA adds no delay in nextpnr's model; the global's
-            # own wires replace the fabric's.
+            # clock, instead of on general routing from one flip-flop (a net across the chip
+            # on the critical path at 125 MHz). nextpnr promotes only clocks to globals by
+            # itself; a net a DCCA drives it always routes on one. The DCCA adds no delay in
+            # nextpnr's model; the global's own wires replace the fabric's.
             m.submodules.rst_buffer = Instance(
                 "DCCA", i_CLKI=lock_reset.rst, i_CE=Const(1), o_CLKO=cd_sync.rst)
         else:

@@ -247,7 +247,7 @@ class MrcNic(wiring.Component):
         # probe requests at every frame boundary. Both answer a packet the receive path has
         # taken, and the receive path waits while its answer cannot leave: behind data they
         # waited up to a data frame each, and the probe responses held up the receive path
-        # 6 % of the time on the 8-plane RTL run.
+        # on the 8-plane RTL run.
         wiring.connect(m, responder.ack, tx_urgent.i[0])
         wiring.connect(m, probe_resp.o, tx_urgent.i[1])
         wiring.connect(m, tx_urgent.o, tx_arbiter.i[0])

@@ -285,5 +285,5 @@ def test_transport_top_runs_the_whole_nic_from_the_pll():
                     if isinstance(origin, T.TransportSelfTest))
     assert selftest.config.clock_hz == TRANSPORT_HZ
     assert selftest.config.qps >= 2
-    # Router1 did not converge at this density (79 % of the LUTs): the board uses router2.
+    # Router1 did not converge at this density: the board uses router2.
     assert BOARDS["ecpix5-transport"].router == BOARDS["ecpix5-rgmii"].router == "router2"

@@ -193,8 +193,8 @@ class ProbeRequester(wiring.Component):
 
     The receive path never waits for ``result``: results are for software, which polls them
     (in the NIC top, through the register bus), and a response that waited for a slow reader
-    held up every packet received behind it (ACKs and data included; measured on the
-    8-plane RTL run: the receive path stalled 38 % of the time). A result that finds the FIFO
+    held up every packet received behind it (ACKs and data included: on the 8-plane RTL run
+    the receive path stalled for it). A result that finds the FIFO
     full is dropped and counted in ``results_dropped``; its PROBE_OK feedback still goes to
     path selection. Only ``feedback`` (path selection, which takes one per cycle when it has
     no control command) can hold a response back.
