@@ -224,8 +224,8 @@ def run_scenario(scn, out, *, log=print, build_dir=None, quick_build=False,
     report["scenario_file"] = _shown_path(scenario_file) if scenario_file else None
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
     try:
-        from .fabric.plot import plot_goodput
-        plot_goodput(out, out / "goodput.png", title=f"{scn.name}: goodput per plane")
+        from .fabric.plot import plot_run
+        plot_run(out, title=scn.name)
     except RuntimeError as e:          # matplotlib missing
         log(f"no plot: {e}")
     return report

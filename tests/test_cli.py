@@ -9,6 +9,7 @@ from scapy.compat import raw
 from scapy.utils import rdpcap
 
 from sim.samples import sample_packets
+from sim.schema import validate_report
 
 
 def mrc_nic(*args, cwd=None):
@@ -95,6 +96,7 @@ def test_sim_one_way_leaves_the_acks_off_the_sending_sides_wire(tmp_path):
                          "--out", tmp_path / name, *flags)
         assert result.returncode == 0, result.stdout + result.stderr
         report = json.loads((tmp_path / name / "report.json").read_text())
+        validate_report(report)
         assert report["scenario"]["both_ways"] is (name == "both")
         assert report["bytes_delivered"] == report["bytes_offered"] == \
             65536 * (2 if name == "both" else 1)

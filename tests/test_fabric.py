@@ -17,7 +17,8 @@ from hdl.config import NicConfig
 from sim import packets as pk
 from sim.analysis import wire_shares
 from sim.fabric import Fabric, FabricConfig, Failure, Statistics, line_rate_gbps
-from sim.fabric.plot import plot_goodput
+from sim.fabric.capture import read_pcapng
+from sim.fabric.plot import plot_goodput, plot_run
 
 PAYLOAD = 1024
 RATE_GBPS = 1.0                 # 8 ns per byte: exact serialization times
@@ -425,6 +426,7 @@ def test_pcapng_has_one_interface_per_plane_read_back_by_scapy(tmp_path):
         assert packet.direction == (2 if record.src == "a" else 1)
         comment = packet.comments[0].decode()
         assert f"plane={record.plane} path={record.path} fate={record.fate} " in comment
+        assert f" sent_us={record.sent_ns / 1000:.6f}" in comment
         assert float(packet.time) == pytest.approx(record.time_ns * 1e-9, abs=1e-9)
     assert len(rdpcap(str(tmp_path / "traffic.pcapng"))) == len(records)
     classic = rdpcap(str(tmp_path / "traffic.pcap"))
@@ -493,7 +495,7 @@ def test_plot_writes_a_png(tmp_path):
     png = path.read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", png[16:24])
-    assert (width, height) == (900, 450) and len(png) > 5_000
+    assert (width, height) == (900, 700) and len(png) > 5_000
     # The same plot from the files a bench in another process saved.
     fabric.save(tmp_path / "run")
     reloaded = Statistics.from_dict(json.loads((tmp_path / "run" / "fabric.json").read_text())
@@ -501,6 +503,13 @@ def test_plot_writes_a_png(tmp_path):
     assert reloaded.to_dict() == fabric.stats.to_dict()
     plot_goodput(tmp_path / "run", tmp_path / "again.png")
     assert (tmp_path / "again.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The capture read back gives the records the plots need, dropped frames included.
+    back = read_pcapng(tmp_path / "run" / "traffic.pcapng")
+    records = sorted(fabric.records, key=lambda r: r.time_ns)
+    assert [r[2:] for r in back] == [r[2:] for r in records]
+    assert [r.time_ns for r in back] == pytest.approx([r.time_ns for r in records], abs=1e-3)
+    plot_run(tmp_path / "run")
+    assert (tmp_path / "run" / "queues.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_plot_without_matplotlib_names_the_package(tmp_path, monkeypatch):

@@ -18,6 +18,7 @@ from hdl import protocol as P
 from sim.env import BUILD
 from sim.mainjob import run_scenario
 from sim.scenario import Scenario, nic_config_for
+from sim.schema import validate_report
 from sim.tb.pair import NicPair
 from sim.tb.runner import simulator
 
@@ -53,6 +54,7 @@ def build_dir():
 def _run(name, scn, build_dir, tmp_path):
     report = run_scenario(scn, tmp_path / name, build_dir=build_dir, quick_build=True,
                           log=lambda *_: None)
+    validate_report(report)
     return report
 
 
@@ -101,6 +103,7 @@ def test_two_nics_survive(name, build_dir, tmp_path):
     # The reference-model NICs run the same scenario over the same fabric and agree.
     model = run_scenario(RUNS[name].replace(backend="model"), tmp_path / f"{name}-model",
                          log=lambda *_: None)
+    validate_report(model)
     _assert_clean(model)
     _agree(report, model, tmp_path / name, tmp_path / f"{name}-model")
 

@@ -10,7 +10,12 @@ delivered frame, hand-over for a dropped one). Each EPB carries
 - ``epb_flags`` direction: outbound for frames from the first endpoint (a -> b), inbound
   for the other direction (``frame.p2p_dir`` / ``pkt_comment`` in Wireshark);
 - an ``opt_comment`` such as
-  ``a->b plane=1 path=3 fate=delivered,ecn-marked sent_ns=100.000 arrival_ns=1200.000``.
+  ``a->b plane=1 path=3 fate=delivered,ecn-marked sent_us=0.100000 arrival_us=1.200000``
+  (times in us, as in every output file, to the ps). A dropped frame is there too, marked
+  by its fate: ``fate=dropped-failure``, ``dropped-loss`` or ``dropped-queue``.
+
+The classic pcap has no comments, so it holds only the delivered frames: what the receivers
+saw.
 """
 
 import struct
@@ -53,9 +58,9 @@ def _block(block_type, body):
 
 def _comment(record):
     text = (f"{record.src}->{record.dst} plane={record.plane} path={record.path} "
-            f"fate={record.fate} sent_ns={record.sent_ns:.3f}")
+            f"fate={record.fate} sent_us={record.sent_ns / 1000:.6f}")
     if record.arrival_ns is not None:
-        text += f" arrival_ns={record.arrival_ns:.3f}"
+        text += f" arrival_us={record.arrival_ns / 1000:.6f}"
     if record.sent_len != len(record.frame):
         text += f" sent_len={record.sent_len}"
     return text
@@ -96,3 +101,41 @@ def write_pcap(path, records):
         out.append(struct.pack("<IIII", seconds, nanoseconds, len(frame), len(frame)) + frame)
     with open(path, "wb") as f:
         f.write(b"".join(out))
+
+
+def read_pcapng(path):
+    """The records of a pcapng :func:`write_pcapng` wrote, rebuilt from the packets and their
+    comments (:class:`sim.fabric.fabric.Record`; times in ns, to the ps): what a process that
+    did not run the fabric (the RTL bench's parent) needs for the plots."""
+    from .fabric import Record
+    with open(path, "rb") as f:
+        data = f.read()
+    records = []
+    offset = 0
+    while offset + 12 <= len(data):
+        block_type, length = struct.unpack_from("<II", data, offset)
+        if block_type == _EPB:
+            caplen = struct.unpack_from("<I", data, offset + 20)[0]
+            frame = data[offset + 28:offset + 28 + caplen]
+            position = offset + 28 + caplen + (-caplen % 4)
+            fields = {}
+            while position < offset + length - 4:
+                code, size = struct.unpack_from("<HH", data, position)
+                if code == _OPT_END:
+                    break
+                if code == _OPT_COMMENT:
+                    text = data[position + 4:position + 4 + size].decode()
+                    head, _, rest = text.partition(" ")
+                    fields = dict(item.split("=", 1) for item in rest.split())
+                    fields["src"], fields["dst"] = head.split("->")
+                position += 4 + size + (-size % 4)
+            if fields:
+                outcome, *marks = fields["fate"].split(",")
+                arrival = fields.get("arrival_us")
+                records.append(Record(
+                    float(fields["sent_us"]) * 1000,
+                    None if arrival is None else float(arrival) * 1000,
+                    fields["src"], fields["dst"], int(fields["plane"]), int(fields["path"]),
+                    outcome, tuple(marks), frame, int(fields.get("sent_len", len(frame)))))
+        offset += length
+    return records

@@ -27,7 +27,7 @@ from sim import packets as pk
 
 from .config import FabricConfig
 from .frames import mark_ce, parse, roce_payload_bytes
-from .stats import Statistics
+from .stats import Statistics, in_us
 
 __all__ = ["Fabric", "Record"]
 
@@ -249,14 +249,14 @@ class Fabric:
 
     def save(self, directory):
         """Write ``traffic.pcapng``, ``traffic.pcap`` and ``fabric.json`` (configuration and
-        :meth:`Statistics.to_dict`) into ``directory``."""
+        :meth:`Statistics.to_dict`, times in us) into ``directory``."""
         import json
         from pathlib import Path
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         self.write_pcapng(directory / "traffic.pcapng")
         self.write_pcap(directory / "traffic.pcap")
-        summary = {"config": self.config.to_dict(), "stats": self.stats.to_dict()}
+        summary = {"config": in_us(self.config.to_dict()), "stats": self.stats.to_dict()}
         (directory / "fabric.json").write_text(json.dumps(summary, indent=1))
 
     def delivered_payload_bytes(self):

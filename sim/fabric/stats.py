@@ -2,12 +2,41 @@
 
 from collections import Counter, defaultdict
 
-__all__ = ["Statistics", "Bin", "OUTCOMES", "MARKS"]
+__all__ = ["Statistics", "Bin", "OUTCOMES", "MARKS", "in_us"]
 
 #: What finally happened to a frame (exactly one per captured frame).
 OUTCOMES = ("delivered", "dropped-loss", "dropped-failure", "dropped-queue")
 #: What happened to it on the way (any number).
 MARKS = ("trimmed", "ecn-marked", "corrupted", "reordered", "duplicated", "duplicate")
+
+
+def in_us(values):
+    """``values`` (JSON-ready dicts and lists) with every ``*_ns`` key turned into ``*_us``,
+    its number divided by 1000: the output files give every time in us."""
+    if isinstance(values, dict):
+        return {(k[:-3] + "_us" if k.endswith("_ns") else k):
+                (v / 1000 if k.endswith("_ns") and isinstance(v, (int, float))
+                 and not isinstance(v, bool) else
+                 tuple(x / 1000 for x in v) if k.endswith("_ns") and isinstance(v, (list, tuple))
+                 else in_us(v))
+                for k, v in values.items()}
+    if isinstance(values, (list, tuple)):
+        return [in_us(v) for v in values]
+    return values
+
+
+def from_us(values):
+    """The inverse of :func:`in_us`: ``*_us`` keys back to ``*_ns``."""
+    if isinstance(values, dict):
+        return {(k[:-3] + "_ns" if k.endswith("_us") else k):
+                (v * 1000 if k.endswith("_us") and isinstance(v, (int, float))
+                 and not isinstance(v, bool) else
+                 tuple(x * 1000 for x in v) if k.endswith("_us") and isinstance(v, (list, tuple))
+                 else from_us(v))
+                for k, v in values.items()}
+    if isinstance(values, (list, tuple)):
+        return [from_us(v) for v in values]
+    return values
 
 
 class Bin:
@@ -105,7 +134,8 @@ class Statistics:
     def from_dict(cls, values, planes=None):
         """Statistics back from :meth:`to_dict` (bins and totals; enough to plot)."""
         bins = values["bins"]
-        stats = cls(len(bins) if planes is None else planes, values["bin_ns"])
+        bin_ns = values["bin_us"] * 1000 if "bin_us" in values else values["bin_ns"]
+        stats = cls(len(bins) if planes is None else planes, bin_ns)
         stats.goodput_bytes = values.get("goodput_bytes", 0)
         for plane, counters in enumerate(values.get("planes", [])):
             stats.counters[plane].update(counters)
@@ -124,9 +154,10 @@ class Statistics:
         return stats
 
     def to_dict(self):
-        """JSON-ready: totals per plane and per path, and the bins."""
+        """JSON-ready: totals per plane and per path, and the bins (bin width in us, as every
+        time in the output files)."""
         return {
-            "bin_ns": self.bin_ns,
+            "bin_us": self.bin_ns / 1000,
             "goodput_bytes": self.goodput_bytes,
             "planes": [dict(sorted(c.items())) for c in self.counters],
             "paths": {f"{plane}.{path}": dict(sorted(c.items()))
