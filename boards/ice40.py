@@ -25,12 +25,19 @@ from amaranth.lib.wiring import In, Out
 
 from hdl import protocol as P
 from hdl.config import NicConfig
+from hdl.packet import layouts as L
 from hdl.packet.headers import PacketKind, net_beat_layout
 from hdl.packet.ports import PortArbiter
 from hdl.util import validating
 from sim import defaults as D
 
-from .selftest import SELFTEST_STACK_BYTES, ImpairedFabric, Reporter, trimmed_frame_bytes
+from .selftest import (
+    IPV6_OFFSET,
+    SELFTEST_STACK_BYTES,
+    ImpairedFabric,
+    Reporter,
+    trimmed_frame_bytes,
+)
 from .uart import UARTTx
 
 __all__ = ["frame_template", "PSN_OFFSET", "FrameSource", "FrameChecker", "Ice40Selftest",
@@ -39,7 +46,8 @@ __all__ = ["frame_template", "PSN_OFFSET", "FrameSource", "FrameChecker", "Ice40
 DATA_WIDTH = 64
 LANES = DATA_WIDTH // 8
 #: Byte offset of the BTH PSN (24 bits, big-endian) in a self-test frame.
-PSN_OFFSET = SELFTEST_STACK_BYTES - 8 - 16 - 3
+PSN_OFFSET = (SELFTEST_STACK_BYTES - L.MDETH.size - L.RETH.size - L.BTH.size
+              + L.BTH.byte_offset("psn"))
 ICE40_PAYLOAD = 64
 
 
@@ -160,8 +168,8 @@ class FrameChecker(wiring.Component):
 
         here, value = byte_at(PSN_OFFSET + 2)
         psn_now = Mux(here, value, psn_low)
-        tc_hi_here, tc_hi = byte_at(14)
-        tc_lo_here, tc_lo = byte_at(15)
+        tc_hi_here, tc_hi = byte_at(IPV6_OFFSET)
+        tc_lo_here, tc_lo = byte_at(IPV6_OFFSET + 1)
 
         payload_bad = Signal()
         for lane in range(LANES):

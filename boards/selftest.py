@@ -52,13 +52,15 @@ __all__ = [
 
 #: Header bytes of every self-test packet: Ethernet, IPv6, UDP, BTH, RETH, MDETH (RDMA WRITE
 #: ONLY, no VLAN, no SRv6). The fabric's trimmer rewrites fields at fixed offsets in it.
-ETH_BYTES = 14
+ETH_BYTES = L.ETHERNET.size
 IPV6_OFFSET = ETH_BYTES
-UDP_OFFSET = IPV6_OFFSET + 40
+UDP_OFFSET = IPV6_OFFSET + L.IPV6.size
 TRANSPORT_BYTES = L.BTH.size + L.RETH.size + L.MDETH.size
-SELFTEST_STACK_BYTES = UDP_OFFSET + 8 + TRANSPORT_BYTES
+SELFTEST_STACK_BYTES = UDP_OFFSET + L.UDP.size + TRANSPORT_BYTES
 #: The UDP length (and IPv6 payload length) of a trimmed self-test packet: headers + ICRC.
-TRIMMED_UDP_LENGTH = 8 + TRANSPORT_BYTES + P.ICRC_BYTES
+TRIMMED_UDP_LENGTH = L.UDP.size + TRANSPORT_BYTES + P.ICRC_BYTES
+_IPV6_PAYLOAD_LENGTH = L.IPV6.byte_offset("payload_length")
+_UDP_LENGTH = L.UDP.byte_offset("length")
 
 
 def trimmed_frame_bytes():
@@ -397,10 +399,10 @@ class PlaneImpairment(wiring.Component):
         out = {
             IPV6_OFFSET: lambda b: C(0x60 | dscp >> 2, 8),
             IPV6_OFFSET + 1: lambda b: Cat(b[:6], C(dscp & 3, 2)),
-            IPV6_OFFSET + 4: lambda b: C(TRIMMED_UDP_LENGTH >> 8, 8),
-            IPV6_OFFSET + 5: lambda b: C(TRIMMED_UDP_LENGTH & 0xFF, 8),
-            UDP_OFFSET + 4: lambda b: C(TRIMMED_UDP_LENGTH >> 8, 8),
-            UDP_OFFSET + 5: lambda b: C(TRIMMED_UDP_LENGTH & 0xFF, 8),
+            IPV6_OFFSET + _IPV6_PAYLOAD_LENGTH: lambda b: C(TRIMMED_UDP_LENGTH >> 8, 8),
+            IPV6_OFFSET + _IPV6_PAYLOAD_LENGTH + 1: lambda b: C(TRIMMED_UDP_LENGTH & 0xFF, 8),
+            UDP_OFFSET + _UDP_LENGTH: lambda b: C(TRIMMED_UDP_LENGTH >> 8, 8),
+            UDP_OFFSET + _UDP_LENGTH + 1: lambda b: C(TRIMMED_UDP_LENGTH & 0xFF, 8),
         }
         for n in range(P.ICRC_BYTES):
             out[SELFTEST_STACK_BYTES + n] = lambda b: C(0, 8)

@@ -289,11 +289,22 @@ def _mrc10_kind(pkt):
     return dissector.MRC10_CONTROL[opcode][1]
 
 
+def _mrc10_truncated_sack():
+    """The SACK sample cut in the middle of its SETH."""
+    frame = bytes(dict(MRC10_SAMPLES)["mrc10_sack"])
+    seth_offset = len(frame) - L.SETH.size - L.CC_STATE.size - P.ICRC_BYTES
+    return frame[:seth_offset + L.SETH.size // 2]
+
+
+#: Frame number of the cut SACK, after the MRC 1.0 samples.
+MRC10_TRUNCATED_FRAME = len(MRC10_SAMPLES) + 1
+
+
 @pytest.fixture(scope="module")
 def mrc10_decoded(tmp_path_factory):
     folder = tmp_path_factory.mktemp("mrc10")
     pcap = folder / "mrc10.pcap"
-    pk.write_pcap(pcap, [packet for _, packet in MRC10_SAMPLES])
+    pk.write_pcap(pcap, [*(packet for _, packet in MRC10_SAMPLES), _mrc10_truncated_sack()])
     return _run_tshark(pcap, folder, MRC10_FIELDS)
 
 
@@ -301,11 +312,21 @@ def test_mrc10_capture_decodes_without_errors(mrc10_decoded):
     result, rows = mrc10_decoded
     assert result.returncode == 0, result.stderr
     assert dissector.tshark_errors(result.stderr) == []
-    assert sorted(rows) == list(range(1, len(MRC10_SAMPLES) + 1))
+    assert sorted(rows) == list(range(1, MRC10_TRUNCATED_FRAME + 1))
     for number, row in rows.items():
+        assert "Lua Error" not in row["_ws.expert.message"], number
+        if number == MRC10_TRUNCATED_FRAME:
+            continue
         assert row["_ws.malformed"] == "", number
         assert row["mrc.malformed"] == "", number
-        assert "Lua Error" not in row["_ws.expert.message"], number
+
+
+def test_mrc10_sack_cut_inside_seth_is_flagged_malformed(mrc10_decoded):
+    row = mrc10_decoded[1][MRC10_TRUNCATED_FRAME]
+    assert row["mrc.kind"] == "mrc10_sack"
+    assert _bool(row["mrc.malformed"])
+    assert "SETH needs" in row["_ws.expert.message"]
+    assert row[dissector.field_abbrev(L.SETH, "cack_psn")] == ""
 
 
 @pytest.mark.parametrize(("name", "packet"), MRC10_SAMPLES, ids=[n for n, _ in MRC10_SAMPLES])

@@ -17,6 +17,7 @@ from scapy.packet import Raw
 
 from hdl import protocol as P
 from hdl.packet import layouts as L
+from hdl.packet.headers import field_slices, header_struct
 from sim import packets as pk
 
 # ---------------------------------------------------------------------------------------------
@@ -144,6 +145,21 @@ def test_scapy_layer_parses_and_builds_the_vector(header, layer, wire, fields):
     assert {name: getattr(parsed, name) for name in fields} == fields
     assert not parsed.payload
     assert raw(layer(**fields)) == wire
+
+
+@pytest.mark.parametrize(("header", "layer", "wire", "fields"), VECTORS, ids=VECTOR_IDS)
+def test_gateware_field_slices_find_every_field(header, layer, wire, fields):
+    """The parser extracts fields by hdl.packet.headers.field_slices; the struct view has a
+    member of the right width and signedness for each."""
+    struct = header_struct(header)
+    for name, (first_byte, bit_in_byte, bits) in field_slices(header).items():
+        container = wire[first_byte:first_byte + (bit_in_byte + bits + 7) // 8]
+        raw_value = int.from_bytes(container, "big") >> (8 * len(container) - bit_in_byte - bits)
+        raw_value &= (1 << bits) - 1
+        expected = fields[name] & ((1 << bits) - 1)
+        assert raw_value == expected, name
+        shape = struct[name].shape
+        assert shape.width == bits and shape.signed == header.field(name).signed, name
 
 
 def test_eeth_op_sits_in_bits_3_2_of_byte_1():

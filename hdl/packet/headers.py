@@ -6,7 +6,7 @@ are accessed by name; big-endian wire bytes are converted only at the packet bou
 parser and the builder, using :func:`field_slices`).
 """
 
-from amaranth.hdl import unsigned
+from amaranth.hdl import signed, unsigned
 from amaranth.lib import data, enum
 
 from . import layouts as L
@@ -16,6 +16,8 @@ __all__ = [
     "packet_beat_layout", "DropReason", "PacketKind",
     "BTH_STRUCT", "RETH_STRUCT", "IMMDT_STRUCT", "AETH_STRUCT", "MDETH_STRUCT",
     "MACKETH_STRUCT", "MPRH_STRUCT",
+    "METH_STRUCT", "TSETH_STRUCT", "SETH_STRUCT", "CC_STATE_STRUCT", "NETH_STRUCT",
+    "PETH_STRUCT", "ERTH_STRUCT", "EETH_STRUCT",
 ]
 
 
@@ -24,8 +26,10 @@ def header_struct(header):
 
     Member order follows the wire (first field first), which in a StructLayout means the first
     field holds the LEAST significant bits: the struct is a named view, not the wire image.
+    Signed fields (two's complement on the wire) are ``signed`` members.
     """
-    return data.StructLayout({f.name: unsigned(f.bits) for f in header.fields})
+    return data.StructLayout({f.name: (signed if f.signed else unsigned)(f.bits)
+                              for f in header.fields})
 
 
 def field_slices(header):
@@ -44,6 +48,15 @@ AETH_STRUCT = header_struct(L.AETH)
 MDETH_STRUCT = header_struct(L.MDETH)
 MACKETH_STRUCT = header_struct(L.MACKETH)
 MPRH_STRUCT = header_struct(L.MPRH)
+# MRC 1.0 headers: not in packet_header_layout yet (the NIC speaks the current format).
+METH_STRUCT = header_struct(L.METH)
+TSETH_STRUCT = header_struct(L.TSETH)
+SETH_STRUCT = header_struct(L.SETH)
+CC_STATE_STRUCT = header_struct(L.CC_STATE)
+NETH_STRUCT = header_struct(L.NETH)
+PETH_STRUCT = header_struct(L.PETH)
+ERTH_STRUCT = header_struct(L.ERTH)
+EETH_STRUCT = header_struct(L.EETH)
 
 
 class PacketKind(enum.Enum, shape=3):

@@ -8,14 +8,28 @@ cannot read is forwarded as an opaque, non-RoCE frame hashed on its first bytes.
 from typing import NamedTuple
 
 from hdl import protocol as P
+from hdl.packet import layouts as L
 
 __all__ = ["FrameInfo", "parse", "mark_ce", "ipv4_checksum", "roce_payload_bytes"]
 
 _OPAQUE_KEY_BYTES = 64
-_BTH_BYTES = 12
-_RETH_BYTES = 16
-_IMMDT_BYTES = 4
-_MDETH_BYTES = 8
+# Sizes and offsets from the layout table, as plain ints (this runs per frame).
+_ETH_BYTES = L.ETHERNET.size
+_ETHERTYPE = L.ETHERNET.byte_offset("ethertype")
+_DOT1Q_BYTES = L.DOT1Q.size
+_DOT1Q_ETHERTYPE = L.DOT1Q.byte_offset("ethertype")
+_IPV6_BYTES = L.IPV6.size
+_IPV6_NEXT_HEADER = L.IPV6.byte_offset("next_header")
+_IPV6_SRC = L.IPV6.byte_offset("src")
+_IPV4_BYTES = L.IPV4.size
+_IPV4_PROTOCOL = L.IPV4.byte_offset("protocol")
+_IPV4_SRC = L.IPV4.byte_offset("src")
+_UDP_BYTES = L.UDP.size
+_UDP_DPORT = L.UDP.byte_offset("dport")
+_BTH_BYTES = L.BTH.size
+_RETH_BYTES = L.RETH.size
+_IMMDT_BYTES = L.IMMDT.size
+_MDETH_BYTES = L.MDETH.size
 _DATA_OPCODES = frozenset(int(op) for op in P.DATA_OPCODES)
 _IMMEDIATE_OPCODES = frozenset(int(op) for op in P.IMMEDIATE_OPCODES)
 
@@ -39,54 +53,55 @@ def _opaque(frame):
 def parse(frame):
     """The :class:`FrameInfo` of an Ethernet frame (bytes, without FCS)."""
     n = len(frame)
-    if n < 14:
+    if n < _ETH_BYTES:
         return _opaque(frame)
-    ethertype = (frame[12] << 8) | frame[13]
-    off = 14
+    ethertype = (frame[_ETHERTYPE] << 8) | frame[_ETHERTYPE + 1]
+    off = _ETH_BYTES
     if ethertype == P.ETHERTYPE_VLAN:
-        if n < 18:
+        if n < _DOT1Q_BYTES:
             return _opaque(frame)
-        ethertype = (frame[16] << 8) | frame[17]
-        off = 18
+        ethertype = (frame[_DOT1Q_ETHERTYPE] << 8) | frame[_DOT1Q_ETHERTYPE + 1]
+        off = _DOT1Q_BYTES
     encapsulated = False
     if ethertype == P.ETHERTYPE_IPV6:
-        if n < off + 40:
+        if n < off + _IPV6_BYTES:
             return _opaque(frame)
         # Flow label (20 bits) and both addresses: the SRv6 EV is the outer destination.
-        key = bytes((frame[off + 1] & 0x0F,)) + frame[off + 2:off + 4] + frame[off + 8:off + 40]
+        key = (bytes((frame[off + 1] & 0x0F,)) + frame[off + 2:off + 4]
+               + frame[off + _IPV6_SRC:off + _IPV6_BYTES])
         ip_offset, ip_version = off, 6
-        next_header = frame[off + 6]
-        off += 40
+        next_header = frame[off + _IPV6_NEXT_HEADER]
+        off += _IPV6_BYTES
         if next_header == P.IP_PROTO_ROUTING:
             if n < off + 8:
                 return FrameInfo(key, ip_offset, ip_version, -1, -1)
             next_header = frame[off]
             off += (frame[off + 1] + 1) * 8
-        if next_header == P.IP_PROTO_IPV6 and n >= off + 40:
+        if next_header == P.IP_PROTO_IPV6 and n >= off + _IPV6_BYTES:
             encapsulated = True
             ip_offset, ip_version = off, 6
-            next_header = frame[off + 6]
-            off += 40
-        elif next_header == P.IP_PROTO_IPV4 and n >= off + 20:
+            next_header = frame[off + _IPV6_NEXT_HEADER]
+            off += _IPV6_BYTES
+        elif next_header == P.IP_PROTO_IPV4 and n >= off + _IPV4_BYTES:
             encapsulated = True
             ip_offset, ip_version = off, 4
-            next_header = frame[off + 9]
+            next_header = frame[off + _IPV4_PROTOCOL]
             off += (frame[off] & 0x0F) * 4
     elif ethertype == P.ETHERTYPE_IPV4:
-        if n < off + 20:
+        if n < off + _IPV4_BYTES:
             return _opaque(frame)
-        key = bytes(frame[off + 12:off + 20])
+        key = bytes(frame[off + _IPV4_SRC:off + _IPV4_BYTES])
         ip_offset, ip_version = off, 4
-        next_header = frame[off + 9]
+        next_header = frame[off + _IPV4_PROTOCOL]
         off += (frame[off] & 0x0F) * 4
     else:
         return _opaque(frame)
-    if next_header != P.IP_PROTO_UDP or n < off + 8:
+    if next_header != P.IP_PROTO_UDP or n < off + _UDP_BYTES:
         return FrameInfo(key, ip_offset, ip_version, -1, -1)
     if not encapsulated:
         key += frame[off:off + 4]           # UDP source port (the EV) and destination port
-    dport = (frame[off + 2] << 8) | frame[off + 3]
-    bth = off + 8
+    dport = (frame[off + _UDP_DPORT] << 8) | frame[off + _UDP_DPORT + 1]
+    bth = off + _UDP_BYTES
     if dport != P.ROCEV2_UDP_PORT or n < bth + _BTH_BYTES + P.ICRC_BYTES:
         return FrameInfo(key, ip_offset, ip_version, -1, -1)
     return FrameInfo(key, ip_offset, ip_version, bth, frame[bth])
