@@ -8,7 +8,8 @@
      "source": {"file": "fabric", "path": ["scenarios", "clean", "efficiency"]}}
 
 ``value`` is a number, a boolean (shown as yes / no), or a string for a figure that is a state
-("not routed"); ``command`` reproduces it; ``seed`` is the seed of the run (``null`` where the
+("not routed"); ``unit`` is shown after the value unless ``hide_unit`` (where the column
+says it); ``command`` reproduces it; ``seed`` is the seed of the run (``null`` where the
 flow has none); ``source`` says where the flow that ``command`` runs writes it (``null`` for a
 figure no flow writes, e.g. one read from a build's log, which only an edit changes):
 
@@ -108,7 +109,7 @@ def format_figure(fig):
         text = f"{value:,}"
     else:
         text = repr(value)
-    unit = fig.get("unit") or ""
+    unit = "" if fig.get("hide_unit") else fig.get("unit") or ""
     if unit and value is not None and not isinstance(value, str):
         text += unit if unit == "%" else f" {unit}"
     if fig.get("note"):
