@@ -54,7 +54,8 @@ class HelpFormatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action):
         text = action.help or ""
-        if ("default" in text or action.default in (None, False, argparse.SUPPRESS)
+        # By identity: a default of 0 is shown, a switch's False is not.
+        if ("default" in text or any(action.default is v for v in (None, False, argparse.SUPPRESS))
                 or not action.option_strings):
             return text
         return f"{text} (default: %(default)s)"

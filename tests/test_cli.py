@@ -1,4 +1,5 @@
-"""The `mrc-nic` command: pcap-sample, sim, and one-line errors with exit status 2."""
+"""The `mrc-nic` command: pcap-sample, flow, sim, scenario files, and one-line errors with exit
+status 2 (every subcommand's errors: tests/test_cli_errors.py)."""
 
 import json
 import subprocess
@@ -28,10 +29,10 @@ def test_pcap_sample_writes_every_sample(tmp_path):
 
 
 def test_pcap_sample_unwritable_is_one_line_error(tmp_path):
-    result = mrc_nic("pcap-sample", tmp_path / "missing-dir" / "x.pcap")
+    out = tmp_path / "missing-dir" / "x.pcap"
+    result = mrc_nic("pcap-sample", out)
     assert result.returncode == 2
-    assert result.stderr.strip().count("\n") == 0
-    assert result.stderr.startswith("mrc-nic: error: cannot write")
+    assert result.stderr == f"mrc-nic pcap-sample: {out}: cannot write: No such file or directory\n"
 
 
 def test_sim_foundation_flow(tmp_path):
@@ -66,12 +67,14 @@ def test_sim_runs_the_rtl_receive_path(tmp_path):
 def test_sim_rejects_bad_arguments(tmp_path):
     bad_mtu = mrc_nic("flow", "--mtu", 1500, "--out", tmp_path)
     assert bad_mtu.returncode == 2
-    assert bad_mtu.stderr.strip() == ("mrc-nic: error: NicConfig.mtu must be one of 256, 512, "
-                                      "1024, 2048, 4096, not 1500")
+    assert bad_mtu.stderr == ("mrc-nic flow: --mtu: must be one of 256, 512, 1024, 2048, 4096, "
+                              "not 1500\n")
     missing = mrc_nic("flow", "--profile", tmp_path / "nope.json", "--out", tmp_path)
-    assert missing.returncode == 2 and "cannot read EV profile" in missing.stderr
+    assert missing.returncode == 2
+    assert missing.stderr.startswith("mrc-nic flow: --profile: cannot read EV profile")
     zero = mrc_nic("flow", "--bytes", 0, "--out", tmp_path)
-    assert zero.returncode == 2 and "--bytes must be at least 1, not 0" in zero.stderr
+    assert zero.returncode == 2
+    assert zero.stderr == "mrc-nic flow: --bytes: must be at least 1, not 0\n"
 
 
 @pytest.mark.parametrize(("flag", "value", "message"), [
@@ -83,7 +86,7 @@ def test_sim_rejects_bad_arguments(tmp_path):
 def test_sim_bad_flag_is_one_line_error(tmp_path, flag, value, message):
     result = mrc_nic("sim", flag, value, "--out", tmp_path)
     assert result.returncode == 2
-    assert result.stderr.strip() == f"mrc-nic sim: {message}"
+    assert result.stderr == f"mrc-nic sim: {message}\n"
     assert not (tmp_path / "report.json").exists()
 
 
@@ -107,3 +110,24 @@ def test_sim_one_way_leaves_the_acks_off_the_sending_sides_wire(tmp_path):
     for s in shares.values():
         assert s["first_transmission"] + s["retransmission"] + s["control"] == \
             pytest.approx(1, abs=2e-4)
+
+
+def test_sim_scenario_file_and_config_reach_more_qps_than_the_default_build(tmp_path):
+    """``--config`` builds the NICs from a NicConfig, so 32 QPs (the default build holds 16)
+    run; the scenario file sets the run, a flag overrides it, and the report echoes the file
+    and the resolved scenario."""
+    config = tmp_path / "nic.json"
+    config.write_text(json.dumps({"qps": 32, "ports": 4, "evs_per_profile": 32, "mpr_units": 1,
+                                  "ev_profiles": 1, "wr_slots": 4, "max_wimm": 4}))
+    scenario = tmp_path / "wide.toml"
+    scenario.write_text('description = "32 QPs"\nbase = "clean"\nqps = 32\nevs = 8\n'
+                        'bytes = 65536\nmsg_size = 2048\nbackend = "model"\nseed = 1\n')
+    result = mrc_nic("sim", "--scenario", scenario, "--config", config, "--seed", 3,
+                     "--out", tmp_path / "run")
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["scenario_file"] == str(scenario.resolve())
+    used = report["scenario"]
+    assert (used["name"], used["qps"], used["planes"], used["seed"]) == ("wide", 32, 4, 3)
+    assert used["fail_plane"] is None and used["nic_config"]["qps"] == 32
+    assert report["ok"] and report["bytes_delivered"] == report["bytes_offered"] == 2 * 65536
