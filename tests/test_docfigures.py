@@ -30,9 +30,10 @@ def test_every_figure_names_its_command_seed_and_unit(name):
 
 
 @pytest.mark.parametrize("name", sorted(DOCS))
-def test_docs_carry_no_commit_hashes_or_dates(name):
+def test_docs_carry_no_commit_hashes_dates_or_issue_numbers(name):
     text = DOCS[name].read_text()
     assert not re.search(r"\b20[0-9]{2}-[0-9]{2}-[0-9]{2}\b", text)
+    assert not re.search(r"\bissue #?[0-9]", text, re.I)
     # Hex words that are not register values (``0x...``) or UART fields (``sent=0001e240``).
     words = re.findall(r"(?<![0-9a-fx=])[0-9a-f]{7,40}(?![0-9a-f])", text)
     assert not [w for w in words if re.search(r"[a-f]", w) and re.search(r"[0-9]", w)], words
