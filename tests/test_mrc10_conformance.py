@@ -1,6 +1,6 @@
 """MRC 1.0 headers against byte vectors typed by hand from the specification's tables.
 
-Every vector below was written byte by byte from the MRC 1.0 tables (the wire-format issue's
+Every vector below was written byte by byte from the MRC 1.0 tables (the specification's
 copy of them), never produced through ``hdl.packet.layouts``: each one is the independent
 reference that the layout table, its ``pack``/``unpack`` and the Scapy layers must all agree
 with. The per-header vectors give every field, reserved ones included, a distinct non-zero
