@@ -356,6 +356,10 @@ def make_report(scn, result, out):
     return report
 
 
+def _or_none(value):
+    return "none (a window too short)" if value is None else f"{value:.3f}"
+
+
 def summary(report):
     scn = report["scenario"]
     lines = [
@@ -382,6 +386,12 @@ def summary(report):
         lines.append(f"  plane {failure['plane']} failed at {failure['at_us']} us: no new "
                      f"packet on it after {failure['dead_plane_abandoned_after_rtts']} RTTs; "
                      f"every lost PSN resent after {failure['all_lost_resent_after_us']} us")
+        goodput = failure["goodput"]
+        planes = report["scenario"]["planes"]
+        lines.append(f"  steady-state goodput during / before the failure "
+                     f"{_or_none(goodput['during_over_before'])} (ideal "
+                     f"{(planes - 1) / planes:.3f}), after / before "
+                     f"{_or_none(goodput['after_over_before'])} (ideal 1)")
     sim = report["sim"]
     lines.append(f"  simulated {sim['cycles']} cycles in {sim['wall_s']} s "
                  f"({sim['cycles_per_s']} cycles/s), {'OK' if report['ok'] else 'FAILED'}")
