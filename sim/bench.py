@@ -22,6 +22,7 @@ from pathlib import Path
 
 from .env import BUILD
 from .errors import UsageError, fail
+from .waves import add_waves_arguments, waves_from_args
 
 SIMULATORS = ("icarus", "verilator")
 WIDTHS = (64, 128, 256)
@@ -49,6 +50,9 @@ def register(subparsers):
     # The spellings from before --sim applied to both benchmarks, kept for scripts.
     p.add_argument("--sims", default=None, help=argparse.SUPPRESS)
     p.add_argument("--fabric-sims", default=None, help=argparse.SUPPRESS)
+    add_waves_arguments(p, "one file per RTL run (packet: waves-<sim>-w<W>-p<payload>.fst "
+                           "beside --out; fabric: fabric/<scenario>/waves.fst); tracing slows "
+                           "the simulation, so the figures of such a run are no benchmark")
     p.set_defaults(func=run)
 
 
@@ -95,7 +99,10 @@ def run(args):
               f"{args.out.parent / 'path.json'}")
     if "fabric" in only:
         from . import bench_fabric
-        bench_fabric.run(args.out.parent, sims=tuple(fabric_sims))
+        window = waves_from_args(args, "waves.fst")
+        waves = {"waves": True, "waves_from_us": window.from_us,
+                 "waves_to_us": window.to_us} if window else {}
+        bench_fabric.run(args.out.parent, sims=tuple(fabric_sims), **waves)
     return 0
 
 
@@ -119,6 +126,8 @@ def _packet(args):
                         run_cocotb(PacketEngine(config), toplevel="packet_engine",
                                    test_module="sim.tb.cocotb_bench",
                                    build_dir=BUILD / "bench" / f"{sim}-w{width}", sim=sim,
+                                   waves=waves_from_args(args, args.out.parent /
+                                                         f"waves-{sim}-w{width}-p{payload}.fst"),
                                    extra_env={"DATA_WIDTH": width, "PAYLOAD": payload,
                                               "COUNT": args.count, "BENCH_OUT": out})
                     except CocotbFailure as e:

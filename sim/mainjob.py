@@ -26,6 +26,7 @@ from .scenario import (
     load,
     nic_config_for,
 )
+from .waves import add_waves_arguments
 
 __all__ = ["register", "run_scenario", "make_report", "payload_capacity_gbps",
            "per_packet_overhead"]
@@ -106,7 +107,7 @@ def register(subparsers):
                         f"(default: {_default('baseline')})")
     p.add_argument("--sim", choices=("verilator", "icarus"), default=None,
                    help=f"simulator of the RTL backend (default: {_default('sim')})")
-    p.add_argument("--waves", action="store_true", help="write FST waveforms")
+    add_waves_arguments(p, "OUT/waves.fst (both NICs)")
     p.add_argument("--one-way", action="store_true",
                    help="only NIC a sends (its ACKs come back on the idle reverse planes)")
     p.add_argument("--out", type=Path, default=None,
@@ -131,7 +132,12 @@ def scenario_from_args(args):
         if getattr(args, field) is not None:
             overrides[field] = getattr(args, field)
             labels[field] = flag
-    if args.waves:
+    window = {"waves_from_us": "--waves-from", "waves_to_us": "--waves-to"}
+    for field, flag in window.items():
+        if getattr(args, field) is not None:
+            overrides[field] = getattr(args, field)
+            labels[field] = flag
+    if args.waves or any(getattr(args, field) is not None for field in window):
         overrides["waves"] = True
         labels["waves"] = "--waves"
     if args.one_way:
@@ -154,6 +160,8 @@ def run(args):
         scn, path = scenario_from_args(args)
     except ScenarioError as e:
         return fail(str(e))
+    if scn.waves and scn.backend != "rtl":
+        return fail("the model backend has no waveforms: use --backend rtl", field="--waves")
     out = args.out or BUILD / "sim" / scn.name
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -168,9 +176,19 @@ def run(args):
 
 def _build_dir(scn):
     config = nic_config_for(scn)
-    key = hashlib.sha256(json.dumps([config.to_dict(), scn.sim, scn.waves],
+    # Not the waves: every build can trace, and the window is given at run time.
+    key = hashlib.sha256(json.dumps([config.to_dict(), scn.sim],
                                     sort_keys=True).encode()).hexdigest()[:12]
     return BUILD / "sim" / "rtl" / f"{scn.sim}-{key}"
+
+
+def _waves_window(scn, out):
+    """The :class:`sim.tb.runner.WavesWindow` of ``scn`` (``None`` without waves): both NICs
+    in one file, ``out/waves.fst``, as they are one simulation model (``sim/tb/pair.py``)."""
+    if not scn.waves:
+        return None
+    from .tb.runner import WAVES_FILE, WavesWindow
+    return WavesWindow(Path(out) / WAVES_FILE, scn.waves_from_us, scn.waves_to_us)
 
 
 def _shown_path(path):
@@ -198,14 +216,18 @@ def run_scenario(scn, out, *, log=print, build_dir=None, quick_build=False,
         config = nic_config_for(scn)
         log(f"building two RTL NICs ({config.ports} ports, {config.data_width}-bit, "
             f"{scn.sim}); a cached build is reused")
+        waves = _waves_window(scn, out)
         run_cocotb(lambda: NicPair(config), toplevel="nic_pair",
                    test_module="sim.tb.cocotb_fabric",
                    build_dir=build_dir or _build_dir(scn), sim=scn.sim,
-                   waves=scn.waves, reuse=True, quick_build=quick_build,
+                   waves=waves, log=log, reuse=True, quick_build=quick_build,
                    export_key=source_key("nic_pair-shared", config.to_dict()),
                    extra_env={"SCENARIO": json.dumps(scn.to_dict()), "OUT": out.resolve(),
                               "MRC_SIMULATOR": scn.sim})
         result = json.loads((out / "result.json").read_text())
+        if waves and result.get("transfer_start_us") is not None:
+            log(f"  the transfer started at {result['transfer_start_us']:g} us of simulated "
+                f"time: --fail-at and the report's times count from there")
     else:
         from .fabric import Fabric
         from .model.pair import run_model

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .env import BUILD
 from .errors import fail, nic_config_from
+from .waves import add_waves_arguments, waves_from_args
 
 
 def register(subparsers):
@@ -32,6 +33,8 @@ def register(subparsers):
                    help="RX port the frames arrive on, 0 to the config's ports - 1")
     p.add_argument("--sim", choices=("verilator", "icarus"), default=None,
                    help="simulator (default: verilator)")
+    add_waves_arguments(p, "waves.fst in the folder of --out (or --json), else in "
+                           "build/replay/")
     p.set_defaults(func=run)
 
 
@@ -58,10 +61,11 @@ def read_capture(path):
     return frames
 
 
-def replay_frames(frames, config, *, ports, sim=None, build_dir=None):
+def replay_frames(frames, config, *, ports, sim=None, build_dir=None, waves=None):
     """Run ``frames`` (bytes), frame i on RX port ``ports[i]``, through the NIC top; return
     ``{"verdicts": [parser reason per frame], "transport": [responder verdict or None],
     "responses": [{"port", "hex"}], "counters": {...}, "responder_counters": {...}}``.
+    ``waves``: a :class:`sim.tb.runner.WavesWindow` (default: what ``MRC_WAVES`` asks).
     Raises :class:`sim.tb.runner.CocotbFailure` when the simulation fails."""
     import os
 
@@ -77,7 +81,7 @@ def replay_frames(frames, config, *, ports, sim=None, build_dir=None):
             {"port": port, "hex": f.hex()} for f, port in zip(frames, ports, strict=True)]}))
         run_cocotb(MrcNic(config), toplevel="mrc_nic",
                    test_module="sim.tb.cocotb_replay", build_dir=build_dir, sim=sim,
-                   quick_build=True, reuse=True,
+                   quick_build=True, reuse=True, waves=waves,
                    extra_env={"REPLAY_IN": job, "REPLAY_OUT": result})
         return json.loads(result.read_text())
 
@@ -94,11 +98,15 @@ def run(args):
     if not frames:
         return fail("the capture holds no frames", field=args.pcap)
 
-    from sim.tb.runner import CocotbFailure
+    from sim.tb.runner import WAVES_FILE, CocotbFailure
+    written = args.out or args.json
+    waves = waves_from_args(args, (written.parent if written else BUILD / "replay")
+                            / WAVES_FILE)
     print(f"mrc-nic replay: {len(frames)} frames from {args.pcap} through the RTL NIC",
           flush=True)
     try:
-        outcome = replay_frames(frames, config, ports=[args.port] * len(frames), sim=args.sim)
+        outcome = replay_frames(frames, config, ports=[args.port] * len(frames), sim=args.sim,
+                                waves=waves)
     except CocotbFailure as e:
         return fail(f"the simulation failed: {e}", field=args.sim or "verilator")
 

@@ -142,13 +142,16 @@ _RULES = {
     "baseline": _choice("ecmp", None),
     "sim": _choice("verilator", "icarus"),
     "waves": _BOOL,
+    "waves_from_us": _number(0, 1e7),
+    "waves_to_us": _number(0, 1e7),
     "max_us": _number(1.0, 10**7),
     "extra": ("table",),
 }
 
 #: Fields whose ``None`` means "none"/"never" (spelled -1 or "none" on the command line and in
 #: scenario files).
-_NULLABLE = {"fail_plane", "fail_at_us", "recover_at_us", "baseline", "nic_config"}
+_NULLABLE = {"fail_plane", "fail_at_us", "recover_at_us", "baseline", "nic_config",
+             "waves_from_us", "waves_to_us"}
 
 
 def _spell(value):
@@ -238,6 +241,8 @@ class Scenario:
     baseline: str | None = None
     sim: str = "verilator"
     waves: bool = False
+    waves_from_us: float | None = None    # the waves' window, us from the simulation's start
+    waves_to_us: float | None = None      # (None: open); docs/sim.md, "Waveforms"
     max_us: float = 5000.0
     extra: dict = field(default_factory=dict)
     nic_config: dict | None = None
@@ -265,6 +270,10 @@ class Scenario:
                     and not value > self.fail_at_us:
                 raise ScenarioError(name, f"must be later than {self.fail_at_us} us, the "
                                           f"failure time {{fail_at_us}}, not {value!r}")
+            if name == "waves_to_us" and self.waves_from_us is not None \
+                    and not value > self.waves_from_us:
+                raise ScenarioError(name, f"must be later than {self.waves_from_us} us, the "
+                                          f"start of the waves {{waves_from_us}}, not {value!r}")
         if config is not None:
             for name, built in (("planes", "ports"), ("mtu", "mtu")):
                 if getattr(self, name) != getattr(config, built):

