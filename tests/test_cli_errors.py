@@ -226,16 +226,21 @@ def test_sim_config_bounds_the_scenario(capsys, tmp_path):
     """``--config`` sets the build: its ports and MTU become the scenario's, its QP and EV
     counts bound ``--qps`` and ``--evs``; the error names both sides."""
     config = tmp_path / "nic.json"
-    config.write_text(json.dumps({"qps": 64, "ports": 4, "evs_per_profile": 16}))
-    status, out, err = run(capsys, "sim", "--config", config, "--evs", "8", "--qps", "100")
+    config.write_text(json.dumps({"qps": 64, "ports": 4, "evs_per_profile": 128}))
+    status, out, err = run(capsys, "sim", "--config", config, "--qps", "100")
     assert_one_line_error(status, out, err, "mrc-nic sim: ")
     assert err == ("mrc-nic sim: --qps: must be an integer from 1 to 64 (the qps of --config), "
                    "not 100\n")
-    status, out, err = run(capsys, "sim", "--config", config, "--evs", "8", "--planes", "8")
+    status, out, err = run(capsys, "sim", "--config", config, "--planes", "8")
     assert err == "mrc-nic sim: --planes: must be 4 (the ports of --config), not 8\n"
-    status, out, err = run(capsys, "sim", "--config", config, "--fail-plane", "-1")
+    small = tmp_path / "small.json"
+    small.write_text(json.dumps({"qps": 64, "ports": 4, "evs_per_profile": 16}))
+    status, out, err = run(capsys, "sim", "--config", small, "--fail-plane", "-1")
     assert err == ("mrc-nic sim: evs (set by scenario 'default'): must be an integer from 1 to "
                    "16 (the evs_per_profile of --config), not 32\n")
+    status, out, err = run(capsys, "sim", "--config", small, "--evs", "8", "--qps", "32")
+    assert err == ("mrc-nic sim: --qps: must be an integer from 1 to 16 (the evs_per_profile of "
+                   "--config: QP n starts at EV n), not 32\n")
 
 
 @pytest.mark.parametrize(("text", "message"), [
