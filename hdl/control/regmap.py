@@ -28,9 +28,11 @@ A port's layout is packed for the datapath, so its fields may cross 32-bit word 
 The bus shows each field at its own *register position* instead (:func:`place`): the fields in
 layout order, each right after the previous one, except that a field of up to 32 bits that
 would cross a word boundary starts the next word, and a field wider than 32 bits starts on a
-word boundary. The decoder wires register positions to the port's bits, so the placement costs
-no logic. A block may name fields in ``straddle`` to keep them packed (crossing a word); any
-other field that crosses a word is refused by :class:`RegisterMap` with an error naming it.
+word boundary. The decoder only rewires bits between register positions and the port's own
+layout, so the datapath's layouts stay packed. A block may name fields in ``straddle`` to keep
+them packed (crossing a word). :class:`RegisterMap` checks every block's placement, including a
+block that places its own fields, and refuses any other field that crosses a word with an error
+naming it.
 """
 
 from dataclasses import dataclass
