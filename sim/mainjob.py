@@ -176,7 +176,8 @@ def run(args):
 
 def _build_dir(scn):
     config = nic_config_for(scn)
-    # Not the waves: every build can trace, and the window is given at run time.
+    # Not the waves: a run with waves builds its traced model into trace/ in this folder, and
+    # the window is given at run time.
     key = hashlib.sha256(json.dumps([config.to_dict(), scn.sim],
                                     sort_keys=True).encode()).hexdigest()[:12]
     return BUILD / "sim" / "rtl" / f"{scn.sim}-{key}"

@@ -5,8 +5,8 @@ time, and moving the window never rebuilds the simulator.
 The two RTL tests are the slow ones of this file: ``test_port_loop_window_under_each_simulator``
 builds a small design under Icarus and Verilator (well under a minute), and
 ``test_two_nics_window_without_rebuild`` runs the main job twice on the NIC pair of
-``tests/test_nic_rtl.py`` (its build is shared; a first build takes several minutes, the two
-runs about a minute).
+``tests/test_nic_rtl.py`` (the export is shared; the traced model is built once, which takes
+several minutes, and kept in build/; the two runs then take about a minute).
 """
 
 import shutil
@@ -141,16 +141,17 @@ def test_port_loop_window_under_each_simulator(sim, tmp_path, capsys):
         assert fst.with_suffix(".gtkw").exists()
         assert f"waves: {fst}" in capsys.readouterr().out
         if sim == "verilator":
-            stamps.append((build / "port_loop").stat().st_mtime_ns)
+            stamps.append((build / "trace" / "port_loop").stat().st_mtime_ns)
     assert len(set(stamps)) <= 1, "moving the window rebuilt the simulator"
 
 
 # -- RTL: the main job ------------------------------------------------------------------------
 
 def test_two_nics_window_without_rebuild(tmp_path):
-    """Slow (the NIC pair of tests/test_nic_rtl.py; its build is shared). The main job with a
-    window writes OUT/waves.fst and OUT/waves.gtkw; a second run with only another window
-    reuses the build as it is and gives the same report."""
+    """Slow (the NIC pair of tests/test_nic_rtl.py, its export shared, the traced model built
+    once into trace/ beside the untraced one). The main job with a window writes
+    OUT/waves.fst and OUT/waves.gtkw; a second run with only another window reuses the build
+    as it is and gives the same report."""
     if shutil.which("verilator") is None:
         pytest.skip("no verilator")
     build = BUILD / "tests" / "nic_pair"
@@ -160,7 +161,7 @@ def test_two_nics_window_without_rebuild(tmp_path):
     logs = []
     first = run_scenario(scn, tmp_path / "first", build_dir=build, quick_build=True,
                          log=logs.append)
-    binary = (build / "nic_pair").stat().st_mtime_ns
+    binary = (build / "trace" / "nic_pair").stat().st_mtime_ns
     fst = tmp_path / "first" / "waves.fst"
     start, end = _span_us(fst)
     assert 2.0 - 1e-6 <= start < end <= 6.0 + 1e-6
@@ -176,7 +177,8 @@ def test_two_nics_window_without_rebuild(tmp_path):
 
     second = run_scenario(scn.replace(waves_from_us=8.0, waves_to_us=9.0), tmp_path / "second",
                           build_dir=build, quick_build=True, log=lambda *_: None)
-    assert (build / "nic_pair").stat().st_mtime_ns == binary, "a new window rebuilt the NICs"
+    assert (build / "trace" / "nic_pair").stat().st_mtime_ns == binary, \
+        "a new window rebuilt the NICs"
     start, end = _span_us(tmp_path / "second" / "waves.fst")
     assert 8.0 - 1e-6 <= start < end <= 9.0 + 1e-6
     for key in ("bytes_delivered", "packets_sent", "retransmissions", "duration_us"):

@@ -5,14 +5,15 @@ Simulator: ``SIM`` (``icarus`` by default, or ``verilator``). Works under pytest
 exiting).
 
 Waveforms (``docs/sim.md``, "Waveforms"): one FST file, ``waves.fst`` in the build folder
-unless the caller names another, with a GTKWave view (``.gtkw``) beside it when the caller has
-one. Every build can trace: the window of simulated time (:class:`WavesWindow`) is given at
-run time, so moving it, or turning waves on or off, never rebuilds the simulator. Under
-Verilator the model is built with ``--trace-fst`` and run by the project's copy of cocotb's
-Verilator main (``sim/tb/verilator_main.cpp``), which dumps only inside the window; under
-Icarus a small generated module calls ``$dumpvars`` at the window's start and ``$dumpoff`` at
-its end. From pytest: ``MRC_WAVES=1``, and ``MRC_WAVES_FROM``/``MRC_WAVES_TO`` (microseconds
-of simulated time) for a window.
+unless the caller names another, with a GTKWave view (``.gtkw``) made from the file's signal
+names beside it. The window of simulated time (:class:`WavesWindow`) is given at run time, so
+moving it never rebuilds the simulator. Under Verilator a run with waves uses a second build
+of the model, with ``--trace-fst``, kept beside the first (in ``trace/``) and run by the
+project's copy of cocotb's Verilator main (``sim/tb/verilator_main.cpp``), which dumps only
+inside the window; under Icarus every build can trace: a small generated module calls
+``$dumpvars`` at the window's start and ``$dumpoff`` at its end. From pytest:
+``MRC_WAVES=1``, and ``MRC_WAVES_FROM``/``MRC_WAVES_TO`` (microseconds of simulated time) for
+a window.
 """
 
 import math
@@ -175,14 +176,17 @@ def source_key(*parts):
 
 def run_cocotb(component, *, toplevel, test_module, build_dir, extra_env=None, sim=None,
                testcase=None, waves=None, quick_build=False, reuse=False, export_key=None,
-               ports_only=True, log=None, traceable=True):
+               ports_only=True, log=None, traceable=None):
     """Export ``component`` as ``toplevel`` into ``build_dir`` and run ``test_module`` on it.
 
     ``waves``: a :class:`WavesWindow` (write that file inside that window), ``True`` (the
     whole run into ``build_dir/waves.fst``), ``False`` (none), or ``None`` (what the
-    environment asks for: :func:`waves_from_env`). The build does not depend on it. ``log``:
-    called with :func:`viewer_hint` once waves were written (default: ``print``).
-    ``traceable=False``: a Verilator model without trace code (no waves possible).
+    environment asks for: :func:`waves_from_env`). ``log``: called with :func:`viewer_hint`
+    once waves were written (default: ``print``). ``traceable``: under Verilator, build the
+    model with trace code, in ``build_dir/trace/`` (the export stays in ``build_dir``); by
+    default exactly when waves are asked for. Trace code makes a model much slower to compile
+    and somewhat slower to run even when it writes nothing, so the runs without waves keep the
+    model without it; the window is no part of either build, so moving it never rebuilds.
 
     ``quick_build``: compile Verilator's C++ without optimisation (``-O0``): a whole NIC
     compiles several times faster and simulates about half as fast, the right trade for tests;
@@ -205,6 +209,8 @@ def run_cocotb(component, *, toplevel, test_module, build_dir, extra_env=None, s
         waves = WavesWindow(build_dir / WAVES_FILE)
     elif waves is False:
         waves = None
+    if traceable is None:
+        traceable = bool(waves)
     if waves and sim == "verilator" and not traceable:
         raise ValueError("waves need a traceable build (traceable=True)")
     if waves:       # the simulator runs in build_dir: a relative path would land there
@@ -225,10 +231,10 @@ def run_cocotb(component, *, toplevel, test_module, build_dir, extra_env=None, s
     build_args = []
     sources = [source]
     if sim == "verilator":
-        # Always able to trace: switching waves on, or moving their window, must not rebuild.
         build_args = ["-Wno-fatal", "-Wno-lint", "-Wno-style"]
         if traceable:
             build_args.append("--trace-fst")
+            build_dir = build_dir / "trace"
         if ports_only:
             build_dir.mkdir(parents=True, exist_ok=True)
             vlt = build_dir / "ports_only.vlt"
@@ -262,8 +268,8 @@ def run_cocotb(component, *, toplevel, test_module, build_dir, extra_env=None, s
     args_text = " ".join(build_args + [part for part in os.environ.get("MAKEFLAGS", "").split()
                                        if part.startswith(("OPT_FAST=", "OPT_SLOW="))])
     stale = not args_file.exists() or args_file.read_text() != args_text
-    # Verilator: waves=True builds the trace code in (VM_TRACE=1), every time. Icarus: the
-    # dump module above stands in for cocotb's, which would dump the whole run.
+    # Verilator: waves=True builds the trace code in (VM_TRACE=1). Icarus: the dump module
+    # above stands in for cocotb's, which would dump the whole run.
     runner.build(sources=sources, hdl_toplevel=toplevel, build_dir=build_dir,
                  timescale=("1ns", "1ps"), waves=sim == "verilator" and traceable,
                  build_args=build_args,
