@@ -4,7 +4,8 @@ A :class:`Scenario` holds every parameter a run needs: the fabric, the traffic, 
 schedule, the NIC's QP attributes and the backend. The command line, the benchmarks and the
 tests all build one, and ``report.json`` echoes it.
 
-Named scenarios are TOML files in ``sim/scenarios/`` (``default.toml`` lists every field);
+Named scenarios are TOML files in ``sim/scenarios/`` (``default.toml`` gives every field
+that has a value);
 :func:`load` reads a named scenario or any scenario file, puts the overrides (the command
 line's flags) on top and validates the result. This module is the one loader. A bad value
 raises :class:`ScenarioError` naming the field, where its value came from (a flag, a named
