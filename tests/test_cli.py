@@ -131,3 +131,30 @@ def test_sim_scenario_file_and_config_reach_more_qps_than_the_default_build(tmp_
     assert (used["name"], used["qps"], used["planes"], used["seed"]) == ("wide", 32, 4, 3)
     assert used["fail_plane"] is None and used["nic_config"]["qps"] == 32
     assert report["ok"] and report["bytes_delivered"] == report["bytes_offered"] == 2 * 65536
+
+
+NO_FAILURE = {"fail_plane": None, "fail_at_us": None, "recover_at_us": None}
+#: What each named scenario file changes from the defaults (the values the scenarios had when
+#: they were written in Python, so runs by name give the same figures as before).
+NAMED = {
+    "default": {},
+    "clean": NO_FAILURE,
+    "plane-failure": {"recover_at_us": None},
+    "timeout-only": {"recover_at_us": None, "infer_k": 0, "reo_wnd": 0, "port_wnd": 0},
+    "flap": {"fail_kind": "flap", "fail_at_us": 30.0, "recover_at_us": 150.0,
+             "flap_period_us": 30.0},
+    "loss1": {**NO_FAILURE, "loss": 0.01},
+    "ecmp": {**NO_FAILURE, "baseline": "ecmp", "qps": 8},
+    "mrc-8qp": {**NO_FAILURE, "qps": 8},
+    "congestion": {**NO_FAILURE, "trim_threshold": 8 * 1024, "ecn_threshold": 2 * 1024},
+}
+
+
+@pytest.mark.parametrize("name", sorted(NAMED))
+def test_named_scenario_files(name):
+    from sim.scenario import SCENARIOS, Scenario, scenario_names
+    assert set(scenario_names()) == set(NAMED)
+    expected = Scenario(name=name, **NAMED[name])
+    assert SCENARIOS[name] == expected
+    assert {k: type(v) for k, v in SCENARIOS[name].to_dict().items()} == \
+        {k: type(v) for k, v in expected.to_dict().items()}
