@@ -227,9 +227,10 @@ def plot_queues(records, config, path, *, failures=(), title=None):
     for plane, (times, delays) in sorted(queueing_delays(records, config).items()):
         delay_axes.plot([t / 1000 for t in times], [d / 1000 for d in delays], ".",
                         markersize=2, label=f"plane {plane}")
-    for src, (times, inflight) in in_flight_bytes(records).items():
+    # Dashed after the first: with symmetric traffic the two sides' curves coincide.
+    for index, (src, (times, inflight)) in enumerate(in_flight_bytes(records).items()):
         flight_axes.step([t / 1000 for t in times], inflight, where="post", linewidth=1,
-                         label=f"sent by {src}")
+                         linestyle="-" if index == 0 else "--", label=f"sent by {src}")
     _mark_failures(delay_axes, failures, end_ns)
     _mark_failures(flight_axes, failures, end_ns, labels=False)
     delay_axes.set_title(title or "fabric queues")
