@@ -15,11 +15,13 @@ APT_PACKAGES := iverilog tshark libpython3.11 build-essential perl liblz4-dev
 export PATH := $(BIN):$(PATH)
 export PIP_CACHE_DIR := $(CURDIR)/.cache/pip
 
-.PHONY: help setup apt venv test sim lint pcap verilog bench clean distclean
+.PHONY: help setup apt venv test test-fast formal sim lint pcap verilog bench clean distclean
 
 help:
 	@echo "make setup   install apt packages (when missing) and the pinned .venv"
 	@echo "make test    run the whole test suite"
+	@echo "make test-fast  the inner loop: every test not marked slow (docs/testing.md)"
+	@echo "make formal  the formal checks at their deep depths (docs/formal.md)"
 	@echo "make sim     run the most end-to-end flow that exists (mrc-nic sim)"
 	@echo "make pcap    write build/sample.pcap with one packet of every type"
 	@echo "make verilog write build/verilog/mrc_nic.sv and lint it with Verilator"
@@ -55,10 +57,19 @@ $(VENV)/.setup-stamp: pyproject.toml
 	$(PY) -m sim.toolcheck
 	touch $@
 
-# Two workers, one test file each at a time: a file's Verilator build and its runs stay in
-# one process (files never share a build folder).
+# Two workers. tests/conftest.py puts each test in an xdist group (its file, unless the file's
+# tests share no build folder) and orders the groups longest first; a group's tests run in one
+# worker, in that order (docs/testing.md).
+PYTEST_XDIST := -n 2 --dist loadgroup --no-loadscope-reorder
+
 test: venv
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q $(PYTEST_XDIST)
+
+test-fast: venv
+	$(PY) -m pytest -q $(PYTEST_XDIST) -m "not slow"
+
+formal: venv
+	$(PY) -m pytest -q $(PYTEST_XDIST) -m formal --formal-deep
 
 sim: venv
 	$(VENV)/bin/mrc-nic sim

