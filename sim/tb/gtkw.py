@@ -111,13 +111,15 @@ def view_groups(names):
     for scope in nics:
         label = scope.rsplit(".", 1)[-1]
         ports = _ports(bare, scope)
+        inside = [name for name in bare if name.startswith(f"{scope}.")]
         for title, patterns in NIC_GROUPS:
             chosen = []
-            for pattern in patterns:
-                for port in (range(ports) if "{p}" in pattern else [None]):
+            # Port by port: each port's valid, ready, first and last together.
+            for port in range(ports) if any("{p}" in p for p in patterns) else [None]:
+                for pattern in patterns:
                     wanted = re.compile(re.escape(scope) + r"\." +
                                         pattern.replace("{p}", str(port)) + "$")
-                    chosen += [bare[b] for b in bare if wanted.match(b)
+                    chosen += [bare[b] for b in inside if wanted.match(b)
                                and bare[b] not in chosen]
             if chosen:
                 groups.append((f"{label}: {title}", chosen))

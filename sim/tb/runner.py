@@ -235,6 +235,15 @@ def run_cocotb(component, *, toplevel, test_module, build_dir, extra_env=None, s
         if traceable:
             build_args.append("--trace-fst")
             build_dir = build_dir / "trace"
+            # The generated makefile searches the folders of the sources for objects (VPATH):
+            # beside the untraced build's, it would link that build's main, compiled without
+            # trace support. So the traced build gets a copy of the source in its own folder.
+            build_dir.mkdir(parents=True, exist_ok=True)
+            text = source.read_bytes()
+            source = build_dir / source.name
+            if not source.exists() or source.read_bytes() != text:
+                source.write_bytes(text)
+            sources = [source]
         if ports_only:
             build_dir.mkdir(parents=True, exist_ok=True)
             vlt = build_dir / "ports_only.vlt"
