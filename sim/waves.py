@@ -17,8 +17,8 @@ __all__ = ["add_waves_arguments", "waves_from_args"]
 def add_waves_arguments(parser, where):
     """Add the three flags to ``parser``; ``where`` says where the file goes (help text)."""
     parser.add_argument("--waves", action="store_true",
-                        help=f"write FST waveforms to {where}, with a GTKWave view beside it "
-                             f"when there is one (docs/sim.md, Waveforms)")
+                        help=f"write FST waveforms to {where}, with a GTKWave view (.gtkw) "
+                             f"beside each file (docs/sim.md, Waveforms)")
     parser.add_argument("--waves-from", dest="waves_from_us", type=float, default=None,
                         metavar="US", help="waves only from this simulated time on, us from "
                                            "the start of the simulation (implies --waves)")
