@@ -21,6 +21,7 @@ each depth takes.
 import argparse
 import os
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -63,8 +64,10 @@ class FormalResult:
     ``status`` is ``"PASS"`` (bmc: no assertion fails up to ``depth``; prove: the basecase and
     the k-induction step both hold; cover: every ``Cover`` reached), ``"FAIL"`` (a
     counterexample, or in cover mode an unreached cover), ``"UNKNOWN"`` (prove: the induction
-    step failed, so only the bounded base case holds) or ``"ERROR"``. ``solver_seconds`` is
-    the part of ``seconds`` spent in the solver (after Yosys prepared the model).
+    step failed, so only the bounded base case holds) or ``"ERROR"``. ``seconds`` is wall
+    time, ``solver_seconds`` the part of it after Yosys prepared the model, ``cpu_seconds``
+    the processor time of sby and every tool it ran (unlike wall time, it hardly depends on
+    what else the machine is doing).
     """
     name: str
     mode: str
@@ -75,6 +78,7 @@ class FormalResult:
     log: Path
     failures: list = field(default_factory=list)    # "file:line step N" of failed asserts
     solver_seconds: float | None = None
+    cpu_seconds: float | None = None
     solver: str = SOLVER
 
     @property
@@ -84,8 +88,9 @@ class FormalResult:
     def summary(self):
         solver = "" if self.solver_seconds is None else \
             f", {self.solver_seconds:.0f} s in {self.solver}"
+        cpu = "" if self.cpu_seconds is None else f", {self.cpu_seconds:.0f} s of CPU"
         text = f"{self.name} {self.mode} depth {self.depth}: {self.status} " \
-               f"({self.seconds:.1f} s{solver}, log {self.log})"
+               f"({self.seconds:.1f} s{solver}{cpu}, log {self.log})"
         for failure in self.failures:
             text += f"\n  {failure}"
         return text
@@ -149,7 +154,8 @@ def _clock(line):
 
 def _solver_seconds(output):
     lines = output.splitlines()
-    start = next((_clock(line) for line in lines if "engine_0: starting process" in line), None)
+    start = next((_clock(line) for line in lines
+                  if re.search(r"engine_0\S*: starting process", line)), None)
     end = next((_clock(line) for line in reversed(lines) if "DONE (" in line), None)
     if start is None or end is None:
         return None
@@ -207,6 +213,7 @@ def run_formal(top, *, name, mode="bmc", depth=20, timeout=300, ports=(), direct
     # sby stops its own processes at `timeout`; the process-group kill a minute later is the
     # backstop for an sby that does not return, and takes the solver down with it.
     start = time.monotonic()
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
     process = subprocess.Popen([sby, "-f", "check.sby"], cwd=workdir, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -221,6 +228,8 @@ def run_formal(top, *, name, mode="bmc", depth=20, timeout=300, ports=(), direct
     except ProcessLookupError:
         pass
     seconds = time.monotonic() - start
+    now = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_seconds = now.ru_utime + now.ru_stime - used.ru_utime - used.ru_stime
     log = workdir / "sby.log"
     log.write_text(output)
 
@@ -234,7 +243,8 @@ def run_formal(top, *, name, mode="bmc", depth=20, timeout=300, ports=(), direct
     failures += sorted(set(re.findall(r"(unreached cover statement .*)", output)))
     return FormalResult(name=name, mode=mode, depth=depth, status=status, seconds=seconds,
                         workdir=workdir, log=log, failures=failures,
-                        solver_seconds=_solver_seconds(output), solver=solver)
+                        solver_seconds=_solver_seconds(output), cpu_seconds=cpu_seconds,
+                        solver=solver)
 
 
 # --- Registered checks ------------------------------------------------------------------------
@@ -306,10 +316,16 @@ def run_proof(name, *, deep=False, mode=None, depth=None, timeout=None, director
                       directory=directory, solver=solver)
 
 
-def _markdown_row(result, proof, command):
-    solver = "" if result.solver_seconds is None else f"{result.solver_seconds:.0f}"
-    return f"| `{result.name}` | {result.mode} | {result.depth} | {result.status} " \
-           f"(expected {proof.expected}) | {result.seconds:.0f} | {solver} | `{command}` |"
+MARKDOWN_HEADER = ("| check | mode | depth | result | wall s | solver s | CPU s | limit s |\n"
+                   "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: |")
+
+
+def _markdown_row(result, timeout):
+    def figure(value):
+        return "" if value is None else f"{value:.0f}"
+    return f"| `{result.name}` | {result.mode} | {result.depth} | {result.status} | " \
+           f"{figure(result.seconds)} | {figure(result.solver_seconds)} | " \
+           f"{figure(result.cpu_seconds)} | {timeout} |"
 
 
 def main(argv=None):
@@ -330,19 +346,27 @@ def main(argv=None):
         parser.error(f"unknown proof {unknown[0]!r}; known: {', '.join(PROOFS)}")
     deep = args.deep or deep_requested()
     ok = True
+    if args.markdown:
+        print(MARKDOWN_HEADER, flush=True)
     for name in args.proofs or PROOFS:
         try:
             result = run_proof(name, deep=deep, mode=args.mode, depth=args.depth,
                                timeout=args.timeout, solver=args.solver)
         except FormalTimeout as error:
+            proof = PROOFS[name]
+            limit = args.timeout or (proof.deep_timeout if deep else proof.timeout)
+            if args.markdown:
+                print(f"| `{name}` | {args.mode or proof.mode} | "
+                      f"{args.depth or (proof.deep_depth if deep else proof.depth)} | "
+                      f"TIMEOUT | | | | {limit} |", flush=True)
             print(f"{name}: TIMEOUT: {error}", flush=True)
             ok = False
             continue
         expected = PROOFS[name].expected if args.mode is None else None
         if args.markdown:
-            command = " ".join(["python -m sim.formal", name, *(["--deep"] if deep else []),
-                                *(["--solver", args.solver] if args.solver != SOLVER else [])])
-            print(_markdown_row(result, PROOFS[name], command), flush=True)
+            proof = PROOFS[name]
+            limit = args.timeout or (proof.deep_timeout if deep else proof.timeout)
+            print(_markdown_row(result, limit), flush=True)
         else:
             print(result.summary(), flush=True)
         if expected is not None and result.status != expected:
