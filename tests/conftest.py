@@ -43,6 +43,8 @@ TEST_MARKS = {
     "test_formal.py::test_requester_covers_sends_and_an_ack_moving_una": {"slow"},
     "test_formal.py::test_a_check_past_its_time_limit_fails_naming_the_check_and_the_limit":
         {"slow"},
+    "test_waves.py::test_port_loop_window_under_each_simulator": {"rtl", "slow"},
+    "test_waves.py::test_two_nics_window_without_rebuild": {"rtl", "slow"},
 }
 
 #: Files whose tests share no build folder: each test (each parametrization) is a group.
