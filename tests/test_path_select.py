@@ -305,6 +305,23 @@ def test_one_decision_per_cycle_at_full_rate():
     assert last - first == count - 1
 
 
+@pytest.mark.parametrize("backpressure", [0.0, 0.3])
+def test_back_to_back_requests_of_one_qp_at_every_forwarding_distance(backpressure):
+    """The pointer write-backs still in flight are forwarded: a QP whose previous request is
+    1, 2, ... 7 requests ahead (QPs in a cycle of that length, at full rate and under
+    backpressure) still gets successive rotation positions, as the model does."""
+    bench = Bench(SMALL, bubbles=0.0, backpressure=backpressure, seed=21)
+
+    async def script(bench, ctx):
+        await bench.commands(ctx, bring_up_commands(0, 16, ports=4, qpns=range(8),
+                                                    offsets=(0, 3, 5, 7, 9, 11, 13, 15)))
+        for period in range(1, 8):
+            await bench.requests(ctx, [{"qpn": n % period} for n in range(6 * period)])
+
+    bench.run(script)
+    bench.check()
+
+
 def test_ten_thousand_picks_are_uniform_over_64_evs():
     bench = Bench(WIDE, bubbles=0.05, backpressure=0.05, seed=11,
                   profiles={0: udp_profile()})
