@@ -20,7 +20,7 @@ from pathlib import Path
 
 import cocotb
 from cocotb.clock import Clock
-from cocotb.triggers import ClockCycles, RisingEdge
+from cocotb.triggers import ClockCycles, Event, RisingEdge, Timer
 from cocotb.utils import get_sim_time
 
 from hdl import protocol as P
@@ -61,6 +61,33 @@ POLL_CYCLES = 500
 BACKLOG_CYCLES = 1000
 
 
+
+
+def _profiler():
+    """A running :class:`cProfile.Profile` when ``MRC_PROFILE`` is set (and not ``0``): the
+    bench's Python from the start of the transfer to its end (``docs/performance.md``)."""
+    if os.environ.get("MRC_PROFILE", "") in ("", "0"):
+        return None
+    import cProfile
+    profiler = cProfile.Profile()
+    profiler.enable()
+    return profiler
+
+
+def _write_profile(profiler, path, wall_s, cycles):
+    """The profile, by own time, with the share of the wall time spent outside Python (the
+    simulator and cocotb's C++ side)."""
+    import io
+    import pstats
+    profiler.disable()
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    python_s = stats.total_tt
+    stats.sort_stats("tottime").print_stats(40)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{cycles} cycles in {wall_s:.2f} s of wall time; Python (profiled) "
+                    f"{python_s:.2f} s, outside Python {wall_s - python_s:.2f} s\n"
+                    + text.getvalue())
 
 
 class Side:
@@ -130,12 +157,20 @@ class Side:
                                retry_exponential=SCENARIO.retry_exponential)
 
 
+async def _edges(clock, count):
+    """Wait for the ``count``-th rising edge of ``clock`` from now (called at a rising edge),
+    as ``ClockCycles`` would, but with one wake-up instead of one per cycle: a timer to the
+    middle of the last cycle, then the edge."""
+    await Timer(round((count - 0.5) * PERIOD_NS * 1000), unit="ps")
+    await RisingEdge(clock)
+
+
 async def control_plane(side, now_us, stop):
     """Poll EV events; probe ASSUMED_BAD EVs every PROBE_INTERVAL_US."""
     last_probe = 0.0
     probe_id = 0
     while not stop["done"]:
-        await ClockCycles(side.loop.clock, POLL_CYCLES)
+        await _edges(side.loop.clock, POLL_CYCLES)
         for event in await side.driver.poll_ev_events():
             state = P.EvState(event["state"])
             side.ev_events.append({"time_us": round(now_us(), 3), "nic": side.name,
@@ -204,9 +239,11 @@ async def fabric_run(dut):
         for wr in work[side.name]:
             side.memory.write(wr["local_addr"], wr["data"])
     start["cycle"] = loop.cycle
+    profiler = _profiler()
     # Where the transfer begins on the waves' time axis (simulated time from the start).
     transfer_start_us = get_sim_time("us")
     wall0 = time.monotonic()
+    cpu0 = time.process_time()
     for side in (a, b):
         side.wr.send([pack(wr_layout, {k: v for k, v in wr.items() if k != "data"})
                       for wr in work[side.name]])
@@ -217,10 +254,12 @@ async def fabric_run(dut):
     for side in (a, b):
         cocotb.start_soon(control_plane(side, now_us, stop))
 
+    peer_imm = {side.name: sum(1 for wr in work[side.name]
+                               if wr["opcode"] == P.WrOpcode.RDMA_WRITE_WITH_IMM)
+                for side in (a, b)}
+
     def expected(side):
-        peer = "b" if side.name == "a" else "a"
-        return len(work[side.name]) + sum(
-            1 for wr in work[peer] if wr["opcode"] == P.WrOpcode.RDMA_WRITE_WITH_IMM)
+        return len(work[side.name]) + peer_imm["b" if side.name == "a" else "a"]
 
     cq_layout = completion_layout(CONFIG)
     requester_side = 0
@@ -230,33 +269,53 @@ async def fabric_run(dut):
         return sum(1 for c in side.completions
                    if unpack(cq_layout, c)["side"] == requester_side) >= len(work[side.name])
 
-    finished = False
     report_every = max(1, int(20_000 / PERIOD_NS))      # progress every 20 us
-    next_report = report_every
-    settle = None           # every WR completed (some with errors): responder side settles
+    watch = {"next_report": report_every, "settle": None, "finished": None,
+             "expected": (expected(a), expected(b))}
     check_every = 64
-    while now_us() < SCENARIO.max_us:
-        await RisingEdge(dut.clk)
-        if all(len(s.completions) >= expected(s) for s in (a, b)):
-            finished = True
-            break
-        if loop.cycle % check_every == 0 and settle is None and all(
+    ended = Event()
+
+    def end_check(cycle):
+        """Whether the run is over, checked after every cycle's agents (the completions of
+        that cycle counted); the bench goes on at the next edge."""
+        if watch["finished"] is not None or cycle <= start["cycle"]:
+            return
+        want_a, want_b = watch["expected"]
+        if len(a.completions) >= want_a and len(b.completions) >= want_b:
+            watch["finished"] = True
+        elif cycle % check_every == 0 and watch["settle"] is None and all(
                 own_done(s) for s in (a, b)):
-            settle = now_us() + 5.0
-        if settle is not None and now_us() >= settle:
-            finished = True         # nothing more will complete: errors explain the rest
-            break
-        if loop.cycle - start["cycle"] >= next_report:
-            next_report += report_every
+            watch["settle"] = now_us() + 5.0
+        if watch["finished"] is None and watch["settle"] is not None \
+                and now_us() >= watch["settle"]:
+            watch["finished"] = True    # nothing more will complete: errors explain the rest
+        if watch["finished"] is None and cycle - start["cycle"] >= watch["next_report"]:
+            watch["next_report"] += report_every
             elapsed = time.monotonic() - wall0
             done = {s.name: f"{len(s.completions)}/{expected(s)}" for s in (a, b)}
             cocotb.log.info(
                 f"t={now_us():8.1f} us  completions a {done['a']} b {done['b']}  "
                 f"delivered {fabric.delivered_payload_bytes() / 1024:8.1f} KiB  "
-                f"wall {elapsed:6.1f} s ({(loop.cycle - start['cycle']) / max(elapsed, 1e-9):,.0f}"
+                f"wall {elapsed:6.1f} s ({(cycle - start['cycle']) / max(elapsed, 1e-9):,.0f}"
                 f" cycles/s)")
-    done_ns = now_ns()
-    wall_s = time.monotonic() - wall0
+        if watch["finished"] is None and now_us() >= SCENARIO.max_us:
+            watch["finished"] = False
+        if watch["finished"] is not None:
+            watch["done_ns"] = now_ns()
+            watch["wall_s"] = time.monotonic() - wall0
+            watch["cpu_s"] = time.process_time() - cpu0
+            ended.set()
+    loop.hooks.append(end_check)
+    await ended.wait()
+    loop.hooks.remove(end_check)
+    # The check ran inside the loop's step of that cycle; the read-out below starts at the
+    # next edge, where a per-cycle coroutine checking the same state would have stopped.
+    await RisingEdge(dut.clk)
+    finished = watch["finished"]
+    done_ns = watch["done_ns"]
+    wall_s = watch["wall_s"]
+    if profiler is not None:
+        _write_profile(profiler, OUT / "profile.txt", wall_s, loop.cycle - start["cycle"])
     stop["done"] = True
     await ClockCycles(dut.clk, 2 * POLL_CYCLES)
 
@@ -290,4 +349,7 @@ async def fabric_run(dut):
     OUT.mkdir(parents=True, exist_ok=True)
     fabric.save(OUT)
     (OUT / "result.json").write_text(json.dumps(result, default=str))
-    cocotb.log.info(f"done: finished={finished} at {done_ns / 1000:.1f} us, wall {wall_s:.1f} s")
+    cocotb.log.info(f"done: finished={finished} at {done_ns / 1000:.1f} us, wall {wall_s:.1f} s, "
+                    f"processor {watch['cpu_s']:.1f} s ("
+                    f"{round(done_ns / PERIOD_NS) / max(watch['cpu_s'], 1e-9):,.0f} cycles per "
+                    f"processor second)")

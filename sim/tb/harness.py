@@ -3,9 +3,12 @@
 The per-port coroutines of :mod:`sim.tb.streams` cost one scheduler wake-up each per clock
 cycle; a two-NIC bench with 8 planes has ~40 stream ports, and the scheduler, not the
 simulator, then sets the pace. Here a single :class:`CycleLoop` awaits the clock once per
-cycle and steps every agent in turn; agents touch a handle only when they must (``ready`` of
-a source only while it drives ``valid``, writes only when a value changes). Host memory is a
-few ``bytearray`` regions instead of a dictionary per byte.
+cycle and steps every awake agent in turn; agents touch a handle only when they must
+(``ready`` of a source only while it drives ``valid``, writes only when a value changes).
+An agent sleeps while its step would do nothing: a source with nothing to send, a sink
+without backpressure while its ``valid`` is low (a value-change trigger on ``valid`` wakes
+it), so an idle port costs no handle access at all. Host memory is a few ``bytearray``
+regions instead of a dictionary per byte.
 
 The handshake convention is the one of :mod:`sim.tb.streams`: after a rising edge, a beat
 moved if ``valid`` and ``ready`` were both high at that edge. Sources may insert random
@@ -15,6 +18,7 @@ bubbles and sinks random backpressure (seeded).
 import random
 from collections import deque
 
+import cocotb
 from cocotb.triggers import RisingEdge
 
 from hdl.interfaces import fetch_beat_layout, fetch_request_layout, place_beat_layout
@@ -34,7 +38,10 @@ def _field(layout, name):
 
 
 class CycleLoop:
-    """Steps every agent once per rising edge of ``clock``; ``cycle`` counts the edges."""
+    """Steps every awake agent once per rising edge of ``clock``, in the order they were
+    added; ``cycle`` counts the edges. An agent has an ``awake`` attribute and a ``step``
+    method; it may clear ``awake`` only when its ``step`` would change nothing (no handle
+    access, no random draw), and whatever gives it work sets ``awake`` again."""
 
     def __init__(self, clock):
         self.clock = clock
@@ -54,7 +61,8 @@ class CycleLoop:
             await edge
             self.cycle += 1
             for agent in agents:
-                agent.step()
+                if agent.awake:
+                    agent.step()
             for hook in hooks:
                 hook(self.cycle)
 
@@ -71,11 +79,13 @@ class Source:
         self.queue = deque()
         self.sent = 0
         self._valid = False
+        self.awake = False
         self.valid.value = 0
         self.payload.value = 0
 
     def send(self, beats):
         self.queue.extend(beats)
+        self.awake = True
 
     @property
     def busy(self):
@@ -87,7 +97,8 @@ class Source:
                 return
             self.sent += 1
         elif not self.queue:
-            return                      # idle and nothing to send: touch no handle
+            self.awake = False          # idle and nothing to send: touch no handle
+            return
         if self.queue and not (self.idle and self.rng.random() < self.idle):
             self.payload.value = self.queue.popleft()
             if not self._valid:
@@ -112,11 +123,25 @@ class Sink:
         self._ready = True
         self.ready.value = 1
         self.beats = 0
+        self.awake = True
+        if not backpressure:
+            cocotb.start_soon(self._watch())
+
+    async def _watch(self):
+        """Wake the sink whenever ``valid`` rises: it is then read at the next clock edge,
+        as it would have been by a sink that never slept."""
+        rise = RisingEdge(self.valid)
+        while True:
+            await rise
+            self.awake = True
 
     def step(self):
         if self._ready and int(self.valid.value):
             self.beats += 1
             self.on_beat(self.payload.value.to_unsigned())
+        elif not self.backpressure:
+            self.awake = False          # valid is low: sleep until it rises
+            return
         if self.backpressure:
             ready = self.rng.random() >= self.backpressure
             if ready != self._ready:
@@ -157,7 +182,7 @@ class FrameSource(Source):
             if index == 0 and self._first_at is not None:
                 bits |= 1 << self._first_at
             beats.append(bits)
-        self.queue.extend(beats)
+        self.send(beats)
         self.frames += 1
 
 
@@ -243,6 +268,7 @@ class MemoryAgent:
                           seed=seed + 2)
         self.placed_bytes = 0
         self.fetched_bytes = 0
+        self.awake = False
 
     def agents(self):
         return [self.requests, self.beats, self.place, self]
@@ -253,9 +279,13 @@ class MemoryAgent:
         at, width = self._length
         length = bits >> at & ((1 << width) - 1)
         self.pending.append((self.loop.cycle + self.latency, addr, length))
+        self.awake = True
 
     def step(self):
         pending = self.pending
+        if not pending:
+            self.awake = False
+            return
         while pending and pending[0][0] <= self.loop.cycle:
             _, addr, length = pending.popleft()
             data = self.memory.read(addr, length)
@@ -264,9 +294,9 @@ class MemoryAgent:
             count = -(-length // lanes)         # no beats for a zero-length fetch
             for index in range(count):
                 chunk = data[index * lanes:(index + 1) * lanes]
-                self.beats.queue.append(pack(self.fetch_layout, {
+                self.beats.send([pack(self.fetch_layout, {
                     "data": int.from_bytes(chunk, "little"),
-                    "keep": (1 << len(chunk)) - 1, "last": int(index == count - 1)}))
+                    "keep": (1 << len(chunk)) - 1, "last": int(index == count - 1)})])
 
     def _place(self, bits):
         at, width = self._p_addr
