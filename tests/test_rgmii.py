@@ -1,7 +1,7 @@
 # amaranth: UnusedElaboratable=no
-"""A NIC plane on a real port: the GMII port (MACs and clock crossings) in the Amaranth
-simulator with its GMII looped back, alone and under the whole NIC, and the ECP5 RGMII I/O
-elaborated against the ECPIX-5."""
+"""A NIC plane on a real port: the GMII port (MACs and clock crossings) with its GMII looped
+back, alone in the Amaranth simulator and under the whole NIC in Verilator, and the ECP5
+RGMII I/O elaborated against the ECPIX-5."""
 
 import random
 
@@ -19,6 +19,7 @@ from boards import transport as T
 from boards.rgmii import ETH_HZ, PORT_COUNTERS, RX_DELAY_TAPS, Ecp5Rgmii, GmiiPort
 from boards.tops import BOARDS
 from sim.rtlpackets import frame_beats
+from sim.tb.selftest import SelfTestBench, run_selftest_rtl
 from tests.test_boards import _walk
 
 
@@ -104,29 +105,23 @@ def test_gmii_port_carries_frames_across_the_clock_domains():
 def test_transport_selftest_with_a_plane_on_the_gmii_port():
     """The whole NIC with plane 1 through the MACs and clock crossings (GMII looped back at
     125 MHz, NIC at 50 MHz) and plane 0 through the on-chip fabric: every work request
-    completes and checks, and the port carried frames both ways, none dropped."""
+    completes and checks, and the port carried frames both ways, none dropped. (Under
+    Verilator, sim/tb/selftest.py: thousands of cycles of a whole NIC.)"""
     config = T.transport_config(50_000_000)
-    m = Module()
-    m.submodules.selftest = dut = T.TransportSelfTest(
-        config=config, loss_rate=0, report_period=5000, baud=config.clock_hz // 2,
-        wr_limit=24, external_planes=(1,), extra_counters=PORT_COUNTERS)
-    m.submodules.loop, port = looped_port()
-    wiring.connect(m, dut.ext_tx[0], port.tx)
-    wiring.connect(m, port.rx, dut.ext_rx[0])
-    m.d.comb += dut.extra.eq(port.counters)
-    result = {}
 
-    async def bench(ctx):
-        await ctx.tick().repeat(9_000)
-        counters = ctx.get(dut.counters)
-        result.update(zip(dut.counter_names, (int(counters[n]) for n in
-                                              range(len(dut.counter_names))), strict=True))
+    def make():
+        m = Module()
+        m.submodules.selftest = dut = T.TransportSelfTest(
+            config=config, loss_rate=0, report_period=5000, baud=config.clock_hz // 2,
+            wr_limit=24, external_planes=(1,), extra_counters=PORT_COUNTERS)
+        m.submodules.loop, port = looped_port()
+        wiring.connect(m, dut.ext_tx[0], port.tx)
+        wiring.connect(m, port.rx, dut.ext_rx[0])
+        m.d.comb += dut.extra.eq(port.counters)
+        return SelfTestBench(m, dut), dut
 
-    sim = Simulator(m)
-    sim.add_clock(20e-9, domain="sync")
-    sim.add_clock(8e-9, domain="eth")
-    sim.add_testbench(bench)
-    sim.run()
+    result = run_selftest_rtl(make, name="transport_gmii_loop", cycles=9_000, params=(),
+                              period_ns=20, eth_period_ns=8).counters
     assert result["script"] == 1
     assert result["posted"] == result["completed"] == 24
     assert result["bad"] == 0 and result["dropped"] == 0 and result["rx_dropped"] == 0
@@ -136,28 +131,19 @@ def test_transport_selftest_with_a_plane_on_the_gmii_port():
 
 def test_transport_selftest_survives_a_dead_external_plane():
     """Nothing on the port (every frame sent on plane 1 vanishes, nothing comes back): the
-    NIC moves its traffic onto plane 0 and every work request still completes and checks."""
+    NIC moves its traffic onto plane 0 and every work request still completes and checks.
+    (Under Verilator, sim/tb/selftest.py.)"""
     config = T.transport_config(50_000_000)
-    dut = T.TransportSelfTest(config=config, loss_rate=0, report_period=5000,
-                              baud=config.clock_hz // 2, wr_limit=24, external_planes=(1,),
-                              extra_counters=PORT_COUNTERS)
-    result = {}
 
-    async def bench(ctx):
-        ctx.set(dut.ext_tx[0].ready, 1)
-        sent = 0
-        for _ in range(14_000):
-            await ctx.tick()
-            sent += ctx.get(dut.ext_tx[0].valid) and ctx.get(dut.ext_tx[0].p.last)
-        counters = ctx.get(dut.counters)
-        result.update(zip(dut.counter_names, (int(counters[n]) for n in
-                                              range(len(dut.counter_names))), strict=True))
-        result["sent_on_plane1"] = sent
+    def make():
+        dut = T.TransportSelfTest(config=config, loss_rate=0, report_period=5000,
+                                  baud=config.clock_hz // 2, wr_limit=24, external_planes=(1,),
+                                  extra_counters=PORT_COUNTERS)
+        return SelfTestBench(dut, dut, drain_external=True), dut
 
-    sim = Simulator(dut)
-    sim.add_clock(20e-9)
-    sim.add_testbench(bench)
-    sim.run()
+    run = run_selftest_rtl(make, name="transport_dead_plane", cycles=14_000, params=(),
+                           period_ns=20)
+    result = {**run.counters, "sent_on_plane1": run.ext_frames}
     assert result["sent_on_plane1"] > 0
     assert result["posted"] == result["completed"] == 24
     assert result["bad"] == 0 and result["retx"] > 0

@@ -1,7 +1,7 @@
 # amaranth: UnusedElaboratable=no
 """The transport self-test: the bring-up script (recorded from the NIC driver, replayed from a
-ROM), and the whole NIC in loopback through the impaired fabric in the Amaranth simulator,
-with loss and with a killed plane."""
+ROM), and the whole NIC in loopback through the impaired fabric, with loss and with a killed
+plane: thousands of cycles of a whole NIC, run under Verilator (sim/tb/selftest.py)."""
 
 import asyncio
 import random
@@ -17,6 +17,7 @@ from boards import transport as T
 from boards.tops import BOARDS, TRANSPORT_HZ
 from hdl.control.nicmap import nic_register_map
 from hdl.control.regmap import bus_signature
+from sim.tb.selftest import SelfTestBench, run_selftest_rtl
 from tests.test_boards import decode_uart
 
 CONFIG = T.transport_config(100_000_000)
@@ -153,32 +154,17 @@ def test_bus_script_rejects_bad_scripts():
 # ---------------------------------------------------------------------------------------------
 
 def run_transport(*, cycles, wr_limit, loss_rate, kill_window=None, divisor=2):
-    """Run the transport self-test; return the counters by name and the UART lines."""
-    dut = T.TransportSelfTest(config=CONFIG, loss_rate=loss_rate, report_period=5000,
-                              baud=CONFIG.clock_hz // divisor, wr_limit=wr_limit)
-    levels = []
-    result = {}
+    """Run the transport self-test under Verilator; return the counters by name (and the
+    error flag) and the UART lines. Plane 1 is killed during ``kill_window`` (cycles)."""
+    def make():
+        dut = T.TransportSelfTest(config=CONFIG, loss_rate=loss_rate, report_period=5000,
+                                  baud=CONFIG.clock_hz // divisor, wr_limit=wr_limit)
+        return SelfTestBench(dut, dut, kill=0b10, kill_window=kill_window), dut
 
-    async def monitor(ctx):
-        async for _, _, tx in ctx.tick().sample(dut.uart_tx):
-            levels.append(tx)
-
-    async def bench(ctx):
-        for cycle in range(cycles):
-            if kill_window is not None:
-                ctx.set(dut.kill, 0b10 if kill_window[0] <= cycle < kill_window[1] else 0)
-            await ctx.tick()
-        counters = ctx.get(dut.counters)
-        result.update(zip(dut.counter_names, (int(counters[n]) for n in
-                                              range(len(dut.counter_names))), strict=True))
-        result["error"] = ctx.get(dut.error)
-
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_process(monitor)
-    sim.add_testbench(bench)
-    sim.run()
-    text = decode_uart(levels, divisor).decode()
+    run = run_selftest_rtl(make, name=f"transport_loss{loss_rate}_wr{wr_limit}",
+                           cycles=cycles, params=(wr_limit, loss_rate, kill_window, divisor))
+    result = {**run.counters, "error": run.error}
+    text = decode_uart(run.levels, divisor).decode()
     # Complete lines only: the run may end in the middle of one.
     return result, [line for line in text.split("\r\n")[:-1] if line.startswith("MRC")]
 
