@@ -190,9 +190,10 @@ def run_cocotb(component, *, toplevel, test_module, build_dir, extra_env=None, s
 
     ``quick_build``: compile Verilator's C++ without optimisation (``-O0``): a whole NIC
     compiles several times faster and simulates about half as fast, the right trade for tests;
-    benchmarks keep the default. ``reuse``: keep an earlier simulator build in ``build_dir``
-    when the exported design is unchanged. ``export_key`` (see :func:`source_key`): skip the
-    export (elaboration) when the design in ``build_dir`` was exported under the same key;
+    other builds compile the model's per-cycle code at ``-O3``. ``reuse``: keep an earlier
+    simulator build in ``build_dir`` when the exported design is unchanged. ``export_key``
+    (see :func:`source_key`): skip the export (elaboration) when the design in ``build_dir``
+    was exported under the same key;
     ``component`` may then be a callable that makes the component, so it is not even built.
     ``ports_only`` (default): under Verilator, make only the top's ports visible to cocotb,
     not every signal (cocotb's own ``--public-flat-rw``); every bench of the project touches
@@ -270,6 +271,10 @@ def run_cocotb(component, *, toplevel, test_module, build_dir, extra_env=None, s
                          if not part.startswith(("OPT_FAST=", "OPT_SLOW=")))
         if quick_build:
             flags = f"{flags} OPT_FAST=-O0 OPT_SLOW=-O0"
+        else:
+            # The per-cycle ("fast") half of the model at -O3 instead of verilated.mk's -Os:
+            # a little longer to compile, faster to run (docs/performance.md).
+            flags = f"{flags} OPT_FAST=-O3"
         os.environ["MAKEFLAGS"] = flags.strip()
     # A reused build must have been made with the same arguments (the runner only compares
     # time stamps): remember them beside the build.
