@@ -30,25 +30,128 @@ FILE_MARKS = {
     "test_formal.py": {"formal"},
     "test_nic_rtl.py": {"rtl", "slow"},
     "test_packet_engine_rtl.py": {"rtl", "slow"},
-    "test_ports.py": {"rtl", "slow"},
 }
 
-#: Markers of single tests, ``"file::function"`` (every parametrization of the function).
+#: Markers of single tests by file and function (every parametrization of the function).
 TEST_MARKS = {
-    "test_formal.py::test_responder_places_a_psn_at_most_once": {"slow"},
-    "test_formal.py::test_responder_cumulative_psn_never_moves_backwards": {"slow"},
-    "test_formal.py::test_responder_placement_is_reachable": {"slow"},
-    "test_formal.py::test_responder_covers_placement_duplicate_ack_and_restart": {"slow"},
-    "test_formal.py::test_requester_new_psns_consecutive_and_inside_window": {"slow"},
-    "test_formal.py::test_requester_covers_sends_and_an_ack_moving_una": {"slow"},
-    "test_formal.py::test_a_check_past_its_time_limit_fails_naming_the_check_and_the_limit":
-        {"slow"},
-    "test_waves.py::test_port_loop_window_under_each_simulator": {"rtl", "slow"},
-    "test_waves.py::test_two_nics_window_without_rebuild": {"rtl", "slow"},
+    "test_boards.py": {
+        "test_scaling_synth_maps_tables_and_merges_report": {"synth", "slow"},
+        "test_fabric_matches_reference": {"slow"},
+        "test_selftest_passes_in_simulation": {"slow"},
+        "test_ice40_selftest_passes_in_simulation": {"slow"},
+        "test_ci_top_selftest_passes_with_auto_kill": {"slow"},
+        "test_board_top_elaborates": {"slow"},
+        "test_delay_line_keeps_order_and_delay_under_bubbles_and_backpressure": {"slow"},
+    },
+    "test_builder.py": {
+        "test_back_to_back_at_full_rate": {"slow"},
+        "test_every_layout": {"slow"},
+        "test_random_packets_byte_identical": {"slow"},
+    },
+    "test_cli.py": {
+        "test_sim_runs_the_rtl_receive_path": {"rtl", "slow"},
+        "test_sim_one_way_leaves_the_acks_off_the_sending_sides_wire": {"slow"},
+        "test_sim_scenario_file_and_config_reach_more_qps_than_the_default_build": {"slow"},
+        "test_sim_rejects_bad_arguments": {"slow"},
+        "test_sim_bad_flag_is_one_line_error": {"slow"},
+    },
+    "test_cli_ev.py": {"test_entry_point_expands": {"slow"}},
+    "test_crc.py": {"test_random_messages_match_zlib": {"slow"}},
+    "test_ev_expansion.py": {"test_generate_walks_the_ranges_in_odometer_order": {"slow"}},
+    "test_ev_hardware.py": {
+        "test_expansion_equals_reference": {"slow"},
+        "test_generation_equals_reference": {"slow"},
+    },
+    "test_fabric.py": {
+        "test_ecmp_spreads_evs_over_paths_and_keeps_each_ev_on_one_path": {"slow"},
+        "test_plot_writes_a_png": {"slow"},
+    },
+    "test_formal.py": {
+        "test_responder_places_a_psn_at_most_once": {"slow"},
+        "test_responder_cumulative_psn_never_moves_backwards": {"slow"},
+        "test_responder_placement_is_reachable": {"slow"},
+        "test_responder_covers_placement_duplicate_ack_and_restart": {"slow"},
+        "test_requester_new_psns_consecutive_and_inside_window": {"slow"},
+        "test_requester_covers_sends_and_an_ack_moving_una": {"slow"},
+        "test_a_check_past_its_time_limit_fails_naming_the_check_and_the_limit": {"slow"},
+    },
+    "test_mac.py": {
+        "test_loopback_delivers_the_frames_sent": {"slow"},
+        "test_rx_drops_bad_frames_whole_and_counts_each_reason": {"slow"},
+    },
+    "test_parser.py": {
+        "test_a_stalled_output_fills_the_fifo_and_loses_nothing": {"slow"},
+        "test_back_to_back_frames_are_taken_one_beat_per_cycle": {"slow"},
+        "test_every_sample_parses_as_scapy_decodes_it": {"slow"},
+        "test_malformed_frames_are_dropped_with_their_reason": {"slow"},
+        "test_random_corruptions_agree_with_the_reference_model": {"slow"},
+        "test_random_frames_parse_as_scapy_decodes_them": {"slow"},
+        "test_sack_bitmap_keeps_its_low_bits_or_is_zero_extended": {"slow"},
+        "test_single_bit_flips_across_a_frame": {"slow"},
+        "test_truncation_at_every_offset": {"slow"},
+        "test_truncation_of_a_long_data_packet": {"slow"},
+    },
+    "test_path_select.py": {
+        "test_every_decision_equals_the_model": {"slow"},
+        "test_port_fate_sharing_two_losses_abandon_the_whole_port_floor_permitting": {"slow"},
+        "test_ten_thousand_picks_are_uniform_over_64_evs": {"slow"},
+    },
+    "test_ports.py": {"test_port_loop_rtl": {"rtl", "slow"}},
+    "test_recovery.py": {"test_timer_expires_on_schedule": {"slow"}},
+    "test_replay.py": {
+        "test_replay_verdicts": {"rtl", "slow"},
+        "test_replay_covers_every_packet_type": {"rtl", "slow"},
+        "test_replay_answers_adversarial_packets_with_the_right_nak": {"rtl", "slow"},
+    },
+    "test_report.py": {"test_the_report_matches_its_schema": {"slow"}},
+    "test_requester.py": {
+        "test_ecn_window_matches_model": {"slow"},
+        "test_random_traffic_matches_model": {"slow"},
+    },
+    "test_responder.py": {
+        "test_adversarial_packets_are_refused": {"slow"},
+        "test_deep_gap_acks_at_once_while_coalescing": {"slow"},
+        "test_one_packet_per_cycle_same_qp": {"slow"},
+        "test_out_of_order_arrivals_ack_at_once_unless_coalesced": {"slow"},
+        "test_random_traffic_matches_model": {"slow"},
+    },
+    "test_rgmii.py": {
+        "test_transport_selftest_with_a_plane_on_the_gmii_port": {"rtl", "slow"},
+        "test_transport_selftest_survives_a_dead_external_plane": {"rtl", "slow"},
+        "test_gmii_port_carries_frames_across_the_clock_domains": {"slow"},
+    },
+    "test_transport.py": {
+        "test_transport_selftest_recovers_every_loss": {"rtl", "slow"},
+        "test_transport_selftest_routes_around_a_killed_plane": {"rtl", "slow"},
+    },
+    "test_txformer.py": {
+        "test_data_and_probe_packets_with_bubbles_and_backpressure": {"slow"},
+    },
+    "test_watch.py": {
+        "test_a_dead_port_is_reported_once_and_live_ports_never": {"slow"},
+        "test_a_slow_port_that_still_answers_is_not_reported_while_quiet_holds": {"slow"},
+        "test_after_an_idle_spell_fresh_sends_are_not_reported_but_a_dead_port_still_is":
+            {"slow"},
+        "test_random_traffic_matches_the_model": {"slow"},
+        "test_reports_are_unchanged_across_the_wraps_of_stamps_and_counts": {"slow"},
+        "test_window_zero_is_off_and_reports_write_the_sends_off": {"slow"},
+    },
+    "test_waves.py": {
+        "test_port_loop_window_under_each_simulator": {"rtl", "slow"},
+        "test_two_nics_window_without_rebuild": {"rtl", "slow"},
+    },
 }
 
-#: Files whose tests share no build folder: each test (each parametrization) is a group.
-SPLIT = {"test_formal.py"}
+#: Files whose tests share no build folder (the Amaranth simulator, models, formal checks,
+#: builds in each test's own folder): each test is a group of its own, so xdist spreads a
+#: file's long tests over both workers.
+SPLIT = {
+    "test_boards.py", "test_builder.py", "test_crc.py", "test_ev_expansion.py",
+    "test_ev_hardware.py", "test_fabric.py", "test_formal.py", "test_mac.py", "test_mux.py",
+    "test_parser.py", "test_path_select.py", "test_probe.py", "test_recovery.py",
+    "test_requester.py", "test_responder.py", "test_rgmii.py", "test_slice.py",
+    "test_transport.py", "test_txformer.py", "test_watch.py",
+}
 
 #: Tests that share a build folder with another file's tests: ``"file::function"`` -> file.
 JOIN = {
@@ -58,9 +161,30 @@ JOIN = {
 }
 
 #: Groups in the order the workers should take them, longest first; a split file's groups
-#: are named ``"file::function"``. Groups not listed follow, in collection order.
+#: are named ``"file::function"`` (and take every parametrization). Groups not listed
+#: follow, in collection order.
 LONGEST_FIRST = [
     "test_nic_rtl.py",
+    "test_cli.py",
+    "test_transport.py::test_transport_selftest_routes_around_a_killed_plane",
+    "test_transport.py::test_transport_selftest_recovers_every_loss",
+    "test_rgmii.py::test_transport_selftest_with_a_plane_on_the_gmii_port",
+    "test_rgmii.py::test_transport_selftest_survives_a_dead_external_plane",
+    "test_replay.py",
+    "test_waves.py",
+    "test_formal.py::test_responder_covers_placement_duplicate_ack_and_restart",
+    "test_formal.py::test_responder_cumulative_psn_never_moves_backwards",
+    "test_formal.py::test_requester_covers_sends_and_an_ack_moving_una",
+    "test_formal.py::test_responder_places_a_psn_at_most_once",
+    "test_parser.py::test_single_bit_flips_across_a_frame",
+    "test_watch.py::test_a_slow_port_that_still_answers_is_not_reported_while_quiet_holds",
+    "test_path_select.py::test_ten_thousand_picks_are_uniform_over_64_evs",
+    "test_watch.py::test_a_dead_port_is_reported_once_and_live_ports_never",
+    "test_watch.py::test_window_zero_is_off_and_reports_write_the_sends_off",
+    "test_packet_engine_rtl.py",
+    "test_ports.py",
+    "test_parser.py::test_truncation_of_a_long_data_packet",
+    "test_txformer.py::test_data_and_probe_packets_with_bubbles_and_backpressure",
 ]
 
 
@@ -90,7 +214,9 @@ def _group(item):
 def pytest_collection_modifyitems(config, items):
     for item in items:
         file, test = _keys(item)
-        for name in sorted(FILE_MARKS.get(file, set()) | TEST_MARKS.get(test, set())):
+        function = test.split("::", 1)[1]
+        marks = FILE_MARKS.get(file, set()) | TEST_MARKS.get(file, {}).get(function, set())
+        for name in sorted(marks):
             item.add_marker(name)
         item.add_marker(pytest.mark.xdist_group(_group(item)))
 

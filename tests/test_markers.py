@@ -1,0 +1,51 @@
+"""The marker and group tables of tests/conftest.py name tests that exist: a renamed test or
+file would otherwise silently lose its ``slow`` mark (and slow the inner loop down) or its
+group (and let two workers build one folder at once)."""
+
+import re
+from pathlib import Path
+
+import conftest
+
+TESTS = Path(conftest.__file__).resolve().parent
+
+
+def _test_file(name):
+    """The test file called ``name`` anywhere under tests/."""
+    found = sorted(TESTS.rglob(name))
+    assert found, f"tests/conftest.py names {name}, which does not exist"
+    return found[0].read_text()
+
+
+def _assert_defines(file, function):
+    assert re.search(rf"^(async )?def {function}\(", _test_file(file), re.M), \
+        f"tests/conftest.py names {file}::{function}, which does not exist"
+
+
+def test_marker_tables_name_existing_tests():
+    for file in conftest.FILE_MARKS:
+        _test_file(file)
+    for file, functions in conftest.TEST_MARKS.items():
+        for function in functions:
+            _assert_defines(file, function)
+
+
+def test_group_tables_name_existing_tests():
+    for file in conftest.SPLIT:
+        _test_file(file)
+    for test, file in conftest.JOIN.items():
+        _assert_defines(*test.split("::"))
+        _test_file(file)
+    for group in conftest.LONGEST_FIRST:
+        file, _, function = group.partition("::")
+        if function:
+            _assert_defines(file, function)
+        else:
+            _test_file(file)
+
+
+def test_only_registered_markers_are_given():
+    given = set().union(*conftest.FILE_MARKS.values(),
+                        *(marks for functions in conftest.TEST_MARKS.values()
+                          for marks in functions.values()))
+    assert given <= {"rtl", "formal", "synth", "slow"}
