@@ -20,7 +20,7 @@ from pathlib import Path
 
 import cocotb
 from cocotb.clock import Clock
-from cocotb.triggers import ClockCycles, Event, RisingEdge, Timer
+from cocotb.triggers import ClockCycles, RisingEdge, Timer
 from cocotb.utils import get_sim_time
 
 from hdl import protocol as P
@@ -269,51 +269,38 @@ async def fabric_run(dut):
         return sum(1 for c in side.completions
                    if unpack(cq_layout, c)["side"] == requester_side) >= len(work[side.name])
 
+    finished = False
+    want_a, want_b = expected(a), expected(b)
     report_every = max(1, int(20_000 / PERIOD_NS))      # progress every 20 us
-    watch = {"next_report": report_every, "settle": None, "finished": None,
-             "expected": (expected(a), expected(b))}
+    next_report = report_every
+    settle = None           # every WR completed (some with errors): responder side settles
     check_every = 64
-    ended = Event()
-
-    def end_check(cycle):
-        """Whether the run is over, checked after every cycle's agents (the completions of
-        that cycle counted); the bench goes on at the next edge."""
-        if watch["finished"] is not None or cycle <= start["cycle"]:
-            return
-        want_a, want_b = watch["expected"]
+    # A coroutine awaiting every edge, not a hook of the loop: where it runs in a time step
+    # relative to the loop's step (which differs by simulator) decides the cycle the read-out
+    # below starts from, and with it what an unfinished run reports.
+    while now_us() < SCENARIO.max_us:
+        await RisingEdge(dut.clk)
         if len(a.completions) >= want_a and len(b.completions) >= want_b:
-            watch["finished"] = True
-        elif cycle % check_every == 0 and watch["settle"] is None and all(
+            finished = True
+            break
+        if loop.cycle % check_every == 0 and settle is None and all(
                 own_done(s) for s in (a, b)):
-            watch["settle"] = now_us() + 5.0
-        if watch["finished"] is None and watch["settle"] is not None \
-                and now_us() >= watch["settle"]:
-            watch["finished"] = True    # nothing more will complete: errors explain the rest
-        if watch["finished"] is None and cycle - start["cycle"] >= watch["next_report"]:
-            watch["next_report"] += report_every
+            settle = now_us() + 5.0
+        if settle is not None and now_us() >= settle:
+            finished = True         # nothing more will complete: errors explain the rest
+            break
+        if loop.cycle - start["cycle"] >= next_report:
+            next_report += report_every
             elapsed = time.monotonic() - wall0
             done = {s.name: f"{len(s.completions)}/{expected(s)}" for s in (a, b)}
             cocotb.log.info(
                 f"t={now_us():8.1f} us  completions a {done['a']} b {done['b']}  "
                 f"delivered {fabric.delivered_payload_bytes() / 1024:8.1f} KiB  "
-                f"wall {elapsed:6.1f} s ({(cycle - start['cycle']) / max(elapsed, 1e-9):,.0f}"
+                f"wall {elapsed:6.1f} s ({(loop.cycle - start['cycle']) / max(elapsed, 1e-9):,.0f}"
                 f" cycles/s)")
-        if watch["finished"] is None and now_us() >= SCENARIO.max_us:
-            watch["finished"] = False
-        if watch["finished"] is not None:
-            watch["done_ns"] = now_ns()
-            watch["wall_s"] = time.monotonic() - wall0
-            watch["cpu_s"] = time.process_time() - cpu0
-            ended.set()
-    loop.hooks.append(end_check)
-    await ended.wait()
-    loop.hooks.remove(end_check)
-    # The check ran inside the loop's step of that cycle; the read-out below starts at the
-    # next edge, where a per-cycle coroutine checking the same state would have stopped.
-    await RisingEdge(dut.clk)
-    finished = watch["finished"]
-    done_ns = watch["done_ns"]
-    wall_s = watch["wall_s"]
+    done_ns = now_ns()
+    wall_s = time.monotonic() - wall0
+    cpu_s = time.process_time() - cpu0
     if profiler is not None:
         _write_profile(profiler, OUT / "profile.txt", wall_s, loop.cycle - start["cycle"])
     stop["done"] = True
@@ -350,6 +337,6 @@ async def fabric_run(dut):
     fabric.save(OUT)
     (OUT / "result.json").write_text(json.dumps(result, default=str))
     cocotb.log.info(f"done: finished={finished} at {done_ns / 1000:.1f} us, wall {wall_s:.1f} s, "
-                    f"processor {watch['cpu_s']:.1f} s ("
-                    f"{round(done_ns / PERIOD_NS) / max(watch['cpu_s'], 1e-9):,.0f} cycles per "
+                    f"processor {cpu_s:.1f} s ("
+                    f"{round(done_ns / PERIOD_NS) / max(cpu_s, 1e-9):,.0f} cycles per "
                     f"processor second)")
