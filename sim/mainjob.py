@@ -237,9 +237,10 @@ def run_scenario(scn, out, *, log=print, build_dir=None, quick_build=False,
         def progress(p):
             done = " ".join(f"{side} {p['completions'][side]}/{p['expected'][side]}"
                             for side in sorted(p["expected"]))
-            log(f"t={p['sim_ns'] / 1000:8.1f} us  completions {done}")
+            log(f"t={p['sim_us']:8.1f} us  completions {done}")
         result = run_model(scn, network=fabric, progress=progress)
-        result["analysis"] = analyse(fabric, scn, nic_config_for(scn), end_ns=result["sim_ns"])
+        result["analysis"] = analyse(fabric, scn, nic_config_for(scn),
+                                     end_ns=result["sim_us"] * 1e3)
         fabric.save(out)
         (out / "result.json").write_text(json.dumps(result, default=str))
     result["total_wall_s"] = time.monotonic() - wall0
@@ -324,7 +325,7 @@ def make_report(scn, result, out):
                 else:
                     delivered += wr["length"]
     analysis = result["analysis"]
-    duration_ns = max(result["sim_ns"], 1.0)
+    duration_ns = max(result["sim_us"] * 1e3, 1.0)
     goodput = delivered * 8 / duration_ns / directions
     capacity = payload_capacity_gbps(config)
     counters = {side: _report_counters(blocks)

@@ -61,8 +61,8 @@ def check_run(result, scn):
         assert counters["rx_counters"]["bad_icrc"] == 0
         assert counters["responder_counters"]["bad_rkey"] == 0
         assert counters["responder_counters"]["out_of_bounds"] == 0
-    assert result["first_send_ns"] <= result["done_ns"] == result["sim_ns"]
-    assert result["cycles"] == int(result["sim_ns"] * 125e6 / 1e9)
+    assert result["first_send_us"] <= result["done_us"] == result["sim_us"]
+    assert result["cycles"] == int(result["sim_us"] * 1e3 * 125e6 / 1e9)
 
 
 def data_frames(network, src):
@@ -119,7 +119,7 @@ def test_reorder_windows_expire_without_a_later_ack_or_timer_event():
         requester = result["counters"][side]["requester_counters"]
         assert requester["reorder_expiries"] > 0 and requester["retransmissions"] > 0
         assert requester["timeouts"] <= 1
-    assert result["done_ns"] < 1.2 * 1_049_000
+    assert result["done_us"] < 1.2 * 1_049
 
 
 def test_trimmed_packets_are_nacked_and_resent():

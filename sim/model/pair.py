@@ -254,17 +254,17 @@ def run_model(scenario, *, network=None, progress=None):
         Every frame either NIC transmits goes through ``network.send`` (so its capture holds
         the traffic). Default: :func:`default_network`.
     progress : callable, optional
-        Called about every 50 us of simulated time with ``{"sim_ns", "completions",
+        Called about every 50 us of simulated time with ``{"sim_us", "completions",
         "expected"}`` (per-side counts).
 
     Returns
     -------
     dict
-        ``backend`` ("model"), ``sim_ns``, ``cycles``, ``wall_s``, ``finished``,
+        ``backend`` ("model"), ``sim_us``, ``cycles``, ``wall_s``, ``finished``,
         ``completions`` ``{side: [completion dicts in arrival order]}``, ``work`` ``{side:
         [wr dicts without data]}``, ``memory_mismatches`` ``[{side, wr_id,
         first_bad_offset}]``, ``counters`` ``{side: {block: {name: value}}}``, ``ev_events``
-        ``[{time_us, nic, profile, index, port, state}]``, ``first_send_ns``, ``done_ns``.
+        ``[{time_us, nic, profile, index, port, state}]``, ``first_send_us``, ``done_us``.
     """
     if not isinstance(scenario, Scenario):
         raise TypeError(f"scenario must be a Scenario, not {scenario!r}")
@@ -325,7 +325,7 @@ def run_model(scenario, *, network=None, progress=None):
                 network.send(side, plane, frame, now)
         if progress is not None and now >= next_progress:
             next_progress = now + _PROGRESS_EVERY_NS
-            progress({"sim_ns": now, "expected": dict(expected),
+            progress({"sim_us": now / 1e3, "expected": dict(expected),
                       "completions": {s: len(nics[s].completions) for s in SIDES}})
 
     done = finished()
@@ -338,7 +338,7 @@ def run_model(scenario, *, network=None, progress=None):
                     key=lambda e: (e["time_us"], e["nic"]))
     return {
         "backend": "model",
-        "sim_ns": float(sim_ns),
+        "sim_us": sim_ns / 1e3,
         "cycles": int(sim_ns * config.clock_hz / 1e9),
         "wall_s": time.monotonic() - started,
         "finished": done,
@@ -348,6 +348,6 @@ def run_model(scenario, *, network=None, progress=None):
         "memory_mismatches": _mismatches(nics, work),
         "counters": {s: nics[s].counters_snapshot() for s in SIDES},
         "ev_events": events,
-        "first_send_ns": float(first_send if first_send is not None else 0.0),
-        "done_ns": float(done_ns),
+        "first_send_us": (first_send if first_send is not None else 0.0) / 1e3,
+        "done_us": done_ns / 1e3,
     }
