@@ -210,9 +210,10 @@ class EntryUpdate(wiring.Component):
     at the end of that cycle.
 
     Hazards: the entry RAM read (t) misses the write-backs of the two operations ahead, and the
-    entry's bitmap bits (read from the profile table in t + 1) miss the one ahead: the entry
-    record (state bits, port, penalty) of those two is forwarded, newest first. The usable
-    count is read in the deciding stage itself, so it includes every earlier commit.
+    entry's bitmap bits (read from the profile table in t + 1, which applies a commit a cycle
+    after it is made) miss them too: the entry record (state bits, port, penalty) of those two
+    is forwarded, newest first. The usable count is read in the deciding stage, corrected by
+    the change of the operation just ahead.
     ``hold`` is set while a LOST or a fate-sweep visit is in the pipeline; ``busy`` while any
     operation is in it or in the forwarding history (the control clears a profile only when
     it is low).
@@ -278,7 +279,8 @@ class EntryUpdate(wiring.Component):
         e3 = Signal(data.StructLayout({
             "valid": 1, "op": entry_op_layout(cfg), "stored": record,
             "from_prev": 1, "from_prev2": 1, "online": 1, "below_num": 1,
-            "min_active": COUNT_BITS, "recovery": 1, "fate": 1}))
+            "min_active": COUNT_BITS, "min_plus_one": COUNT_BITS + 1, "recovery": 1,
+            "fate": 1}))
         prev = Signal(history)
         prev2 = Signal(history)
 
@@ -317,7 +319,8 @@ class EntryUpdate(wiring.Component):
             e3.from_prev2.eq(prev.valid & (prev.profile == profile) & (prev.index == index)),
             e3.online.eq(state == ProfileState.ONLINE),
             e3.below_num.eq(index < num_evs),
-            e3.min_active.eq(min_active), e3.recovery.eq(recovery), e3.fate.eq(fate),
+            e3.min_active.eq(min_active), e3.min_plus_one.eq(min_active + 1),
+            e3.recovery.eq(recovery), e3.fate.eq(fate),
         ]
 
         # -- e3: forward, decide, write back --------------------------------------------------
@@ -370,7 +373,15 @@ class EntryUpdate(wiring.Component):
         n_profiles = self._config.ev_profiles
         good_count = choose(m, [self.good_count[p] for p in range(n_profiles)], op.profile,
                             "e3_good_count")
-        above_floor = good_count > e3.min_active
+        # The profile table applies a commit a cycle after it leaves here: the usable count
+        # misses the previous operation's change, which is added here (as a choice between
+        # three comparisons, not an adder in front of one).
+        last = Signal(entry_commit_layout(self._config))
+        m.d.sync += last.eq(self.commit)
+        last_here = last.valid & (last.profile == op.profile)
+        above_floor = Mux(last_here & last.was_good & ~last.good, good_count > e3.min_plus_one,
+                          Mux(last_here & ~last.was_good & last.good,
+                              good_count >= e3.min_active, good_count > e3.min_active))
         cur_assumed_bad = cur.written & ~cur.good & ~cur.denied
         fate_ports = self._config.ports + 1
         fate_strike = Signal(fate_ports)

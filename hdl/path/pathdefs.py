@@ -17,7 +17,6 @@ __all__ = [
     "path_event_layout", "auto_index", "entry_read_data", "profile_read_data",
     "binding_layout", "fields_word_layout", "entry_word_layout", "profile_params_layout",
     "entry_op_layout", "entry_commit_layout", "entry_words", "first_set", "choose",
-    "exclusive_prefix_or",
     "PROFILE_ID_BITS", "COUNT_BITS", "EV_PORT_BITS", "COUNTERS",
     "PENALTY_BITS", "PENALTY_MAX", "PENALTY_ACKED", "PENALTY_ECN", "PENALTY_TRIMMED",
     "PENALTY_LOST", "PENALTY_HIGH", "HASH_MULTIPLIER",
@@ -171,31 +170,6 @@ def choose(m, registers, index, name):
             with m.Case(number):
                 m.d.comb += chosen.eq(register)
     return chosen
-
-
-def exclusive_prefix_or(bits):
-    """(prefix, any) of the list of 1-bit values ``bits``: ``prefix[i]`` is the OR of
-    ``bits[:i]`` (so the bits strictly above the lowest set bit are set), ``any`` the OR of
-    all. A radix-4 parallel prefix: about log4(len) LUT levels, no carry chain."""
-    n = len(bits)
-    inclusive = list(bits)
-    span = 1
-    while span < n:
-        # Each position takes the OR of up to three groups of ``span`` below its own group.
-        group = span * 4
-        nxt = list(inclusive)
-        for i in range(n):
-            base = i - i % group
-            own = (i - base) // span
-            terms = [inclusive[i]]
-            for k in range(own):
-                terms.append(inclusive[base + k * span + span - 1])
-            if len(terms) > 1:
-                nxt[i] = Cat(*terms).any()
-        inclusive = nxt
-        span = group
-    prefix = [C(0, 1)] + inclusive[:-1]
-    return prefix, inclusive[-1]
 
 
 def binding_layout(config):

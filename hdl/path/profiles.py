@@ -26,12 +26,13 @@ __all__ = ["ProfileTable"]
 class ProfileTable(wiring.Component):
     """Per-profile parameters, states and entry bitmaps, with the selector's candidate sets.
 
-    Writes take effect at the next clock edge; reads are the registers. ``candidates`` (the
+    ``set``, ``state_set`` and ``clear`` take effect at the next clock edge, a ``commit`` one
+    cycle later (it is registered first); reads are the registers. ``candidates`` (the
     usable EVs a data request may take: good, and for an adaptive profile with enough
     low-penalty EVs also not high) and ``candidates_any`` are registered from the bitmaps and
     counts, so they follow a change one cycle after the bitmaps do. A ``clear`` wins over a
-    ``commit`` to the same profile in the same cycle (the control clears only while the entry
-    update is idle, so they never coincide).
+    ``commit`` applied in the same cycle (the control clears only while the entry update is
+    idle, so they never coincide).
 
     Parameters
     ----------
@@ -87,7 +88,10 @@ class ProfileTable(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         n = self._config.ev_profiles
-        commit = self.commit
+        # The commit is registered first: its enables and data reach every bitmap bit from
+        # flip-flops, not from the entry update's decision logic.
+        commit = Signal(entry_commit_layout(self._config))
+        m.d.sync += commit.eq(self.commit)
         new_low = commit.good & ~commit.high
         for p in range(n):
             params = self.params[p]

@@ -84,11 +84,11 @@ class PathSelect(wiring.Component):
     """EV table and per-packet path selection.
 
     Selection (:class:`~hdl.path.selector.Selector`): one request accepted per cycle,
-    sustained, decisions in request order, ``SELECT_LATENCY`` (six) cycles from accepting a
-    request to its decision on ``o`` when ``o`` is ready. Back-to-back requests of one QP get
+    sustained, decisions in request order, ``SELECT_LATENCY`` (seven) cycles from accepting
+    a request to its decision on ``o`` when ``o`` is ready. Back-to-back requests of one QP get
     successive rotation positions (the pointer write-backs in flight are forwarded). ``i`` is
-    not ready while ``o`` is stalled, while a QP_PROFILE command writes the binding table,
-    and while a LOST or the fate sweep it starts is being applied.
+    not ready while the output queue has no room (``o`` stalled), while a QP_PROFILE command
+    writes the binding table, and while a LOST or the fate sweep it starts is being applied.
 
     Storage: the expanded fields and port of each EV in one block RAM
     (``ev_profiles * 2**ev_index_bits`` words), port and penalty in a second, per-QP binding
@@ -101,7 +101,8 @@ class PathSelect(wiring.Component):
     while the pipelines that read it are drained or held (``docs/path-select.md``).
 
     Feedback (:class:`~hdl.path.entry.EntrySources`, :class:`~hdl.path.entry.EntryUpdate`):
-    one per cycle while no command runs, committed five cycles after it is accepted. It is
+    one per cycle while no command runs, decided and written back five cycles after it is
+    accepted, in the profile table's bitmaps a cycle later. It is
     applied only to an ONLINE profile's written EV with index below ``num_evs`` of a bound QP,
     otherwise it is accepted and counted in ``feedback_ignored``. Kinds outside
     :class:`~hdl.protocol.FeedbackKind` are ignored the same way.
