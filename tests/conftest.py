@@ -170,6 +170,7 @@ JOIN = {
 #: follow, in collection order.
 LONGEST_FIRST = [
     "test_nic_rtl.py",
+    "test_path_select.py::test_ten_thousand_picks_are_uniform_over_64_evs",
     "test_cli.py",
     "test_transport.py::test_transport_selftest_routes_around_a_killed_plane",
     "test_transport.py::test_transport_selftest_recovers_every_loss",
@@ -183,7 +184,6 @@ LONGEST_FIRST = [
     "test_formal.py::test_responder_places_a_psn_at_most_once",
     "test_parser.py::test_single_bit_flips_across_a_frame",
     "test_watch.py::test_a_slow_port_that_still_answers_is_not_reported_while_quiet_holds",
-    "test_path_select.py::test_ten_thousand_picks_are_uniform_over_64_evs",
     "test_watch.py::test_a_dead_port_is_reported_once_and_live_ports_never",
     "test_watch.py::test_window_zero_is_off_and_reports_write_the_sends_off",
     "test_packet_engine_rtl.py",
