@@ -57,10 +57,10 @@ $(VENV)/.setup-stamp: pyproject.toml
 	$(PY) -m sim.toolcheck
 	touch $@
 
-# Two workers. tests/conftest.py puts each test in an xdist group (its file, unless the file's
-# tests share no build folder) and orders the groups longest first; a group's tests run in one
-# worker, in that order (docs/testing.md).
-PYTEST_XDIST := -n 2 --dist loadgroup --no-loadscope-reorder
+# Two workers, one test file each at a time: a file's Verilator build and its runs stay in
+# one process (files never share a build folder). tests/conftest.py orders the files longest
+# first and --no-loadscope-reorder keeps that order (docs/testing.md).
+PYTEST_XDIST := -n 2 --dist loadfile --no-loadscope-reorder
 
 test: venv
 	$(PY) -m pytest -q $(PYTEST_XDIST)

@@ -10,7 +10,9 @@ and slow tests), so they survive moving a file to another folder:
 ``slow``    takes long enough to leave out of the inner loop: ``make test-fast`` runs
             ``-m "not slow"``; ``make test`` runs everything
 
-Every test also gets an ``xdist_group``. ``make test`` runs ``--dist loadgroup``: one group
+Every test also gets an ``xdist_group`` (for ``--dist loadgroup``; ``make test`` runs
+``--dist loadfile`` because loadgroup does not hold groups together with the pinned
+pytest/xdist: ``docs/testing.md``). One group
 runs in one worker, in collection order. A test's group is its file, as under ``--dist
 loadfile`` (a file's tests may share a Verilator build folder), except in the files of
 :data:`SPLIT`, whose tests share nothing and form a group each, and the tests of

@@ -148,13 +148,14 @@ def test_port_loop_window_under_each_simulator(sim, tmp_path, capsys):
 # -- RTL: the main job ------------------------------------------------------------------------
 
 def test_two_nics_window_without_rebuild(tmp_path):
-    """Slow (the NIC pair of tests/test_nic_rtl.py, its export shared, the traced model built
-    once into trace/ beside the untraced one). The main job with a window writes
+    """Slow (the NIC pair of tests/test_nic_rtl.py exported into its own folder, the traced
+    model built once into trace/). The main job with a window writes
     OUT/waves.fst and OUT/waves.gtkw; a second run with only another window reuses the build
     as it is and gives the same report."""
     if shutil.which("verilator") is None:
         pytest.skip("no verilator")
-    build = BUILD / "tests" / "nic_pair"
+    # Its own folder: under --dist loadfile this file may run beside tests/test_nic_rtl.py.
+    build = BUILD / "tests" / "nic_pair_waves"
     scn = Scenario(name="waves", planes=4, mtu=512, evs=16, qps=1, bytes=8 * 1024,
                    msg_size=4 * 1024, fail_plane=None, fail_at_us=None, recover_at_us=None,
                    max_us=500.0, seed=3, waves=True, waves_from_us=2.0, waves_to_us=6.0)
