@@ -300,6 +300,54 @@ def test_one_decision_per_cycle_at_full_rate():
     assert last - first == count - 1
 
 
+@pytest.mark.parametrize("bubbles, backpressure", [(0.0, 0.0), (0.0, 0.3), (0.3, 0.3)])
+def test_back_to_back_requests_of_one_qp_at_every_forwarding_distance(bubbles, backpressure):
+    """A QP whose previous request is 1, 2, ... 7 requests ahead (QPs in a cycle of that
+    length, at full rate, under backpressure and with random bubbles) gets successive
+    rotation positions, as the model does: no pointer write-back is missed, however close
+    the requests (a pipelined unit forwards the ones still in flight)."""
+    bench = Bench(SMALL, bubbles=bubbles, backpressure=backpressure, seed=21)
+
+    async def script(bench, ctx):
+        await bench.commands(ctx, bring_up_commands(0, 16, ports=4, qpns=range(8),
+                                                    offsets=(0, 3, 5, 7, 9, 11, 13, 15)))
+        for period in range(1, 8):
+            await bench.requests(ctx, [{"qpn": n % period} for n in range(6 * period)])
+
+    bench.run(script)
+    bench.check()
+
+
+@pytest.mark.parametrize("bubbles, backpressure", [(0.0, 0.0), (0.0, 0.3), (0.4, 0.3)])
+def test_back_to_back_feedback_on_one_ev_is_applied_one_after_the_other(bubbles, backpressure):
+    """Feedback on a handful of EVs, so that consecutive operations hit the same entry at
+    every distance (the one just ahead, two ahead, and further): each is applied to the
+    entry as the one before left it (penalty, state, the floor, events), as the model
+    applies them one at a time (a pipelined unit forwards the entries still in flight)."""
+    bench = Bench(SMALL, bubbles=bubbles, backpressure=backpressure, seed=31,
+                  decay_shift=None, event_depth=64)
+    kinds = [FeedbackKind.ACKED, FeedbackKind.ECN, FeedbackKind.TRIMMED, FeedbackKind.LOST,
+             FeedbackKind.PROBE_OK]
+
+    async def script(bench, ctx):
+        await bench.commands(ctx, bring_up_commands(0, 16, ports=4, min_active=13, adaptive=1,
+                                                    qpns=(0, 1), offsets=(0, 7)))
+        for _ in range(6):
+            burst = [(bench.rng.choice((0, 1)), bench.rng.choice((0, 1, 2)),
+                      bench.rng.choice(kinds)) for _ in range(40)]
+            await bench.feedback(ctx, burst)
+            await bench.requests(ctx, [{"qpn": n % 2} for n in range(24)])
+            for index in range(4):
+                await bench.command(ctx, command(PathCommand.ENTRY_READ, profile=0,
+                                                 index=index))
+            await bench.command(ctx, command(PathCommand.PROFILE_READ, profile=0))
+
+    bench.run(script)
+    bench.check()
+    events = bench.events.as_dicts()
+    assert {e["state"] for e in events} == {EvState.GOOD, EvState.ASSUMED_BAD}
+
+
 def test_ten_thousand_picks_are_uniform_over_64_evs():
     bench = Bench(WIDE, bubbles=0.05, backpressure=0.05, seed=11,
                   profiles={0: udp_profile()})
