@@ -38,6 +38,10 @@ from sim.model.path import (
 )
 from sim.tb.amsim import StreamCollector, StreamDriver
 
+#: Cycles from the last feedback's transfer until selection sees its effect (the entry
+#: update's latency, plus the profile table's registered candidate sets).
+FEEDBACK_SETTLE_CYCLES = 8
+
 SMALL = NicConfig(qps=16, ev_profiles=2, evs_per_profile=16, ports=4)
 WIDE = NicConfig(qps=16, ev_profiles=1, evs_per_profile=64, ports=8)
 CONTEXT = unsigned(16)
@@ -185,7 +189,8 @@ class Bench:
             if self.feedback_in.idle:
                 break
             await ctx.tick()
-        for _ in range(4):                          # f1 -> e1 -> e2 -> committed
+        # f1 -> f2 -> e1 -> e2 -> e3 -> profile table -> candidate sets updated
+        for _ in range(FEEDBACK_SETTLE_CYCLES):
             await ctx.tick()
 
     def random_request(self, qpns, evs, *, avoid=0.2, probe=0.1):
