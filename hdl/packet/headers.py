@@ -60,10 +60,26 @@ EETH_STRUCT = header_struct(L.EETH)
 
 
 class PacketKind(enum.Enum, shape=3):
-    """What the transport headers after the BTH are (decided by the opcode)."""
-    DATA = 0            #: RETH [ImmDt] MDETH payload
-    ACK = 1             #: AETH MACKETH SACK
-    PROBE = 2           #: MPRH
+    """What the transport headers after the BTH are (decided by the opcode, MRC 1.0)."""
+    DATA = 0            #: 0xC6-0xCB: METH [TSETH] RETH [ImmDt] payload
+    SACK = 1            #: 0xDC RELIABILITY_SACK: SETH CC_STATE
+    NACK = 2            #: 0xDD RELIABILITY_NACK: NETH
+    AETH = 3            #: 0xD1 ACKNOWLEDGE: AETH (fatal NAKs)
+    RPROBE = 4          #: 0xDE RELIABILITY_PROBE_REQUEST: PETH
+    EP_REQUEST = 5      #: 0xD8 ENDPOINT_REQUEST: ERTH (EV probes)
+    EP_RESPONSE = 6     #: 0xD9 ENDPOINT_RESPONSE: EETH
+
+
+def control_header_layout():
+    """The headers of control packets, which never occur together: one union, as wide as the
+    widest (SETH + CC_STATE, or EETH). Which member is valid follows from ``kind``."""
+    return data.UnionLayout({
+        "sack": data.StructLayout({"seth": SETH_STRUCT, "cc_state": CC_STATE_STRUCT}),
+        "neth": NETH_STRUCT,
+        "peth": PETH_STRUCT,
+        "erth": ERTH_STRUCT,
+        "eeth": EETH_STRUCT,
+    })
 
 
 class DropReason(enum.Enum, shape=5):
@@ -129,13 +145,12 @@ def packet_header_layout(config):
         "srh_segment": unsigned(128),
         "udp_sport": unsigned(16),
         "bth": BTH_STRUCT,
-        "reth": RETH_STRUCT,
-        "immdt": IMMDT_STRUCT,
-        "mdeth": MDETH_STRUCT,
-        "aeth": AETH_STRUCT,
-        "macketh": MACKETH_STRUCT,
-        "sack": unsigned(config.sack_bits),     # bit i: PSN cum_psn + 1 + i
-        "mprh": MPRH_STRUCT,
+        "meth": METH_STRUCT,                    # DATA
+        "tseth": TSETH_STRUCT,                  # DATA with bth.ts = 1 (else zero)
+        "reth": RETH_STRUCT,                    # DATA
+        "immdt": IMMDT_STRUCT,                  # DATA with immediate
+        "aeth": AETH_STRUCT,                    # AETH
+        "ctl": control_header_layout(),         # SACK, NACK, RPROBE, EP_REQUEST, EP_RESPONSE
     })
 
 

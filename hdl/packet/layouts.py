@@ -224,7 +224,10 @@ BTH = _h("BTH", "Base Transport Header", "rocev2",
     ("resv6", 6, "reserved (masked in the ICRC)"),
     ("dqpn", 24, "destination QP number"),
     ("ackreq", 1, "acknowledge request: the responder ACKs this packet at once"),
-    ("resv7", 7, "reserved"),
+    Field("resv1", 1, "reserved"),
+    Field("rtx", 1, "this packet is a retransmission", source="mrc-1.0"),
+    Field("ts", 1, "a TSETH follows the METH", source="mrc-1.0"),
+    Field("resv4", 4, "reserved"),
     ("psn", 24, "packet sequence number"),
 )
 
