@@ -14,8 +14,7 @@ from . import layouts as L
 __all__ = [
     "header_struct", "field_slices", "net_beat_layout", "packet_header_layout",
     "packet_beat_layout", "DropReason", "PacketKind",
-    "BTH_STRUCT", "RETH_STRUCT", "IMMDT_STRUCT", "AETH_STRUCT", "MDETH_STRUCT",
-    "MACKETH_STRUCT", "MPRH_STRUCT",
+    "BTH_STRUCT", "RETH_STRUCT", "IMMDT_STRUCT", "AETH_STRUCT", "control_header_layout",
     "METH_STRUCT", "TSETH_STRUCT", "SETH_STRUCT", "CC_STATE_STRUCT", "NETH_STRUCT",
     "PETH_STRUCT", "ERTH_STRUCT", "EETH_STRUCT",
 ]
@@ -45,10 +44,6 @@ BTH_STRUCT = header_struct(L.BTH)
 RETH_STRUCT = header_struct(L.RETH)
 IMMDT_STRUCT = header_struct(L.IMMDT)
 AETH_STRUCT = header_struct(L.AETH)
-MDETH_STRUCT = header_struct(L.MDETH)
-MACKETH_STRUCT = header_struct(L.MACKETH)
-MPRH_STRUCT = header_struct(L.MPRH)
-# MRC 1.0 headers: not in packet_header_layout yet (the NIC speaks the current format).
 METH_STRUCT = header_struct(L.METH)
 TSETH_STRUCT = header_struct(L.TSETH)
 SETH_STRUCT = header_struct(L.SETH)
@@ -95,7 +90,8 @@ class DropReason(enum.Enum, shape=5):
     BAD_UDP_LENGTH = 7      #: UDP length does not match the IP length
     BAD_BTH = 8             #: BTH version not 0 or pad count not 0
     UNSUPPORTED_OPCODE = 9  #: not an MRC opcode (SEND, READ, ATOMIC, CNP, ...)
-    BAD_LENGTH = 10         #: RETH dma_len differs from the payload, or an ACK's SACK length
+    BAD_LENGTH = 10         #: RETH dma_len differs from the payload, or a control packet is not
+                            #: exactly its headers long
     OVERSIZE = 11           #: payload over the MTU, or frame longer than the largest legal one
     BAD_ICRC = 12           #: ICRC mismatch
 
@@ -158,7 +154,7 @@ def packet_beat_layout(config):
     """A payload beat with its packet's header: the parser's output, the builder's input.
 
     ``header`` is stable for every beat of a packet. Payload bytes start at lane 0 of the
-    first beat. A packet without payload (ACK, probe, trimmed, zero-length write) is a single
+    first beat. A packet without payload (control packet, trimmed, zero-length write) is a single
     beat with ``first``, ``last`` and ``keep == 0``.
     """
     return data.StructLayout({
