@@ -19,7 +19,7 @@ from scapy.packet import Raw
 from hdl import protocol as P
 from hdl.packet import layouts as L
 from hdl.packet.builder import IPV4_IDENTIFICATION, SRV6_OUTER_HOP_LIMIT
-from hdl.packet.headers import PacketKind
+from hdl.packet.headers import KIND_OPCODES, PacketKind, opcode_kind
 
 from . import packets as pk
 
@@ -42,25 +42,17 @@ def _fields(layer, header):
     return {f.name: int(getattr(layer, f.name)) for f in header.fields}
 
 
-#: PacketKind of every control opcode, and the ``ctl`` member its headers fill.
-CONTROL_KINDS = {
-    P.Opcode.ACKNOWLEDGE: (PacketKind.AETH, None),
-    P.Opcode.RELIABILITY_SACK: (PacketKind.SACK, "sack"),
-    P.Opcode.RELIABILITY_NACK: (PacketKind.NACK, "neth"),
-    P.Opcode.RELIABILITY_PROBE_REQUEST: (PacketKind.RPROBE, "peth"),
-    P.Opcode.ENDPOINT_REQUEST: (PacketKind.EP_REQUEST, "erth"),
-    P.Opcode.ENDPOINT_RESPONSE: (PacketKind.EP_RESPONSE, "eeth"),
+#: The ``ctl`` member of every control kind's headers (None: the AETH, outside the union).
+CTL_MEMBERS = {
+    PacketKind.AETH: None, PacketKind.SACK: "sack", PacketKind.NACK: "neth",
+    PacketKind.RPROBE: "peth", PacketKind.EP_REQUEST: "erth", PacketKind.EP_RESPONSE: "eeth",
 }
-#: The opcode table by kind (control kinds only).
-KIND_OPCODES = {kind: opcode for opcode, (kind, _) in CONTROL_KINDS.items()}
+#: PacketKind of every control opcode, and the ``ctl`` member its headers fill.
+CONTROL_KINDS = {KIND_OPCODES[kind]: (kind, member) for kind, member in CTL_MEMBERS.items()}
 
 
 def _kind(opcode):
-    if opcode in P.DATA_OPCODES:
-        return PacketKind.DATA
-    if opcode in CONTROL_KINDS:
-        return CONTROL_KINDS[opcode][0]
-    raise ValueError(f"BTH opcode {opcode:#04x} is not an MRC opcode")
+    return opcode_kind(opcode)
 
 
 def _decode(pkt):

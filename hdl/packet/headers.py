@@ -9,11 +9,12 @@ parser and the builder, using :func:`field_slices`).
 from amaranth.hdl import signed, unsigned
 from amaranth.lib import data, enum
 
+from .. import protocol as P
 from . import layouts as L
 
 __all__ = [
     "header_struct", "field_slices", "net_beat_layout", "packet_header_layout",
-    "packet_beat_layout", "DropReason", "PacketKind",
+    "packet_beat_layout", "DropReason", "PacketKind", "KIND_OPCODES", "opcode_kind",
     "BTH_STRUCT", "RETH_STRUCT", "IMMDT_STRUCT", "AETH_STRUCT", "control_header_layout",
     "METH_STRUCT", "TSETH_STRUCT", "SETH_STRUCT", "CC_STATE_STRUCT", "NETH_STRUCT",
     "PETH_STRUCT", "ERTH_STRUCT", "EETH_STRUCT",
@@ -63,6 +64,27 @@ class PacketKind(enum.Enum, shape=3):
     RPROBE = 4          #: 0xDE RELIABILITY_PROBE_REQUEST: PETH
     EP_REQUEST = 5      #: 0xD8 ENDPOINT_REQUEST: ERTH (EV probes)
     EP_RESPONSE = 6     #: 0xD9 ENDPOINT_RESPONSE: EETH
+
+
+#: The opcode of every control kind (the opcode table; data kinds have six opcodes).
+KIND_OPCODES = {
+    PacketKind.AETH: P.Opcode.ACKNOWLEDGE,
+    PacketKind.SACK: P.Opcode.RELIABILITY_SACK,
+    PacketKind.NACK: P.Opcode.RELIABILITY_NACK,
+    PacketKind.RPROBE: P.Opcode.RELIABILITY_PROBE_REQUEST,
+    PacketKind.EP_REQUEST: P.Opcode.ENDPOINT_REQUEST,
+    PacketKind.EP_RESPONSE: P.Opcode.ENDPOINT_RESPONSE,
+}
+
+
+def opcode_kind(opcode):
+    """The :class:`PacketKind` of an MRC opcode; :class:`ValueError` for any other."""
+    if opcode in P.DATA_OPCODES:
+        return PacketKind.DATA
+    for kind, kind_opcode in KIND_OPCODES.items():
+        if opcode == kind_opcode:
+            return kind
+    raise ValueError(f"BTH opcode {opcode:#04x} is not an MRC opcode")
 
 
 def control_header_layout():
