@@ -216,8 +216,8 @@ def _f(name, bits, doc, **kw):
     return Field(name, bits, doc, **kw)
 
 
-_TIMESTAMP_UNIT = ("16-bit wire timestamp; its unit, 8 ns (hdl.protocol.wire_timestamp), is a "
-                   "project choice")
+_TIMESTAMP_UNIT = ("16-bit wire timestamp; its unit, 8 ns (TIMESTAMP_SHIFT in hdl/protocol.py), "
+                   "is a project choice")
 
 # InfiniBand Base Transport Header as RoCEv2 carries it, with the two flag bits MRC 1.0 adds in
 # byte 8 (Scapy's BTH reads them as bits of its resv7; sim.packets.BTH names them). Field
