@@ -184,7 +184,7 @@ def test_sack_merge_marks_psns_acked():
     assert m.qp(0)["acked"] == [4]
 
 
-def test_sack_bits_beyond_next_psn_ignored():
+def test_sack_bitmap_bits_beyond_next_psn_ignored():
     m = model()
     m.post(wr(length=2 * 256))
     m.pull_all()

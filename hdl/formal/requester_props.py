@@ -48,7 +48,7 @@ CHECKS = ("window", "cover")
 
 def formal_config():
     """The smallest configuration: 2 QPs, a 128-PSN window, 2 WR slots, 64-bit datapath."""
-    return NicConfig(qps=2, mpr_units=1, sack_bits=64, data_width=64, ports=1,
+    return NicConfig(qps=2, mpr_units=1, data_width=64, ports=1,
                      evs_per_profile=4, ev_profiles=1, max_wimm=1, wr_slots=2)
 
 

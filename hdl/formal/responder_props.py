@@ -62,7 +62,7 @@ _QUEUE_DEPTH = 3
 
 def formal_config():
     """The smallest configuration: 2 QPs, a 128-PSN window, 64-bit datapath."""
-    return NicConfig(qps=2, mpr_units=1, sack_bits=64, data_width=64, ports=1,
+    return NicConfig(qps=2, mpr_units=1, data_width=64, ports=1,
                      evs_per_profile=4, ev_profiles=1, max_wimm=2, wr_slots=2)
 
 

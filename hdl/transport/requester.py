@@ -303,7 +303,7 @@ class Requester(wiring.Component):
         slots = slot_depth(cfg)
         sb = _log2(slots)
         mtu_bits = _log2(cfg.mtu)
-        sack_bits = P.SACK_BITMAP_BITS
+        bitmap_bits = P.SACK_BITMAP_BITS
         tables = requester_tables(cfg)
 
         # -- tables -------------------------------------------------------------------------
@@ -804,7 +804,7 @@ class Requester(wiring.Component):
         a1_mark = Signal(P.SackMark)
         a1_cum = Signal(_PSN)
         a1_base = Signal(_PSN)          # PSN of SACK bitmap bit 0
-        a1_sack = Signal(sack_bits)
+        a1_sack = Signal(bitmap_bits)
         m.d.sync += [a1_valid.eq(rx_take | x_take), a1_exceed.eq(x_take)]
         with m.If(x_take):
             m.d.sync += [a1_known.eq(0), a1_qpn.eq(exceed_fifo.r_data), a1_sack.eq(0)]
@@ -854,10 +854,10 @@ class Requester(wiring.Component):
 
         # SACK bit i is PSN base + i (any sack_psn_offset); keep the bits for PSNs in
         # [max(una, base), next_psn): a bitmap that does not overlap the window adds nothing.
-        lo = _clamp(_psn_sub(new_una, a1_base), sack_bits)
-        hi = _clamp(_psn_sub(a_next, a1_base), sack_bits)
-        sack_mask = _ones(hi, sack_bits) & ~_ones(lo, sack_bits)
-        sack_rot = _rotate_left(Cat(a1_sack & sack_mask, C(0, window - sack_bits)),
+        lo = _clamp(_psn_sub(new_una, a1_base), bitmap_bits)
+        hi = _clamp(_psn_sub(a_next, a1_base), bitmap_bits)
+        sack_mask = _ones(hi, bitmap_bits) & ~_ones(lo, bitmap_bits)
+        sack_rot = _rotate_left(Cat(a1_sack & sack_mask, C(0, window - bitmap_bits)),
                                 a1_base[:wb], window)
         clear_len = Mux(advance, _psn_sub(cand, a_una)[:wb + 1], 0)
         clear = _rotate_left(_ones(clear_len, window), a_una[:wb], window)
@@ -1006,7 +1006,7 @@ class Requester(wiring.Component):
         # [max(to, una), the later of the two ends). Off the ACK path, one ACK per cycle,
         # never stalls; a walk that finds its queue full is dropped (counted) and the table
         # entry stays, so a later ACK infers the same holes again.
-        groups = sack_bits // 8
+        groups = bitmap_bits // 8
         count_cap = 16                  # counts saturate: K is at most 15
         i0_valid, i1_valid, i2_valid, i3_valid = (Signal(name=f"i{n}_valid") for n in range(4))
 
@@ -1018,7 +1018,7 @@ class Requester(wiring.Component):
                     "poll": Signal(name=f"i{stage}_poll")}
 
         i0, i1, i2, i3 = (carried(n) for n in range(4))
-        i0_sack = Signal(sack_bits)
+        i0_sack = Signal(bitmap_bits)
         a_sack = a1_sack & sack_mask
         # A reorder-window poll from the timer scanner (driven below): the QP it visits, with
         # its una and next_psn, and no SACK bits. An ACK in the same cycle takes I0 and the
@@ -1036,7 +1036,7 @@ class Requester(wiring.Component):
             m.d.sync += [i0["qpn"].eq(poll_qpn), i0["cand"].eq(poll_una), i0["una"].eq(poll_una),
                          i0["next"].eq(poll_next), i0["poll"].eq(1), i0_sack.eq(0)]
         # I0: SACKed PSNs per 8-bit group and at or above each group (saturating).
-        i1_sack = Signal(sack_bits)
+        i1_sack = Signal(bitmap_bits)
         i1_above = [Signal(5, name=f"i1_above{g}") for g in range(groups + 1)]
         suffix = [Signal(5, name=f"i0_above{g}") for g in range(groups + 1)]
         for g in reversed(range(groups)):
