@@ -64,9 +64,10 @@ def test_replay_verdicts(tmp_path):
 
 
 def test_replay_covers_every_packet_type(tmp_path):
-    """Every packet type of the sample set (WRITE opcodes over IPv4 and IPv6, ACK, every NAK,
-    probe and probe response, trimmed, retransmission, CE, STEV, VLAN, SRv6 with and without
-    SRH) through the RTL receive path: each verdict equals the reference-model parser's."""
+    """Every packet type of the sample set (WRITE opcodes over IPv4 and IPv6 with and without
+    TSETH, SACKs, NACKs, every AETH NAK, reliability and EV probes and the EV probe answer,
+    trimmed, retransmission, CE, STEV, VLAN, SRv6 with and without SRH) through the RTL
+    receive path: each verdict equals the reference-model parser's."""
     from sim.model.nic import ModelNic
 
     samples = sample_packets()

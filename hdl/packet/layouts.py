@@ -459,8 +459,9 @@ def markdown_table(header):
     for field in header.fields:
         offset = header.bit_offset(field.name)
         signed = ", signed" if field.signed else ""
+        doc = field.doc.replace("|", "\\|")
         lines.append(f"| {offset // 8} | {offset % 8} | {field.bits}{signed} | `{field.name}` | "
-                     f"{SOURCES[header.field_source(field.name)]} | {field.doc} |")
+                     f"{SOURCES[header.field_source(field.name)]} | {doc} |")
     return "\n".join(lines)
 
 
