@@ -77,7 +77,7 @@ def field_abbrev(header, field_name):
 
 
 def flag_abbrev(header, field, flag):
-    """Display filter name of one flag bit: ``mrc.mdeth.flags.retransmission``."""
+    """Display filter name of one flag bit: ``mrc.<header>.<field>.<flag>``."""
     return f"{field_abbrev(header, field.name)}.{flag.name.lower()}"
 
 
