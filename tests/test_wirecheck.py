@@ -208,7 +208,6 @@ def test_command_writes_the_verdict_and_exit_status(tmp_path, capsys):
     assert "FAIL" in capsys.readouterr().out
 
 
-@pytest.mark.slow
 def test_a_two_nic_run_with_loss_trimming_and_a_plane_failure_passes(tmp_path):
     """The model backend (the RTL run is the same command with --backend rtl): every rule
     passes on its capture."""
