@@ -531,7 +531,8 @@ def test_time_rule_keeps_up_with_back_to_back_acks():
 
     def acks(qpn, count, first):
         base = qpn * 1000                   # even PSNs lost, odd ones SACKed one by one
-        return [ack_header(qpn, base - 1, sack=sack_of(base, range(base + 1, base + 2 * i, 2))) for i in range(first, first + count)]
+        return [ack_header(qpn, base - 1, sack=sack_of(base, range(base + 1, base + 2 * i, 2)))
+                for i in range(first, first + count)]
 
     async def testbench(ctx):
         for qpn in qpns:

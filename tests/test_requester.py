@@ -244,7 +244,8 @@ class Responder:
             out.insert(rng.randrange(len(out)), ack_header(config.qps + 3, 0))
             # PSN out of the window: counted; an unknown NACK reason and a SACK whose two
             # cumulative PSNs differ: bad ACKs.
-            out.insert(rng.randrange(len(out)), nack_header(qpn, beyond, P.NackReason.PSN_OOR_WINDOW))
+            out.insert(rng.randrange(len(out)),
+                       nack_header(qpn, beyond, P.NackReason.PSN_OOR_WINDOW))
             out.insert(rng.randrange(len(out)), nack_header(qpn, beyond, P.NackReason.NO_BITMAP))
             cum = P.psn_add(self.epsn[qpn], -1)
             out.insert(rng.randrange(len(out)),

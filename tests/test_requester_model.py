@@ -1,4 +1,5 @@
-"""Requester reference model: one rule per test (segmentation, limits, SACK/NACK/NAK, completion)."""
+"""Requester reference model: one rule per test (segmentation, limits, SACK/NACK/NAK,
+completion)."""
 
 import pytest
 

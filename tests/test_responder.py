@@ -9,10 +9,10 @@ from amaranth.sim import Simulator
 
 from hdl import protocol as P
 from hdl.config import NicConfig
+from hdl.packet.headers import PacketKind
 from hdl.transport.resp_defs import ResponderCommand as Cmd
 from hdl.transport.resp_defs import ResponderVerdict as V
 from hdl.transport.responder import Responder
-from hdl.packet.headers import PacketKind
 from sim.model.responder import ResponderModel, canonical_header, full_header
 from sim.rtlpackets import payload_beats
 from sim.tb.amsim import StreamCollector, StreamDriver

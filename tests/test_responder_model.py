@@ -58,7 +58,8 @@ def only_reply(result):
 
 
 def seth(reply):
-    assert PacketKind(reply["kind"]) == PacketKind.SACK and reply["bth"]["opcode"] == Op.RELIABILITY_SACK
+    assert PacketKind(reply["kind"]) == PacketKind.SACK
+    assert reply["bth"]["opcode"] == Op.RELIABILITY_SACK
     return reply["ctl"]["sack"]["seth"]
 
 
@@ -67,7 +68,8 @@ def cc_state(reply):
 
 
 def neth(reply):
-    assert PacketKind(reply["kind"]) == PacketKind.NACK and reply["bth"]["opcode"] == Op.RELIABILITY_NACK
+    assert PacketKind(reply["kind"]) == PacketKind.NACK
+    assert reply["bth"]["opcode"] == Op.RELIABILITY_NACK
     return reply["ctl"]["neth"]
 
 

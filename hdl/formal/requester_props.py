@@ -8,8 +8,8 @@ inputs and checks, for one QP (any: ``watch_qpn`` is an ``AnyConst``), over its 
     new PSNs are consecutive, none is sent twice and none skipped; and it lies inside the
     window, ``psn - una < mpr x 128`` (24-bit serial arithmetic), so the outstanding range
     ``next_psn - una`` never exceeds the QP's ``mpr x 128``. ``una`` is the highest
-    ``cack_psn + 1`` (BTH.psn of a SACK) fed on ``rx`` for the QP, ``mpr`` the one of the last accepted
-    ``QP_WRITE``; both restart (with ``next_psn``) at an accepted ``QP_WRITE``.
+    ``cack_psn + 1`` (BTH.psn of a SACK) fed on ``rx`` for the QP, ``mpr`` the one of the last
+    accepted ``QP_WRITE``; both restart (with ``next_psn``) at an accepted ``QP_WRITE``.
 ``cover``
     ``Cover`` statements: a new packet of the QP is sent, an ACK moves ``una``, a second
     packet follows.

@@ -16,7 +16,8 @@ Time is simulated nanoseconds, given by the caller and never going back. The NIC
 latency is not modelled (a received frame is handled at its arrival time); the one shared
 transmit engine is: a frame occupies ``ceil(len / (data_width / 8))`` clock cycles of it, ACKs
 go before data (the RTL's transmit arbiter gives the responder priority), and a data packet is
-decided (path selection, the TSETH timestamp) when the engine starts it. ``docs/model.md`` has the rest.
+decided (path selection, the TSETH timestamp) when the engine starts it. ``docs/model.md`` has
+the rest.
 """
 
 import heapq
