@@ -5,9 +5,10 @@ echoing its transmit time (the data packet's TSETH ``tx_timestamp`` comes back a
 CC_STATE ``tx_timestamp`` or the NACK's NETH ``tx_timestamp``, ``docs/responder.md``). So the
 requester's ACKs on port p tell which of its sends on p got through. :class:`PortWatch`
 keeps, per port, the transmit times of the data packets sent on it that no ACK on the port has
-covered yet (a FIFO), and the newest transmit time any ACK on any port has echoed (``newest``). When a
-port's oldest uncovered send is more than ``window`` older than ``newest`` (a packet sent a
-window later on another plane made the round trip, this one's plane answered nothing since),
+covered yet (a FIFO), and the newest transmit time any ACK on any port has echoed
+(``newest``). When a port's oldest uncovered send is more than ``window`` older than
+``newest`` (a packet sent a window later on another plane made the round trip, this one's
+plane answered nothing since),
 and no ACK at all has come back on the port for ``quiet`` (a congested plane whose queue
 makes its round trip longer than the others' still answers every few microseconds; a dead
 one answers nothing), the port is reported *down* once: path selection sweeps it as port
