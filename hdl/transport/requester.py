@@ -1,4 +1,4 @@
-"""The requester: work requests in, data-packet send requests out, ACK/SACK/NAK in, completions
+"""The requester: work requests in, data-packet send requests out, SACK/NACK/NAK in, completions
 out. Per-QP send state, per-PSN metadata and WR slots live in block RAM.
 
 Five engines share the tables, each the only writer of its own ones, so every table has one
@@ -10,8 +10,9 @@ write port and the engines run at the same time without arbitration:
   window (``next_psn - una < mpr * 128``) and its metadata written per PSN;
 * **retransmitter** (R0-R2) rebuilds a PSN's packet from its metadata and WR slot; it has
   priority over new packets on ``send``;
-* **ACK processing** (A1) applies one ACK/NAK per cycle: cumulative advance, SACK merge into
-  the acked bitmap, TRIM -> retransmit queue, fatal NAK -> QP ERROR;
+* **ACK processing** (A1) applies one MRC 1.0 SACK, NACK or AETH NAK per cycle: cumulative
+  advance, SACK bitmap merge (any ``sack_psn_offset``) into the acked bitmap, feedback for the
+  EV the named PSN went out on, NACK TRIMMED -> retransmit queue, fatal NAK -> QP ERROR;
 * **completion engine** walks a QP's WR ring from the oldest slot and completes WRs in order;
 * **timer scanner** visits one QP per cycle and expires its retransmit timer
   (``docs/recovery.md``);
@@ -213,7 +214,7 @@ class Requester(wiring.Component):
     one per cycle for the same QP.
 
     Bad input never hangs the block: a WR it will not send completes with an error status;
-    an ACK/NAK it cannot apply is dropped and counted in ``bad_acks``; a retransmit request
+    a SACK/NACK/NAK it cannot apply is dropped and counted in ``bad_acks``; a retransmit request
     for a PSN no longer outstanding is dropped and counted in ``retx_ignored``; feedback that
     finds its output full is dropped and counted in ``feedback_dropped``. ``docs/requester.md``
     has every rule.
@@ -240,9 +241,10 @@ class Requester(wiring.Component):
     sent : ``In(stream.Signature(sent_layout(config)))``
         The EV each PSN went out on. Always ready.
     rx : ``In(stream.Signature(packet_beat_layout(config)))``
-        Received ACK/NAK packets (single beats).
+        Received SACKs, NACKs and AETH NAKs (single beats).
     feedback : ``Out(stream.Signature(feedback_layout(config)))``
-        Path feedback per applied ACK (ACKED or ECN), TRIM NAK (TRIMMED) and PSN resent for a
+        Path feedback per applied SACK (ACKED, ECN for SKIP_ONCE, LOST for ALWAYS_SKIP; none for a
+        probe answer), NACK TRIMMED (TRIMMED) and PSN resent for a
         timeout or an inferred loss (LOST); dropped, not stalled, when full.
     retx : ``In(stream.Signature(retx_layout(config)))``
         Requests to retransmit a PSN (the retransmit timer).
