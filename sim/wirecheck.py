@@ -15,7 +15,10 @@ writes a JSON verdict:
     two WITH_IMMEDIATE opcodes): the frame is long enough for them and the ICRC, and the
     payload is RETH.dma_len bytes (or none at all, for a packet a switch trimmed);
 ``rtx``
-    every repeated data PSN (same addresses, destination QP and PSN) has BTH.rtx set;
+    every repeated data PSN (same addresses, destination QP and PSN) has BTH.rtx set: of the
+    copies of a PSN at most one, the first transmission, has BTH.rtx clear. (The order of a
+    capture is the order of arrival, or of hand-over for a dropped frame: a first transmission
+    delayed on a slow path may show after its retransmission, so the order is not judged.)
 ``control_length``
     each SACK, NACK, AETH, PETH, ERTH and EETH packet is exactly its headers and the ICRC;
 ``psn_echo``
@@ -256,7 +259,7 @@ def check_capture(path, *, report=None, tshark=None, lua=None, trim_dscp=DEFAULT
     frames = read_capture(path)
     roce_frames = 0
     sent = {}                   # (src, dst) -> {psn: first time seen} of data packets
-    seen = set()                # (src, dst, dqpn, psn) of data packets
+    originals = set()           # (src, dst, dqpn, psn) of data packets seen without BTH.rtx
     sacks = []                  # checked once every data packet is known
     for number, (time_ns, frame) in enumerate(frames, 1):
         info = _roce(frame)
@@ -288,9 +291,10 @@ def check_capture(path, *, report=None, tshark=None, lua=None, trim_dscp=DEFAULT
                 verdict.check("data_headers", payload == dma_len or trimmed, number,
                               f"payload {payload} bytes, RETH dma_len {dma_len}")
             key = (src, dst, dqpn, psn)
-            verdict.check("rtx", key not in seen or rtx, number,
+            verdict.check("rtx", rtx or key not in originals, number,
                           f"PSN 0x{psn:06X} to QP 0x{dqpn:06X} repeated without BTH.rtx")
-            seen.add(key)
+            if not rtx:
+                originals.add(key)
             sent.setdefault((src, dst), {}).setdefault(psn, time_ns)
         elif opcode in CONTROL_OPCODES:
             name, size = CONTROL_OPCODES[opcode]

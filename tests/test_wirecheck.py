@@ -166,6 +166,14 @@ def test_each_rule_fails_on_a_capture_that_breaks_it(tmp_path, rule, make):
     assert verdict["rules"][rule]["examples"][0].startswith(f"frame {len(frames)}:")
 
 
+def test_a_retransmission_may_arrive_before_its_original(tmp_path):
+    """Captures are in arrival order: an original delayed on a slow path shows after its
+    retransmission, and that is no repeat without BTH.rtx."""
+    path = _write(tmp_path, "reordered", [*good_exchange(), data(5, rtx=True), data(5)])
+    verdict = wirecheck.check_capture(path, report=None, tshark=None, lua=LUA)
+    assert verdict["failed_rules"] == []
+
+
 def test_a_lost_byte_in_the_report_fails(tmp_path):
     path = _write(tmp_path, "lost", good_exchange(),
                   {"bytes_lost": 64, "bytes_corrupted": 0, "finished": True})
