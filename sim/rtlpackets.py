@@ -51,10 +51,6 @@ CTL_MEMBERS = {
 CONTROL_KINDS = {KIND_OPCODES[kind]: (kind, member) for kind, member in CTL_MEMBERS.items()}
 
 
-def _kind(opcode):
-    return opcode_kind(opcode)
-
-
 def _decode(pkt):
     """A fully built copy of ``pkt``, decoded from its bytes (every field concrete)."""
     return Ether(raw(pkt))
@@ -120,7 +116,7 @@ def header_from_scapy(pkt, config, *, port=0):
 
     bth = pkt[pk.BTH]
     header["bth"] = _fields(bth, L.BTH)
-    kind = header["kind"] = _kind(bth.opcode)
+    kind = header["kind"] = opcode_kind(bth.opcode)
     payload = b""
     if kind == PacketKind.DATA:
         header["meth"] = _fields(pkt[pk.METH], L.METH)
