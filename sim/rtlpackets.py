@@ -199,9 +199,8 @@ def packet_from_header(header, payload, config):
         sack = sub("ctl").get("sack", {})
         frame = frame / pk.SETH(**sack.get("seth", {})) / pk.CC_STATE(**sack.get("cc_state", {}))
     else:
-        member, = (m for m, h in (("neth", L.NETH), ("peth", L.PETH), ("erth", L.ERTH),
-                                  ("eeth", L.EETH)) if headers == (h,))
-        frame = frame / pk.LAYERS[headers[0]](**sub("ctl").get(member, {}))
+        header_layout, = headers
+        frame = frame / pk.LAYERS[header_layout](**sub("ctl").get(CTL_MEMBERS[kind], {}))
     return frame
 
 
