@@ -490,6 +490,23 @@ def test_inference_needs_k_later_sacks_and_happens_once():
     assert m.counters["inferred_losses"] == 2
 
 
+def test_a_bitmap_placed_above_the_holes_infers_nothing():
+    """A SACK whose bitmap starts above the oldest PSN not yet inferred (the responder's block
+    around a late trigger) says nothing about the PSNs below its base: they may have arrived.
+    It is merged, but infers no loss and arms no reorder window; one from cack_psn + 1 does."""
+    m = timed_model(timeout=20, infer_k=3)
+    m.control(RequesterCommand.CONFIG, infer_k=3, reo_wnd=4)
+    m.post(wr(length=100 * 256))
+    m.pull_all()
+    cum = -1 % (1 << 24)
+    m.receive(ack(0, cum, sack=0b1111, offset=65))        # PSNs 64-67, base 64 > una 0
+    assert m.pull_all() == [] and m.qp(0)["acked"] == [64, 65, 66, 67]
+    m.poll_timers(now_units=m.now_units + 8)
+    assert m.pull_all() == [] and m.counters["reorder_expiries"] == 0
+    m.receive(ack(0, cum, sack=0b1110))                   # PSNs 1-3: 0 has 3 later
+    assert [r["context"]["psn"] for r in m.pull_all()] == [0]
+
+
 def test_time_rule_alone_resends_without_lost_feedback_with_the_count_rule_with_lost():
     """A reorder window that expires with no count-rule region (at an ACK or at the
     scanner's poll) resends its holes as a REORDER walk: no LOST feedback. When the count

@@ -1094,6 +1094,13 @@ class Requester(wiring.Component):
             return Mux(use_to, _psn_gt(value, entry.to), _psn_gt(value, una3))
 
         i3_lower = Mux(use_to, entry.to, una3)
+        # A SACK infers (and arms the reorder window) only when its bitmap starts at or below
+        # `lower`: then every hole of the region is one the SACK itself reports. A bitmap
+        # placed higher (the responder's block around a late trigger) says nothing about the
+        # PSNs below its base, which may well have arrived.
+        base_ok = Mux(use_to, _psn_ge(entry.to, i3["cand"]), _psn_ge(una3, i3["cand"]))
+        found = Signal()
+        m.d.comb += found.eq(i3_found & base_ok)
         reo_running = Signal()
         reo_expired = Signal()
         m.d.comb += [
@@ -1103,16 +1110,16 @@ class Requester(wiring.Component):
         ]
         # The time rule's end wins when it lies beyond the count rule's (or there is none).
         use_reo = Signal()
-        m.d.comb += use_reo.eq(reo_expired & (~i3_found | _psn_gt(entry.reo_end, i3_end)))
+        m.d.comb += use_reo.eq(reo_expired & (~found | _psn_gt(entry.reo_end, i3_end)))
         region_end = Signal(_PSN)       # == lower when nothing is inferred
-        m.d.comb += region_end.eq(Mux(use_reo, entry.reo_end, Mux(i3_found, i3_end, i3_lower)))
+        m.d.comb += region_end.eq(Mux(use_reo, entry.reo_end, Mux(found, i3_end, i3_lower)))
         count_push = Signal()           # the count rule alone finds holes
-        m.d.comb += count_push.eq(i3_found & above_lower(i3_end))
+        m.d.comb += count_push.eq(found & above_lower(i3_end))
         i3_push = use_reo | count_push
         # top > the region's end (== lower when nothing is pushed), picked the same way.
         top_above_end = Mux(use_reo, _psn_gt(i3_top, entry.reo_end),
                             Mux(count_push, _psn_gt(i3_top, i3_end), above_lower(i3_top)))
-        reo_arm = ((reo_wnd != 0) & (reo_expired | ~reo_running) & top_above_end
+        reo_arm = ((reo_wnd != 0) & (reo_expired | ~reo_running) & top_above_end & base_ok
                    & ~i3["poll"])          # a poll has no SACKed PSN to arm with
         i3_write = i3_valid & (~i3_push | infer_walks.w_rdy)
         infer_walk = Signal(wl)

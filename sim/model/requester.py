@@ -532,8 +532,11 @@ class RequesterModel:
         from now for the holes below the highest SACKed PSN, unless it still runs."""
         qp = self._qps[qpn]
         lower, running, expired = self._reorder_window(qp)
+        # Only a bitmap that starts at or below `lower` reports every hole of the region (one
+        # placed higher says nothing about the PSNs below its base).
+        base_ok = P.psn_diff(lower, cand) >= 0
         end = lower
-        if self.infer_k and len(sacked) >= self.infer_k:
+        if self.infer_k and len(sacked) >= self.infer_k and base_ok:
             end = P.psn_add(cand, sacked[-self.infer_k])
         kind = WalkKind.INFER if P.psn_diff(end, lower) > 0 else WalkKind.REORDER
         if expired:
@@ -544,7 +547,7 @@ class RequesterModel:
             self._walks.append([kind, qpn, lower, P.psn_diff(end, lower), True])
             qp.infer_to = lower = end
         top = P.psn_add(cand, sacked[-1] + 1)
-        if self.reo_wnd and (expired or not running) and P.psn_diff(top, lower) > 0:
+        if self.reo_wnd and base_ok and (expired or not running) and P.psn_diff(top, lower) > 0:
             qp.reo_armed, qp.reo_end, qp.reo_at = True, top, self._time()
         else:
             qp.reo_armed = running and not expired
