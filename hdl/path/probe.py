@@ -17,6 +17,7 @@ from amaranth import *
 from amaranth.hdl import unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from .. import protocol as P
@@ -35,10 +36,12 @@ __all__ = [
 PROBE_RESPONSE_TCLASS = 0b10
 #: Hop limit (IPv4 TTL) of a probe response, as every packet the NIC originates.
 PROBE_RESPONSE_HOP_LIMIT = 64
-#: The probe requester remembers the last 2**PROBE_TABLE_BITS probes it sent (*project
-#: choice*): a probe's id selects its entry by its low bits, so a probe that has had no answer
-#: by the time 16 more were sent is forgotten, and its late answer is counted as unknown.
-PROBE_TABLE_BITS = 4
+#: The probe requester remembers the last 2**PROBE_TABLE_BITS probes it sent, in one block RAM
+#: (*project choice*): a probe's id selects its entry by its low bits and the rest of the id
+#: tells a late answer to a reused entry from the answer to the probe now in it. The table is
+#: as deep as the probes that can be outstanding when software probes every ASSUMED_BAD EV of
+#: several QPs each round and answers take tens of microseconds behind queued data.
+PROBE_TABLE_BITS = 8
 
 
 def probe_context_layout(config):
@@ -185,16 +188,19 @@ class ProbeRequester(wiring.Component):
     Send: each ``cmd`` becomes a path request with ``probe`` set and ``ev`` the EV to probe
     (path selection skips its choice and may use an ASSUMED_BAD EV), one cycle of latency. It
     gets the next 16-bit id (a counter) and ``tx_ts`` = the wire timestamp of ``now_ns`` when
-    the command is taken; the id's entry of a table of ``2**PROBE_TABLE_BITS`` (its low bits)
-    remembers the QP, the EV and software's ``probe_id``, replacing whatever probe held it.
-    The transmit former puts the id in BTH.psn[15:0] and the timestamp in the ERTH.
+    the command is taken; the id's entry of a block-RAM table of ``2**PROBE_TABLE_BITS``
+    entries (its low bits) remembers the whole id, the QP, the EV and software's ``probe_id``,
+    replacing whatever probe held it. The transmit former puts the id in BTH.psn[15:0] and the
+    timestamp in the ERTH. A command waits one cycle when an answer frees an entry in the same
+    cycle (the table has one write port).
 
-    Receive: an EV probe answer (ENDPOINT_RESPONSE, EETH op EV_PROBE) whose id names an
-    outstanding probe frees the entry and gives a ``feedback`` of kind PROBE_OK for its EV in
-    the cycle after it is taken, and a ``result`` (RTT from the echoed timestamp), written
-    into a FIFO of ``results`` entries in the cycle it is taken. An answer whose id names no
-    outstanding probe (never sent, already answered, or forgotten) is dropped and counted in
-    ``unknown_ids``; any other packet is dropped and counted in ``rx_dropped``.
+    Receive: two stages. In the cycle a beat is taken its entry is read; in the next an EV
+    probe answer (ENDPOINT_RESPONSE, EETH op EV_PROBE) whose id names an outstanding probe
+    frees the entry, writes a ``result`` (RTT from the echoed timestamp) into a FIFO of
+    ``results`` entries, and gives a ``feedback`` of kind PROBE_OK for its EV one cycle after
+    that. An answer whose id names no outstanding probe (never sent, already answered, or
+    forgotten when its entry was reused) is dropped and counted in ``unknown_ids``; any other
+    packet is dropped and counted in ``rx_dropped``. II = 1 while ``feedback`` is taken.
 
     The receive path never waits for ``result``: results are for software, which polls them
     (in the NIC top, through the register bus), and a response that waited for a slow reader
@@ -261,30 +267,52 @@ class ProbeRequester(wiring.Component):
         entry_layout = data.StructLayout({
             "valid": 1, "id": P.ENDPOINT_ID_BITS, "qpn": config.qpn_bits,
             "ev": config.ev_index_bits, "probe_id": 32})
-        table = Array(Signal(entry_layout, name=f"probe{k}")
-                      for k in range(1 << PROBE_TABLE_BITS))
+        m.submodules.table = table = Memory(shape=entry_layout, depth=1 << PROBE_TABLE_BITS,
+                                            init=[])
+        wp = table.write_port()
+        rp = table.read_port(transparent_for=(wp,))
         next_id = Signal(P.ENDPOINT_ID_BITS)
 
-        # -- receive --------------------------------------------------------------------------
+        # -- receive, stage 1: the answer's table entry is read ------------------------------
+        # A received beat is registered (r1) while its entry is read; stage 2 (the cycle after)
+        # decides. The read is transparent to the write port, so an answer freeing an entry
+        # is seen by the next answer read in the same cycle.
         header = self.rx.p.header
-        answer_id = header.bth.psn[:P.ENDPOINT_ID_BITS]
+        r1_valid = Signal()
+        r1_first = Signal()
+        r1_response = Signal()
+        r1_id = Signal(P.ENDPOINT_ID_BITS)
+        r1_rtt = Signal(32)             # the RTT as of the cycle the answer is taken
         is_response = ((header.kind == PacketKind.EP_RESPONSE)
                        & (header.bth.opcode == P.Opcode.ENDPOINT_RESPONSE)
                        & (header.ctl.eeth.op == P.EndpointOp.EV_PROBE))
         entry = Signal(entry_layout)
-        m.d.comb += entry.eq(table[answer_id[:PROBE_TABLE_BITS]])
-        known = entry.valid & (entry.id == answer_id)
-        timed = self.rx.p.first & is_response & known
+        m.d.comb += entry.eq(rp.data)
+        known = entry.valid & (entry.id == r1_id)
+        timed = r1_valid & r1_first & r1_response & known
 
+        # -- receive, stage 2: time the answer, free its entry, tell path selection -----------
         can_load = ~self.feedback.valid | self.feedback.ready
-        m.d.comb += self.rx.ready.eq(~timed | can_load)
+        r1_advance = ~timed | can_load
+        m.d.comb += [
+            self.rx.ready.eq(~r1_valid | r1_advance),
+            rp.addr.eq(header.bth.psn[:PROBE_TABLE_BITS]),
+            rp.en.eq(self.rx.ready),
+        ]
+        with m.If(self.rx.ready):
+            m.d.sync += [
+                r1_valid.eq(self.rx.valid),
+                r1_first.eq(self.rx.p.first),
+                r1_response.eq(is_response),
+                r1_id.eq(header.bth.psn[:P.ENDPOINT_ID_BITS]),
+                r1_rtt.eq(((_wire_timestamp(self.now_ns) - header.ctl.eeth.tx_timestamp)
+                           [:P.TIMESTAMP_BITS]) << P.TIMESTAMP_SHIFT),
+            ]
         with m.If(self.feedback.ready):
             m.d.sync += self.feedback.valid.eq(0)
 
-        rtt = Signal(32)
-        m.d.comb += rtt.eq(((_wire_timestamp(self.now_ns) - header.ctl.eeth.tx_timestamp)
-                            [:P.TIMESTAMP_BITS]) << P.TIMESTAMP_SHIFT)
-        # The result goes straight into the FIFO in the cycle the response is taken (or is
+        rtt = r1_rtt
+        # The result goes straight into the FIFO in the cycle the answer is decided (or is
         # dropped and counted when the FIFO is full).
         result = Signal(result_layout)
         m.d.comb += [
@@ -292,36 +320,42 @@ class ProbeRequester(wiring.Component):
             result.rtt_ns.eq(rtt), result.svc_time.eq(0), result.rtt_adjusted_ns.eq(rtt),
             results.w_data.eq(result),
         ]
-        with m.If(self.rx.valid & self.rx.ready & self.rx.p.first):
+        free = Signal()
+        with m.If(r1_valid & r1_advance & r1_first):
             with m.If(timed):
-                m.d.comb += results.w_en.eq(1)
+                m.d.comb += [results.w_en.eq(1), free.eq(1)]
                 with m.If(~results.w_rdy):
                     m.d.sync += self.results_dropped.eq(self.results_dropped + 1)
                 m.d.sync += [
-                    table[answer_id[:PROBE_TABLE_BITS]].valid.eq(0),
                     self.feedback.valid.eq(1),
                     self.answered.eq(self.answered + 1),
                     self.feedback.p.qpn.eq(entry.qpn),
                     self.feedback.p.ev.eq(entry.ev),
                     self.feedback.p.kind.eq(P.FeedbackKind.PROBE_OK),
                 ]
-            with m.Elif(is_response):
+            with m.Elif(r1_response):
                 m.d.sync += self.unknown_ids.eq(self.unknown_ids + 1)
             with m.Else():
                 m.d.sync += self.rx_dropped.eq(self.rx_dropped + 1)
 
-        # -- send (after the receive side: a new probe's entry wins over a freed one) ---------
-        m.d.comb += self.cmd.ready.eq(~self.o.valid | self.o.ready)
+        # -- send: one table write port, shared; freeing an answered entry goes first ---------
+        m.d.comb += self.cmd.ready.eq(~free & (~self.o.valid | self.o.ready))
         with m.If(self.o.ready):
             m.d.sync += self.o.valid.eq(0)
-        with m.If(self.cmd.valid & self.cmd.ready):
-            slot = table[next_id[:PROBE_TABLE_BITS]]
+        send = self.cmd.valid & self.cmd.ready
+        with m.If(free):
+            m.d.comb += [wp.addr.eq(r1_id[:PROBE_TABLE_BITS]), wp.en.eq(1), wp.data.eq(0)]
+        with m.Elif(send):
+            m.d.comb += [
+                wp.addr.eq(next_id[:PROBE_TABLE_BITS]), wp.en.eq(1),
+                wp.data.valid.eq(1), wp.data.id.eq(next_id), wp.data.qpn.eq(self.cmd.p.qpn),
+                wp.data.ev.eq(self.cmd.p.ev), wp.data.probe_id.eq(self.cmd.p.probe_id),
+            ]
+        with m.If(send):
             m.d.sync += [
                 self.o.valid.eq(1),
                 self.sent.eq(self.sent + 1),
                 next_id.eq(next_id + 1),
-                slot.valid.eq(1), slot.id.eq(next_id), slot.qpn.eq(self.cmd.p.qpn),
-                slot.ev.eq(self.cmd.p.ev), slot.probe_id.eq(self.cmd.p.probe_id),
                 self.o.p.qpn.eq(self.cmd.p.qpn),
                 self.o.p.avoid_ev_valid.eq(0),
                 self.o.p.avoid_ev.eq(0),
