@@ -218,7 +218,7 @@ def _summarise_path(lines):
 #: per-QP tables; today's packet engine does not use ``qps`` (no per-QP state).
 BENCH_CONFIGS = [
     ("engine-w64-q256", NicConfig(data_width=64, ports=8, qps=256)),
-    ("engine-w128-q256", NicConfig(data_width=128, ports=8, qps=256, sack_bits=128)),
+    ("engine-w128-q256", NicConfig(data_width=128, ports=8, qps=256)),
     ("engine-w64-q64", NicConfig(data_width=64, ports=8, qps=64)),
     ("engine-w64-q1024", NicConfig(data_width=64, ports=8, qps=1024)),
 ]

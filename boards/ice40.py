@@ -33,6 +33,8 @@ from sim import defaults as D
 
 from .selftest import (
     IPV6_OFFSET,
+    SELFTEST_HEADERS,
+    SELFTEST_OPCODE,
     SELFTEST_STACK_BYTES,
     ImpairedFabric,
     Reporter,
@@ -46,7 +48,7 @@ __all__ = ["frame_template", "PSN_OFFSET", "FrameSource", "FrameChecker", "Ice40
 DATA_WIDTH = 64
 LANES = DATA_WIDTH // 8
 #: Byte offset of the BTH PSN (24 bits, big-endian) in a self-test frame.
-PSN_OFFSET = (SELFTEST_STACK_BYTES - L.MDETH.size - L.RETH.size - L.BTH.size
+PSN_OFFSET = (SELFTEST_STACK_BYTES - L.headers_size(SELFTEST_HEADERS) - L.BTH.size
               + L.BTH.byte_offset("psn"))
 ICE40_PAYLOAD = 64
 
@@ -61,10 +63,11 @@ def frame_template(payload_bytes=ICE40_PAYLOAD):
         "eth_src": int(D.NIC_A.mac.replace(":", ""), 16),
         "ipv6": 1, "ip_src": int(IPv6Address(D.NIC_A.ipv6)),
         "ip_dst": int(IPv6Address(D.NIC_B.ipv6)), "hop_limit": 64, "udp_sport": 0xC000,
-        "bth": {"opcode": P.Opcode.RDMA_WRITE_ONLY, "dqpn": D.QPN_B, "psn": 0, "ackreq": 1,
-                "pkey": 0xFFFF},
+        "bth": {"opcode": SELFTEST_OPCODE, "dqpn": D.QPN_B, "psn": 0, "ackreq": 1,
+                "pkey": 0xFFFF, "ts": 1},
+        "meth": {},
+        "tseth": {"ftype": P.Ftype.TIMESTAMP},
         "reth": {"va": D.MR_BASE, "rkey": D.MR_RKEY, "dma_len": payload_bytes},
-        "mdeth": {},
     }
     frame = bytes(packet_from_header(header, bytes(payload_bytes), config))
     return frame[:SELFTEST_STACK_BYTES]

@@ -50,12 +50,16 @@ __all__ = [
 # The self-test's packets: one fixed stack, payload derived from the PSN
 # ---------------------------------------------------------------------------------------------
 
-#: Header bytes of every self-test packet: Ethernet, IPv6, UDP, BTH, RETH, MDETH (RDMA WRITE
-#: ONLY, no VLAN, no SRv6). The fabric's trimmer rewrites fields at fixed offsets in it.
+#: The transport headers of every self-test packet: an RDMA WRITE ONLY with a TSETH, as every
+#: data packet of this NIC.
+SELFTEST_OPCODE = P.Opcode.RDMA_WRITE_ONLY
+SELFTEST_HEADERS = L.data_headers(SELFTEST_OPCODE, ts=True)
+#: Header bytes of every self-test packet: Ethernet, IPv6, UDP, BTH, METH, TSETH, RETH (no
+#: VLAN, no SRv6). The fabric's trimmer rewrites fields at fixed offsets in it.
 ETH_BYTES = L.ETHERNET.size
 IPV6_OFFSET = ETH_BYTES
 UDP_OFFSET = IPV6_OFFSET + L.IPV6.size
-TRANSPORT_BYTES = L.BTH.size + L.RETH.size + L.MDETH.size
+TRANSPORT_BYTES = L.BTH.size + L.headers_size(SELFTEST_HEADERS)
 SELFTEST_STACK_BYTES = UDP_OFFSET + L.UDP.size + TRANSPORT_BYTES
 #: The UDP length (and IPv6 payload length) of a trimmed self-test packet: headers + ICRC.
 TRIMMED_UDP_LENGTH = L.UDP.size + TRANSPORT_BYTES + P.ICRC_BYTES
@@ -149,7 +153,8 @@ def _drive_header(header, *, psn, plane, length, trimmed=0, trim_dscp=0):
         header.flow_label.eq(psn[:20]),
         header.hop_limit.eq(64),
         header.udp_sport.eq(0xC000 | psn[:14]),
-        header.bth.opcode.eq(P.Opcode.RDMA_WRITE_ONLY),
+        header.bth.opcode.eq(SELFTEST_OPCODE),
+        header.bth.ts.eq(1),
         header.bth.dqpn.eq(D.QPN_B),
         header.bth.psn.eq(psn),
         header.bth.ackreq.eq(1),
@@ -158,7 +163,8 @@ def _drive_header(header, *, psn, plane, length, trimmed=0, trim_dscp=0):
         header.reth.va.eq(D.MR_BASE | (psn[:12] << 12)),
         header.reth.rkey.eq(D.MR_RKEY),
         header.reth.dma_len.eq(length),
-        header.mdeth.ev_index.eq(plane),
+        # METH and TSETH constant (the iCE40 frame source patches only the PSN).
+        header.tseth.ftype.eq(P.Ftype.TIMESTAMP),
     ]
 
 def _check_config(config):
@@ -686,8 +692,7 @@ class PayloadChecker(wiring.Component):
 
         valid = Signal()
         # Stage 1: register the beat, and compare its whole header with the one the generator
-        # sent for its PSN (the ingress port is the plane it was sent on, which the generator
-        # also wrote into the MDETH's ev_index).
+        # sent for its PSN (the ingress port is the plane it was sent on).
         beat = Signal(packet_beat_layout(self._config))
         header_mismatch = Signal()
         incoming = self.i.p.header

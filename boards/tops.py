@@ -48,7 +48,7 @@ def input_pin(m, port):
 
 def selftest_config(clock_hz, *, data_width=64):
     """The engine configuration of the board self-tests: two planes, 64 QPs, 512-byte MTU."""
-    return NicConfig(data_width=data_width, ports=2, qps=64, mtu=512, sack_bits=64,
+    return NicConfig(data_width=data_width, ports=2, qps=64, mtu=512,
                      clock_hz=int(clock_hz))
 
 

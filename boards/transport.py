@@ -517,7 +517,7 @@ class CompletionChecker(wiring.Component):
 def transport_config(clock_hz, *, data_width=64):
     """The NIC of the transport self-test: two planes, two QPs, one 128-PSN window, one EV
     profile of 8 EVs, 512-byte MTU, 4 WR slots: every block of the NIC, small tables."""
-    return NicConfig(data_width=data_width, ports=2, qps=2, mpr_units=1, sack_bits=64,
+    return NicConfig(data_width=data_width, ports=2, qps=2, mpr_units=1,
                      ev_profiles=1, evs_per_profile=8, mtu=512, max_wimm=4, wr_slots=4,
                      clock_hz=int(clock_hz))
 

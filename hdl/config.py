@@ -36,7 +36,6 @@ _PARAMETERS = {
     "ports": (8, _range(1, 16), "network ports, one per plane"),
     "qps": (256, _choice(*(1 << n for n in range(1, 11))), "queue pairs (per-QP state in BRAM)"),
     "mpr_units": (2, _range(1, 8), "max PSN range, out-of-order window, units of 128 PSNs"),
-    "sack_bits": (64, _choice(64, 128, 256, 512, 1024), "SACK bitmap width carried in ACKs"),
     "ev_profiles": (4, _range(1, 16), "EV profiles held in the path-select unit"),
     "evs_per_profile": (64, _range(1, 256), "EVs per profile"),
     "mtu": (1024, _choice(256, 512, 1024, 2048, 4096), "path MTU: payload bytes per packet"),
@@ -54,7 +53,7 @@ class NicConfig:
 
     Parameters
     ----------
-    data_width, ports, qps, mpr_units, sack_bits, ev_profiles, evs_per_profile, mtu,
+    data_width, ports, qps, mpr_units, ev_profiles, evs_per_profile, mtu,
     max_wimm, wr_slots, ip_version, trim_dscp, clock_hz
         See :meth:`describe` (or ``docs/configuration.md``) for meaning and allowed range.
     """
@@ -62,7 +61,6 @@ class NicConfig:
     ports: int = _PARAMETERS["ports"][0]
     qps: int = _PARAMETERS["qps"][0]
     mpr_units: int = _PARAMETERS["mpr_units"][0]
-    sack_bits: int = _PARAMETERS["sack_bits"][0]
     ev_profiles: int = _PARAMETERS["ev_profiles"][0]
     evs_per_profile: int = _PARAMETERS["evs_per_profile"][0]
     mtu: int = _PARAMETERS["mtu"][0]
@@ -84,9 +82,6 @@ class NicConfig:
                 lo, hi = rule["range"]
                 if not lo <= value <= hi:
                     raise ConfigError(name, f"must be an integer from {lo} to {hi}, not {value!r}")
-        if self.sack_bits > self.window_psns:
-            raise ConfigError("sack_bits", f"must not exceed the MPR window of "
-                                           f"{self.window_psns} PSNs, not {self.sack_bits}")
 
     # -- derived values ------------------------------------------------------------------------
 
@@ -98,10 +93,6 @@ class NicConfig:
     def window_psns(self):
         """Out-of-order window in PSNs: MPR x 128."""
         return self.mpr_units * P.MPR_UNIT_PSNS
-
-    @property
-    def sack_bytes(self):
-        return self.sack_bits // 8
 
     @property
     def qpn_bits(self):

@@ -7,14 +7,14 @@
               │  └ sent ◄────┼── fields)───────────────┘     │
               │   ProbeRequester ◄── probe commands           │
               │        ▲                                      │
-    rx[P] ─► engine ─► rx demux ─┬─ DATA ──► Responder ─► place (host memory)
-              │                  │             ├─► ACK/NAK ─► tx arbiter (priority)
+    rx[P] ─► engine ─► rx demux ─┬─ DATA, RPROBE ──► Responder ─► place (host memory)
+              │                  │             ├─► SACK/NACK/NAK ─► tx arbiter (priority)
               │                  │             └─► completion ─┐
-              └─ ACK/NAK ◄───────┤                             ├─► completion
-                                 ├─ PROBE request ─► ProbeResponder ─► tx arbiter (priority)
-                                 └─ PROBE response ─► ProbeRequester ─► RTT results
+              └─ SACK/NACK/NAK ◄─┤                             ├─► completion
+                                 ├─ EP_REQUEST ─► ProbeResponder ─► tx arbiter (priority)
+                                 └─ EP_RESPONSE ─► ProbeRequester ─► RTT results
     feedback: Requester (ACK/ECN/TRIM), ProbeRequester (PROBE_OK) ─► PathSelect
-    PortWatch: data sends per port + ACK echoes per port ─► port down ─► PathSelect (sweep)
+    PortWatch: data sends per port + SACK/NACK echoes per port ─► port down ─► PathSelect
     EvExpander ◄─► PathSelect (expansion and generation of EV entries)
     bus ─► RegisterBus ─► every block's control port, counters and event queues
 
@@ -44,7 +44,7 @@ from .path.probe import ProbeRequester, ProbeResponder, probe_context_layout
 from .path.select import COUNTERS as PATH_COUNTERS
 from .path.select import PathSelect
 from .path.watch import PortWatch
-from .protocol import Errno, Opcode
+from .protocol import Errno
 from .timebase import Timebase
 from .transport.req_defs import send_context_layout
 from .transport.requester import Requester
@@ -58,10 +58,10 @@ __all__ = ["MrcNic", "RxRoute"]
 
 class RxRoute:
     """Outputs of the receive demultiplexer."""
-    DATA = 0            #: to the responder
-    ACK = 1             #: to the requester
-    PROBE_REQUEST = 2   #: to the probe responder
-    PROBE_RESPONSE = 3  #: to the probe requester
+    DATA = 0            #: to the responder: data packets and reliability probes (PETH)
+    ACK = 1             #: to the requester: SACKs, NACKs and AETH NAKs
+    PROBE_REQUEST = 2   #: to the probe responder: ENDPOINT_REQUEST
+    PROBE_RESPONSE = 3  #: to the probe requester: ENDPOINT_RESPONSE
     COUNT = 4
 
 
@@ -170,14 +170,14 @@ class MrcNic(wiring.Component):
         wiring.connect(m, engine.rx_packets, rx_demux.i)
         header = rx_demux.i.payload.header
         with m.Switch(header.kind):
-            with m.Case(PacketKind.DATA):
+            with m.Case(PacketKind.DATA, PacketKind.RPROBE):
                 m.d.comb += rx_demux.select.eq(RxRoute.DATA)
-            with m.Case(PacketKind.ACK):
+            with m.Case(PacketKind.SACK, PacketKind.NACK, PacketKind.AETH):
                 m.d.comb += rx_demux.select.eq(RxRoute.ACK)
-            with m.Case(PacketKind.PROBE):
-                m.d.comb += rx_demux.select.eq(Mux(header.bth.opcode == Opcode.PROBE_REQUEST,
-                                                   RxRoute.PROBE_REQUEST,
-                                                   RxRoute.PROBE_RESPONSE))
+            with m.Case(PacketKind.EP_REQUEST):
+                m.d.comb += rx_demux.select.eq(RxRoute.PROBE_REQUEST)
+            with m.Case(PacketKind.EP_RESPONSE):
+                m.d.comb += rx_demux.select.eq(RxRoute.PROBE_RESPONSE)
             with m.Default():
                 m.d.comb += rx_demux.select.eq(RxRoute.COUNT)
         wiring.connect(m, rx_demux.o[RxRoute.DATA], responder.i)
@@ -226,9 +226,12 @@ class MrcNic(wiring.Component):
         wiring.connect(m, probe_req.feedback, feedback.i[1])
         wiring.connect(m, feedback.o, path.feedback)
 
-        # Port watch: data sends per port against the ACKs that come back on each port; a
-        # port that stopped answering is swept in path select (docs/recovery.md).
+        # Port watch: data sends per port against the SACKs and NACKs that come back on each
+        # port, echoing the data packets' TSETH timestamps; a port that stopped answering is
+        # swept in path select (docs/recovery.md). AETH NAKs carry no timestamp.
         ack_in = rx_demux.o[RxRoute.ACK]
+        ack_is_sack = ack_in.p.header.kind == PacketKind.SACK
+        ack_is_nack = ack_in.p.header.kind == PacketKind.NACK
         m.d.comb += [
             watch.now_ns.eq(timebase.ns),
             watch.window.eq(regs.settings.port_wnd),
@@ -236,9 +239,11 @@ class MrcNic(wiring.Component):
             watch.sent_valid.eq(txformer.sent.valid & txformer.sent.ready),
             watch.sent_port.eq(txformer.sent_port),
             watch.sent_ts.eq(txformer.sent_ts),
-            watch.ack_valid.eq(ack_in.valid & ack_in.ready & ack_in.p.first),
+            watch.ack_valid.eq(ack_in.valid & ack_in.ready & ack_in.p.first
+                               & (ack_is_sack | ack_is_nack)),
             watch.ack_port.eq(ack_in.p.header.port),
-            watch.ack_echo.eq(ack_in.p.header.macketh.ts_echo),
+            watch.ack_echo.eq(Mux(ack_is_sack, ack_in.p.header.ctl.sack.cc_state.tx_timestamp,
+                                  ack_in.p.header.ctl.neth.tx_timestamp)),
             path.port_down_valid.eq(watch.down_valid),
             path.port_down_port.eq(watch.down_port),
         ]
@@ -280,6 +285,7 @@ class MrcNic(wiring.Component):
                        "tx_bad_port": engine.tx_bad_port, "no_path": txformer.no_path,
                        "rx_unrouted": rx_demux.dropped,
                        "probe_results_dropped": probe_req.results_dropped,
+                       "probe_unknown_ids": probe_req.unknown_ids,
                        "port_downs": watch.downs, "port_watch_overflows": watch.overflows}
         for name in TX_COUNTERS:
             m.d.comb += regs.tx_counters[name].eq(tx_counters[name])

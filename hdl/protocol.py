@@ -36,20 +36,23 @@ MPR_UNIT_PSNS = 128             #: MPR (max PSN range) is configured in units of
 
 
 class Opcode(enum.IntEnum, shape=8):
-    """BTH opcodes MRC uses. Data and ACK opcodes are InfiniBand's RC values; the probe
-    opcodes are in the manufacturer-specific range 0xC0-0xFF (*project choice*)."""
-    RDMA_WRITE_FIRST = 0x06
-    RDMA_WRITE_MIDDLE = 0x07
-    RDMA_WRITE_LAST = 0x08
-    RDMA_WRITE_LAST_WITH_IMMEDIATE = 0x09
-    RDMA_WRITE_ONLY = 0x0A
-    RDMA_WRITE_ONLY_WITH_IMMEDIATE = 0x0B
-    ACKNOWLEDGE = 0x11
-    PROBE_REQUEST = 0xC0
-    PROBE_RESPONSE = 0xC1
+    """BTH opcodes of MRC 1.0 (OCP MRC 1.0 tables, as the public references cite them). Any
+    other opcode, RoCE's RC opcodes 0x00-0x1F included, is not MRC: dropped and counted."""
+    RDMA_WRITE_FIRST = 0xC6                 #: METH, [TSETH], RETH, payload
+    RDMA_WRITE_MIDDLE = 0xC7                #: METH, [TSETH], RETH, payload
+    RDMA_WRITE_LAST = 0xC8                  #: METH, [TSETH], RETH, payload
+    RDMA_WRITE_LAST_WITH_IMMEDIATE = 0xC9   #: METH, [TSETH], RETH, ImmDt, payload
+    RDMA_WRITE_ONLY = 0xCA                  #: METH, [TSETH], RETH, payload
+    RDMA_WRITE_ONLY_WITH_IMMEDIATE = 0xCB   #: METH, [TSETH], RETH, ImmDt, payload
+    ACKNOWLEDGE = 0xD1                      #: AETH (RoCE's fatal NAKs stay AETH NAKs)
+    ENDPOINT_REQUEST = 0xD8                 #: ERTH (EV probe, port status)
+    ENDPOINT_RESPONSE = 0xD9                #: EETH
+    RELIABILITY_SACK = 0xDC                 #: SETH, CC_STATE
+    RELIABILITY_NACK = 0xDD                 #: NETH
+    RELIABILITY_PROBE_REQUEST = 0xDE        #: PETH
 
 
-#: Opcodes of data packets: every one carries a RETH (MRC places packets in any order).
+#: Opcodes of data packets: every one carries METH and RETH (MRC places packets in any order).
 DATA_OPCODES = frozenset({
     Opcode.RDMA_WRITE_FIRST, Opcode.RDMA_WRITE_MIDDLE, Opcode.RDMA_WRITE_LAST,
     Opcode.RDMA_WRITE_LAST_WITH_IMMEDIATE, Opcode.RDMA_WRITE_ONLY,
@@ -68,9 +71,32 @@ LAST_OPCODES = frozenset({
 FIRST_OPCODES = frozenset({
     Opcode.RDMA_WRITE_FIRST, Opcode.RDMA_WRITE_ONLY, Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE,
 })
-PROBE_OPCODES = frozenset({Opcode.PROBE_REQUEST, Opcode.PROBE_RESPONSE})
-#: Every opcode an MRC NIC accepts. SEND, READ, ATOMIC and CNP are not MRC operations.
-SUPPORTED_OPCODES = DATA_OPCODES | {Opcode.ACKNOWLEDGE} | PROBE_OPCODES
+#: Endpoint (EV probe) opcodes.
+ENDPOINT_OPCODES = frozenset({Opcode.ENDPOINT_REQUEST, Opcode.ENDPOINT_RESPONSE})
+#: Every opcode an MRC NIC accepts. SEND, READ, ATOMIC, CNP and RC's own WRITE opcodes are not
+#: MRC operations.
+SUPPORTED_OPCODES = frozenset(Opcode)
+#: The BTH destination QP of endpoint requests and responses (ERTH, EETH).
+ENDPOINT_QPN = 0x000002
+#: Bits of BTH.psn that carry an endpoint request's id (echoed by the response).
+ENDPOINT_ID_BITS = 16
+
+# Wire timestamps (TSETH, CC_STATE, NETH, PETH, ERTH, EETH tx_timestamp) are 16 bits. The unit
+# is a *project choice*: 8 ns (the 125 MHz clock), so a timestamp wraps after 524 us, far above
+# any round trip the loss rules allow.
+TIMESTAMP_BITS = 16
+TIMESTAMP_SHIFT = 3             #: a wire timestamp is (time in ns >> 3) modulo 2**16.
+
+
+def wire_timestamp(now_ns):
+    """The 16-bit wire timestamp of time ``now_ns``."""
+    return (now_ns >> TIMESTAMP_SHIFT) & ((1 << TIMESTAMP_BITS) - 1)
+
+
+def timestamp_age_ns(now_ns, echo):
+    """Nanoseconds since wire timestamp ``echo`` was taken, as seen at ``now_ns`` (modulo the
+    timestamp's wrap), in units of the timestamp (a multiple of 8 ns)."""
+    return ((wire_timestamp(now_ns) - echo) & ((1 << TIMESTAMP_BITS) - 1)) << TIMESTAMP_SHIFT
 
 
 def write_opcode(*, first, last, immediate):
@@ -96,13 +122,12 @@ AETH_KIND_MASK = 0x60
 
 
 class NakCode(enum.IntEnum, shape=5):
-    """NAK codes in the low five bits of a NAK syndrome. Codes 0-3 are InfiniBand's;
-    TRIMMED is a *project choice* (5 is reserved in InfiniBand)."""
-    PSN_OUT_OF_WINDOW = 0       #: IB "PSN sequence error": here, a PSN beyond the MPR window.
-    INVALID_REQUEST = 1         #: unsupported opcode or illegal opcode sequence.
+    """NAK codes in the low five bits of an AETH NAK syndrome (InfiniBand's): RoCE's fatal
+    errors, which MRC keeps as AETH NAKs on ACKNOWLEDGE. Recoverable refusals (trimmed, PSN
+    out of the window) are NETH NACKs with a :class:`NackReason`."""
+    INVALID_REQUEST = 1         #: unsupported opcode, illegal opcode sequence, bad length.
     REMOTE_ACCESS = 2           #: rkey/protection domain/bounds check failed; nothing written.
     REMOTE_OPERATIONAL = 3      #: the responder cannot complete (QP not ready, internal error).
-    TRIMMED = 5                 #: a switch trimmed this packet's payload: congestion, resend.
 
 
 def nak_syndrome(code):
@@ -116,28 +141,7 @@ def syndrome_nak_code(syndrome):
     return NakCode(syndrome & 0x1F)
 
 
-# ---------------------------------------------------------------------------------------------
-# Flags of this project's extension headers (*project choice*)
-# ---------------------------------------------------------------------------------------------
-
-class DataFlags(enum.IntFlag, shape=8):
-    """MDETH flags."""
-    RETRANSMISSION = 0x01       #: this packet repeats a PSN sent before.
-
-
-class AckFlags(enum.IntFlag, shape=8):
-    """MACKETH flags."""
-    ECN_ECHO = 0x01             #: the triggering packet arrived with ECN CE.
-    SERVICE_TIME = 0x02         #: the service time field is valid.
-    TRIGGER_RETRANSMISSION = 0x04   #: the triggering packet was a retransmission.
-
-
-class ProbeFlags(enum.IntFlag, shape=8):
-    """MPRH flags."""
-    SERVICE_TIME = 0x02         #: the service time field is valid (responses only).
-
-
-SACK_BYTES_ALLOWED = (8, 16, 32, 64, 128)   #: SACK bitmap sizes on the wire (64..1024 PSNs).
+SACK_BITMAP_BITS = 64           #: PSNs one SETH bitmap covers [MRC 1.0].
 
 # Trimming: a switch under congestion forwards the headers, drops the payload and marks the
 # packet with this DSCP code point (configurable per NIC; this is the default).
@@ -145,45 +149,10 @@ DEFAULT_TRIM_DSCP = 33          #: *project choice*
 ECN_CE = 0b11
 
 # ---------------------------------------------------------------------------------------------
-# MRC 1.0 on the wire (OCP MRC 1.0 tables, as the public references cite them)
-#
-# The NIC does not speak these yet: the gateware, the model and the fabric still use the
-# opcodes and flags above. They are defined here, beside the current ones and under names that
-# cannot collide with them, for the layouts' MRC 1.0 headers (hdl.packet.layouts), their Scapy
-# layers, the dissector and the conformance test.
+# MRC 1.0 codes (OCP MRC 1.0 tables, as the public references cite them)
 # ---------------------------------------------------------------------------------------------
 
-class Mrc10Opcode(enum.IntEnum, shape=8):
-    """MRC 1.0 BTH opcodes."""
-    RDMA_WRITE_FIRST = 0xC6                 #: METH, [TSETH], RETH, payload
-    RDMA_WRITE_MIDDLE = 0xC7                #: METH, [TSETH], RETH, payload
-    RDMA_WRITE_LAST = 0xC8                  #: METH, [TSETH], RETH, payload
-    RDMA_WRITE_LAST_WITH_IMMEDIATE = 0xC9   #: METH, [TSETH], RETH, ImmDt, payload
-    RDMA_WRITE_ONLY = 0xCA                  #: METH, [TSETH], RETH, payload
-    RDMA_WRITE_ONLY_WITH_IMMEDIATE = 0xCB   #: METH, [TSETH], RETH, ImmDt, payload
-    ACKNOWLEDGE = 0xD1                      #: AETH (RoCE's fatal NAKs stay AETH NAKs)
-    ENDPOINT_REQUEST = 0xD8                 #: ERTH (EV probe, port status)
-    ENDPOINT_RESPONSE = 0xD9                #: EETH
-    RELIABILITY_SACK = 0xDC                 #: SETH, CC_STATE
-    RELIABILITY_NACK = 0xDD                 #: NETH
-    RELIABILITY_PROBE_REQUEST = 0xDE        #: PETH
-
-
-#: MRC 1.0 data opcodes: METH, [TSETH], RETH on every one.
-MRC10_DATA_OPCODES = frozenset({
-    Mrc10Opcode.RDMA_WRITE_FIRST, Mrc10Opcode.RDMA_WRITE_MIDDLE, Mrc10Opcode.RDMA_WRITE_LAST,
-    Mrc10Opcode.RDMA_WRITE_LAST_WITH_IMMEDIATE, Mrc10Opcode.RDMA_WRITE_ONLY,
-    Mrc10Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE,
-})
-#: MRC 1.0 data opcodes that carry an ImmDt after the RETH.
-MRC10_IMMEDIATE_OPCODES = frozenset({
-    Mrc10Opcode.RDMA_WRITE_LAST_WITH_IMMEDIATE, Mrc10Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE,
-})
-#: The BTH destination QP of endpoint requests (ERTH).
-MRC10_ENDPOINT_QPN = 0x000002
-
-
-class Mrc10NackReason(enum.IntEnum, shape=8):
+class NackReason(enum.IntEnum, shape=8):
     """NETH ``nack_reason``."""
     TRIMMED = 0x01
     TRIMMED_LASTHOP = 0x02
@@ -194,14 +163,14 @@ class Mrc10NackReason(enum.IntEnum, shape=8):
     UNEXP_EVENT = 0x19
 
 
-class Mrc10SackMark(enum.IntEnum, shape=2):
+class SackMark(enum.IntEnum, shape=2):
     """SETH ``m``: what the SACK says about the EV of the packet that triggered it."""
     NONE = 0
     SKIP_ONCE = 1               #: CE seen: GOOD -> SKIP
     ALWAYS_SKIP = 2             #: GOOD -> ASSUMED_BAD
 
 
-class Mrc10EvState(enum.IntEnum, shape=2):
+class WireEvState(enum.IntEnum, shape=2):
     """EV states on the wire and in the tables (``mrc_ctl.h``'s values, :class:`EvState`,
     stay in the driver API)."""
     GOOD = 0
@@ -210,13 +179,13 @@ class Mrc10EvState(enum.IntEnum, shape=2):
     ASSUMED_BAD = 3
 
 
-class Mrc10EndpointOp(enum.IntEnum, shape=2):
+class EndpointOp(enum.IntEnum, shape=2):
     """ERTH/EETH ``op``."""
     PORT_STATUS_UPDATE = 0
     EV_PROBE = 1
 
 
-class Mrc10Ftype(enum.IntEnum, shape=4):
+class Ftype(enum.IntEnum, shape=4):
     """TSETH/PETH/ERTH ``ftype``."""
     TIMESTAMP = 1
 

@@ -7,8 +7,7 @@ here; ``docs/sim.md`` defines each one.
 
 from bisect import bisect_left
 
-from hdl import protocol as P
-from hdl.packet.layouts import BTH, IMMDT, MDETH, RETH
+from hdl.packet.layouts import BTH
 
 from .fabric.frames import parse, roce_payload_bytes
 from .scenario import line_rate_gbps
@@ -17,37 +16,23 @@ __all__ = ["analyse", "data_info", "base_rtt_ns", "loaded_rtt_ns", "wire_shares"
            "goodput_samples", "ramp_up_end_ns", "traffic_end_ns", "window_goodput",
            "steady_goodput", "WINDOW_FRAMES", "RAMP_FRACTION"]
 
-_IMM = frozenset(int(op) for op in P.IMMEDIATE_OPCODES)
-_BTH, _RETH, _IMMDT = BTH.size, RETH.size, IMMDT.size
-
-
-def _offset(header, name):
-    bits = 0
-    for f in header.fields:
-        if f.name == name:
-            return bits // 8
-        bits += f.bits
-    raise KeyError(name)
-
-
-_MDETH_FLAGS = _offset(MDETH, "flags")
-_MDETH_EV = _offset(MDETH, "ev_index")
+_DQPN = BTH.byte_offset("dqpn")
+_PSN = BTH.byte_offset("psn")
+_RTX_BYTE = BTH.byte_offset("rtx")
+_RTX_MASK = 0x80 >> (BTH.bit_offset("rtx") % 8)
 
 
 def data_info(frame):
-    """``(dqpn, psn, retransmission, ev_index)`` of a data packet, or ``None``."""
+    """``(dqpn, psn, retransmission)`` of a data packet (BTH.rtx), or ``None``."""
     info = parse(frame)
     if not info.is_data:
         return None
     b = info.bth_offset
-    dqpn = int.from_bytes(frame[b + 5:b + 8], "big")
-    psn = int.from_bytes(frame[b + 9:b + 12], "big")
-    mdeth = b + _BTH + _RETH + (_IMMDT if info.opcode in _IMM else 0)
-    if len(frame) < mdeth + 4:
+    if len(frame) < b + BTH.size:
         return None
-    ev_index = int.from_bytes(frame[mdeth + _MDETH_EV:mdeth + _MDETH_EV + 2], "big")
-    flags = frame[mdeth + _MDETH_FLAGS]
-    return dqpn, psn, bool(flags & P.DataFlags.RETRANSMISSION), ev_index
+    dqpn = int.from_bytes(frame[b + _DQPN:b + _DQPN + 3], "big")
+    psn = int.from_bytes(frame[b + _PSN:b + _PSN + 3], "big")
+    return dqpn, psn, bool(frame[b + _RTX_BYTE] & _RTX_MASK)
 
 
 def base_rtt_ns(fabric_config, mtu_frame_bytes, ack_frame_bytes=110):
@@ -76,7 +61,7 @@ def loaded_rtt_ns(records, lo_ns, hi_ns):
 
 def wire_shares(records, overhead_bytes=0):
     """How the NICs' transmit wire time was spent, over the sides that sent data: first
-    transmissions of data packets, retransmissions (the MDETH retransmission flag), and every
+    transmissions of data packets, retransmissions (BTH.rtx), and every
     other frame those sides sent (ACKs, NAKs, probes: *control*), each as a share of the wire
     bytes (frame plus ``overhead_bytes``) of those sides. With traffic both ways a side's
     ACKs share its planes with its data; one way they travel on the otherwise idle reverse
@@ -254,12 +239,12 @@ def analyse(fabric, scn, config, *, end_ns):
         data.append((r, info))
         if r.plane == plane and at_ns <= r.sent_ns < down_until:
             last_on_dead = max(last_on_dead, r.sent_ns)
-    for r, (dqpn, psn, _, _) in data:
+    for r, (dqpn, psn, _) in data:
         if r.outcome == "dropped-failure" and r.sent_ns >= at_ns - rtt:
             key = (r.src, dqpn, psn)
             lost.setdefault(key, r.sent_ns)
     delivered_before = {}   # (src, dqpn, psn) -> earliest send of a copy that arrived
-    for r, (dqpn, psn, _, _) in data:
+    for r, (dqpn, psn, _) in data:
         key = (r.src, dqpn, psn)
         if r.outcome == "delivered":
             delivered_before.setdefault(key, r.sent_ns)

@@ -10,7 +10,7 @@ means the same thing everywhere: ``--sim`` the simulator, ``--config`` a NicConf
 import os
 import sys
 
-from . import bench, dissector, evtool, flow, mainjob, regtool, replay
+from . import bench, dissector, evtool, flow, mainjob, regtool, replay, wirecheck
 from .errors import CliParser, UsageError, fail, nic_config_from, set_command
 
 
@@ -100,6 +100,7 @@ def build_parser():
     flow.register(sub)
     mainjob.register(sub)
     replay.register(sub)
+    wirecheck.register(sub)
     bench.register(sub)
     _register_verilog(sub)
     regtool.register(sub)

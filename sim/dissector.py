@@ -8,11 +8,13 @@ the dissector cannot drift from the gateware and the Scapy layers. The committed
 
 The Lua is a postdissector named ``mrc``: Wireshark's own Ethernet, VLAN, IP, IPv6 (with
 SRv6), UDP and InfiniBand dissectors still decode the frame; ``mrc`` then finds the BTH after
-the last UDP header to port 4791 and decodes RETH, ImmDt, AETH, MDETH, MACKETH (with its SACK
-bitmap) and MPRH, and the MRC 1.0 headers (METH, TSETH, SETH, CC_STATE, NETH, PETH, ERTH, EETH,
-by the MRC 1.0 opcodes) as ``mrc.<header>.<field>``, plus summary fields (``mrc.kind``,
-``mrc.nak_code``, ``mrc.trimmed``, ``mrc.payload_len``, ``mrc.retransmission``,
-``mrc.malformed``, ...). A frame too short for its headers gets ``mrc.malformed`` and an
+the last UDP header to port 4791 and decodes the MRC 1.0 headers the opcode table names (METH,
+TSETH when BTH.ts is set, RETH and ImmDt on data; AETH, SETH + CC_STATE, NETH, PETH, ERTH or
+EETH on control packets) as ``mrc.<header>.<field>`` with the specification's field names
+(``mrc.seth.cack_psn``, ``mrc.seth.sack_bitmap``, ``mrc.neth.nack_reason``, ...), plus
+summary fields (``mrc.kind``, ``mrc.nak_code``, ``mrc.trimmed``, ``mrc.payload_len``,
+``mrc.retransmission``, ``mrc.ack_psn``, ``mrc.sack_psn``, ``mrc.malformed``, ...). A
+frame too short for its headers gets ``mrc.malformed`` and an
 expert error, never a Lua error. Use it with
 ``tshark -X lua_script:sim/wireshark/mrc.lua`` or copy it to Wireshark's plugin folder.
 """
@@ -29,8 +31,8 @@ from hdl.packet import layouts as L
 from .errors import fail
 
 __all__ = [
-    "DEFAULT_LUA_PATH", "DECODED_HEADERS", "SACK_FIELD", "SUMMARY_FIELDS",
-    "header_abbrev", "field_abbrev", "flag_abbrev", "flag_enum", "value_enum", "MRC10_CONTROL",
+    "DEFAULT_LUA_PATH", "DECODED_HEADERS", "SUMMARY_FIELDS", "CONTROL_KINDS",
+    "header_abbrev", "field_abbrev", "flag_abbrev", "flag_enum", "value_enum",
     "generate_lua", "write_lua", "register", "handler", "main",
 ]
 
@@ -40,21 +42,19 @@ DEFAULT_LUA_PATH = Path(__file__).resolve().parent / "wireshark" / "mrc.lua"
 #: (``infiniband.bth.*``); the generator only reads its opcode, QPN and PSN.
 DECODED_HEADERS = tuple(h for h in L.ALL_HEADERS if h is not L.BTH)
 
-#: Name of MACKETH's variable part (the SACK bitmap), as the Scapy layer calls it.
-SACK_FIELD = "sack"
-
 #: Summary fields that are not header fields: abbreviation -> (kind, description).
 SUMMARY_FIELDS = {
-    "mrc.kind": ("string", "packet kind: data, ack, nack, probe_request, probe_response, "
-                 "the MRC 1.0 kinds (mrc10_data, mrc10_ack, mrc10_nak, mrc10_sack, mrc10_nack, "
-                 "mrc10_probe, mrc10_endpoint_request, mrc10_endpoint_response) or unsupported"),
+    "mrc.kind": ("string", "packet kind: data, ack, nak, sack, nack, reliability_probe, "
+                 "endpoint_request, endpoint_response or unsupported"),
     "mrc.opcode": ("opcode", "BTH opcode"),
-    "mrc.nak_code": ("string", "NAK code name of a NACK (hdl.protocol.NakCode)"),
+    "mrc.nak_code": ("string", "NAK code name of an AETH NAK (hdl.protocol.NakCode)"),
     "mrc.trimmed": ("bool", "data packet whose inner IP DSCP is the trim DSCP preference"),
     "mrc.payload_len": ("uint32", "bytes of data payload between the headers and the ICRC"),
-    "mrc.retransmission": ("bool", "data packet with MDETH flag RETRANSMISSION (MRC 1.0: "
-                           "BTH.rtx)"),
-    "mrc.sack_psn": ("uint32", "a PSN the SACK bitmap acknowledges (one per set bit)"),
+    "mrc.retransmission": ("bool", "data packet with BTH.rtx set"),
+    "mrc.ack_psn": ("uint32", "the PSN that triggered a SACK: cack_psn + ack_psn_offset "
+                    "(not on a probe answer, pr = 1)"),
+    "mrc.sack_psn": ("uint32", "a PSN the SACK bitmap acknowledges (one per set bit): "
+                     "cack_psn + sack_psn_offset + bit"),
     "mrc.icrc": ("uint32", "invariant CRC trailer (zero and unchecked on trimmed packets)"),
     "mrc.malformed": ("bool", "the frame is too short for its headers"),
 }
@@ -77,7 +77,7 @@ def field_abbrev(header, field_name):
 
 
 def flag_abbrev(header, field, flag):
-    """Display filter name of one flag bit: ``mrc.mdeth.flags.retransmission``."""
+    """Display filter name of one flag bit: ``mrc.<header>.<field>.<flag>``."""
     return f"{field_abbrev(header, field.name)}.{flag.name.lower()}"
 
 
@@ -163,14 +163,14 @@ def _field_spec(header, field):
 _UINT_TYPES = {1: "uint8", 2: "uint16", 3: "uint24", 4: "uint32", 8: "uint64"}
 _INT_TYPES = {1: "int8", 2: "int16", 3: "int24", 4: "int32"}
 
-#: MRC 1.0 opcodes that are not data: (headers after the BTH, ``mrc.kind``).
-MRC10_CONTROL = {
-    P.Mrc10Opcode.ACKNOWLEDGE: ((L.AETH,), "mrc10_ack"),
-    P.Mrc10Opcode.ENDPOINT_REQUEST: ((L.ERTH,), "mrc10_endpoint_request"),
-    P.Mrc10Opcode.ENDPOINT_RESPONSE: ((L.EETH,), "mrc10_endpoint_response"),
-    P.Mrc10Opcode.RELIABILITY_SACK: (L.SACK_HEADERS, "mrc10_sack"),
-    P.Mrc10Opcode.RELIABILITY_NACK: ((L.NETH,), "mrc10_nack"),
-    P.Mrc10Opcode.RELIABILITY_PROBE_REQUEST: ((L.PETH,), "mrc10_probe"),
+#: ``mrc.kind`` of every control opcode (its headers are hdl.packet.layouts.CONTROL_HEADERS).
+CONTROL_KINDS = {
+    P.Opcode.ACKNOWLEDGE: "ack",
+    P.Opcode.ENDPOINT_REQUEST: "endpoint_request",
+    P.Opcode.ENDPOINT_RESPONSE: "endpoint_response",
+    P.Opcode.RELIABILITY_SACK: "sack",
+    P.Opcode.RELIABILITY_NACK: "nack",
+    P.Opcode.RELIABILITY_PROBE_REQUEST: "reliability_probe",
 }
 
 
@@ -185,11 +185,11 @@ def _value_enums():
     return dict(sorted(found.items()))
 
 
-def _mrc10_control_table():
+def _control_table():
     rows = []
-    for opcode, (headers, kind) in sorted(MRC10_CONTROL.items()):
+    for opcode, headers in sorted(L.CONTROL_HEADERS.items()):
         names = ", ".join(f"HEADERS[{_lua_str(h.name)}]" for h in headers)
-        rows.append(f"    [0x{int(opcode):02X}] = {{ kind = {_lua_str(kind)}, "
+        rows.append(f"    [0x{int(opcode):02X}] = {{ kind = {_lua_str(CONTROL_KINDS[opcode])}, "
                     f"headers = {{ {names} }} }},\n")
     return "{\n" + "".join(rows) + "}"
 
@@ -207,25 +207,14 @@ def _constants():
         f"local ICRC_BYTES = {P.ICRC_BYTES}",
         f"local PSN_MODULUS = 0x{P.PSN_MODULUS:X}",
         f"local DEFAULT_TRIM_DSCP = {P.DEFAULT_TRIM_DSCP}",
+        f"local SACK_BITMAP_INDEX = {[f.name for f in L.SETH.fields].index('sack_bitmap') + 1}",
         f"local AETH_KIND_MASK = 0x{P.AETH_KIND_MASK:02X}",
         f"local AETH_NAK_BASE = 0x{P.AETH_NAK_BASE:02X}",
         f"local NAK_CODE_MASK = 0x{(1 << P.NakCode.as_shape().width) - 1:02X}",
-        f"local OPCODE_ACKNOWLEDGE = 0x{int(P.Opcode.ACKNOWLEDGE):02X}",
-        f"local MRC10_OPCODE_ACKNOWLEDGE = 0x{int(P.Mrc10Opcode.ACKNOWLEDGE):02X}",
-        f"local OPCODE_PROBE_REQUEST = 0x{int(P.Opcode.PROBE_REQUEST):02X}",
-        f"local OPCODE_PROBE_RESPONSE = 0x{int(P.Opcode.PROBE_RESPONSE):02X}",
         f"local DATA_OPCODES = {_lua_set(P.DATA_OPCODES)}",
         f"local IMMEDIATE_OPCODES = {_lua_set(P.IMMEDIATE_OPCODES)}",
-        f"local MRC10_DATA_OPCODES = {_lua_set(P.MRC10_DATA_OPCODES)}",
-        f"local MRC10_IMMEDIATE_OPCODES = {_lua_set(P.MRC10_IMMEDIATE_OPCODES)}",
-        f"local BTH_RTX_FIELD = {_lua_str(L.mrc10_bth_flag('rtx')[0])}",
-        f"local BTH_RTX = 0x{L.mrc10_bth_flag('rtx')[1]:02X}",
-        f"local BTH_TS_FIELD = {_lua_str(L.mrc10_bth_flag('ts')[0])}",
-        f"local BTH_TS = 0x{L.mrc10_bth_flag('ts')[1]:02X}",
-        f"local SACK_BYTES_ALLOWED = {_lua_set(P.SACK_BYTES_ALLOWED, key='{}')}",
-        f"local DATA_RETRANSMISSION = 0x{int(P.DataFlags.RETRANSMISSION):02X}",
         f"local OPCODE_NAMES = "
-        f"{_lua_names((o, o.name) for o in (*P.Opcode, *P.Mrc10Opcode))}",
+        f"{_lua_names((o, o.name) for o in P.Opcode)}",
         f"local NAK_NAMES = {_lua_names((c, c.name) for c in P.NakCode)}",
         f"local SYNDROME_NAMES = {_lua_names(syndromes)}",
         "local VALUE_NAMES = {}",
@@ -288,11 +277,6 @@ def _header_fields(header):
             f"        {{ name = {_lua_str(field.name)}, key = {_lua_str(hf_key)}, "
             f"offset = {start}, length = {length}, bit = {bit_in}, bits = {field.bits}{kind}, "
             f"flags = {flag_text} }},")
-    if header is L.MACKETH:
-        lines.append(
-            f"hf[{_lua_str(f'{key}.{SACK_FIELD}')}] = ProtoField.bytes("
-            f"{_lua_str(field_abbrev(header, SACK_FIELD))}, {_lua_str(SACK_FIELD)}, base.NONE, "
-            f"{_lua_str('SACK bitmap: bit i (from the last byte) covers PSN cum_psn + 1 + i')})")
     table = (f"HEADERS[{_lua_str(header.name)}] = {{\n"
              f"    name = {_lua_str(header.name)}, key = {_lua_str(key)}, "
              f"size = {header.size},\n    fields = {{\n" + "\n".join(specs) + "\n    },\n}")
@@ -328,7 +312,7 @@ def _summary_fields():
 
 
 _PRELUDE = """\
--- Wireshark dissector for MRC (multipath RoCEv2) extension headers, as mrc-nic sends them.
+-- Wireshark dissector for MRC 1.0 (multipath RoCEv2) transport headers, as mrc-nic sends them.
 --
 -- GENERATED by sim/dissector.py from hdl/packet/layouts.py and hdl/protocol.py: do not edit.
 -- Regenerate with `python -m sim.dissector` or `mrc-nic dissector`.
@@ -350,8 +334,6 @@ local experts = {
         expert.group.MALFORMED, expert.severity.ERROR),
     unsupported = ProtoExpert.new("mrc.expert.unsupported", "Opcode is not an MRC operation",
         expert.group.PROTOCOL, expert.severity.NOTE),
-    sack_size = ProtoExpert.new("mrc.expert.sack_size", "SACK bitmap size not allowed",
-        expert.group.PROTOCOL, expert.severity.WARN),
     length_mismatch = ProtoExpert.new("mrc.expert.length_mismatch",
         "Payload length differs from RETH dma_len", expert.group.PROTOCOL, expert.severity.WARN),
     extra_bytes = ProtoExpert.new("mrc.expert.extra_bytes", "Bytes after the last MRC header",
@@ -459,18 +441,17 @@ function Parse:header(header)
     return values
 end
 
-function Parse:sack(cum_psn, size)
-    if not self:need("SACK bitmap", size) then return nil end
-    local range = self.tvb:range(self.offset, size)
+-- The PSNs of a SACK's bitmap: bit i (value 2^i of the 64-bit field) is PSN base + i.
+function Parse:sack_psns(part, base)
+    local spec = part.header.fields[SACK_BITMAP_INDEX]
+    local range = self.tvb:range(part.offset + spec.offset, spec.length)
     local psns = {}
-    for index = 0, 8 * size - 1 do
-        local byte = range:range(size - 1 - math.floor(index / 8), 1):uint()
+    for index = 0, 8 * spec.length - 1 do
+        local byte = range:range(spec.length - 1 - math.floor(index / 8), 1):uint()
         if band(byte, 2 ^ (index % 8)) ~= 0 then
-            psns[#psns + 1] = (cum_psn + 1 + index) % PSN_MODULUS
+            psns[#psns + 1] = (base + index) % PSN_MODULUS
         end
     end
-    self.parts[#self.parts + 1] = { sack = true, offset = self.offset, size = size, psns = psns }
-    self.offset = self.offset + size
     return psns
 end
 
@@ -490,6 +471,7 @@ end
 
 function Parse:add_info(text) self.info[#self.info + 1] = text end
 
+-- Data: METH, TSETH when BTH.ts, RETH, ImmDt on the immediate opcodes, payload.
 local function parse_data(p, opcode, trim_dscp)
     p.kind = "data"
     p:add_info(OPCODE_NAMES[opcode])
@@ -497,89 +479,16 @@ local function parse_data(p, opcode, trim_dscp)
     p:add_info("PSN=" .. hex(p.psn))
     local dscp = inner_dscp(p.udp_offset)
     p.trimmed = dscp ~= nil and dscp == trim_dscp
+    p.retransmission = p.bth.${rtx} ~= 0
+    local meth = p:header(${METH})
+    if not meth then return end
+    p:add_info("MSN=" .. meth.${meth_msn})
+    if p.bth.${ts} ~= 0 and not p:header(${TSETH}) then return end
     local reth = p:header(${RETH})
     if not reth then return end
     p:add_info("va=" .. hex(reth.${va}))
     p:add_info("dma_len=" .. reth.${dma_len})
     if IMMEDIATE_OPCODES[opcode] and not p:header(${IMMDT}) then return end
-    local mdeth = p:header(${MDETH})
-    if not mdeth then return end
-    p:add_info("EV=" .. mdeth.${ev_index})
-    p.retransmission = band(mdeth.${mdeth_flags}, DATA_RETRANSMISSION) ~= 0
-    if p.retransmission then p:add_info("[RETRANSMISSION]") end
-    if not p:icrc(true) then return end
-    if p.trimmed then
-        p.notes[#p.notes + 1] = { experts.trimmed }
-    elseif p.payload_len ~= reth.${dma_len} then
-        p.notes[#p.notes + 1] = { experts.length_mismatch, string.format(
-            "Payload is %d bytes, RETH dma_len says %d", p.payload_len, reth.${dma_len}) }
-    end
-end
-
-local function parse_ack(p)
-    p.kind = "ack"
-    local aeth = p:header(${AETH})
-    if not aeth then
-        p:add_info("ACK QP=" .. hex(p.dqpn) .. " PSN=" .. hex(p.psn))
-        return
-    end
-    if band(aeth.${syndrome}, AETH_KIND_MASK) == AETH_NAK_BASE then
-        local code = band(aeth.${syndrome}, NAK_CODE_MASK)
-        p.kind = "nack"
-        p.nak_code = NAK_NAMES[code] or string.format("UNKNOWN_%d", code)
-        p:add_info("NACK " .. p.nak_code)
-    else
-        p:add_info("ACK")
-    end
-    p:add_info("QP=" .. hex(p.dqpn))
-    p:add_info("PSN=" .. hex(p.psn))
-    p:add_info("MSN=" .. aeth.${msn})
-    local macketh = p:header(${MACKETH})
-    if not macketh then return end
-    local size = macketh.${sack_bytes}
-    p:add_info("cum_psn=" .. hex(macketh.${cum_psn}))
-    p:add_info("EV=" .. macketh.${macketh_ev_index})
-    local flags = flag_names(macketh.${macketh_flags}, ${MACKETH}.fields[${macketh_flags_index}])
-    if not SACK_BYTES_ALLOWED[size] then
-        p.notes[#p.notes + 1] = { experts.sack_size, string.format("sack_bytes is %d", size) }
-    end
-    local psns = p:sack(macketh.${cum_psn}, size)
-    if psns then
-        p:add_info("sacked=" .. #psns)
-        p:icrc(false)
-    end
-    if #flags > 0 then p:add_info("[" .. table.concat(flags, ",") .. "]") end
-end
-
-local function parse_probe(p, opcode)
-    p.kind = string.lower(OPCODE_NAMES[opcode])
-    p:add_info(opcode == OPCODE_PROBE_REQUEST and "Probe request" or "Probe response")
-    p:add_info("QP=" .. hex(p.dqpn))
-    local mprh = p:header(${MPRH})
-    if not mprh then return end
-    p:add_info("id=" .. hex(mprh.${probe_id}))
-    p:add_info("EV=" .. mprh.${mprh_ev_index})
-    p:icrc(false)
-end
-
--- MRC 1.0 (not sent by the NIC yet): METH, TSETH when BTH.ts, RETH, ImmDt, payload.
-local function parse_mrc10_data(p, opcode, trim_dscp)
-    p.kind = "mrc10_data"
-    p:add_info(OPCODE_NAMES[opcode])
-    p:add_info("QP=" .. hex(p.dqpn))
-    p:add_info("PSN=" .. hex(p.psn))
-    local dscp = inner_dscp(p.udp_offset)
-    p.trimmed = dscp ~= nil and dscp == trim_dscp
-    p.retransmission = band(p.bth[BTH_RTX_FIELD], BTH_RTX) ~= 0
-    local meth = p:header(${METH})
-    if not meth then return end
-    p:add_info("MSN=" .. meth.${meth_msn})
-    if band(p.bth[BTH_TS_FIELD], BTH_TS) ~= 0 and not p:header(${TSETH}) then return end
-    local reth = p:header(${RETH})
-    if not reth then return end
-    p:add_info("va=" .. hex(reth.${va}))
-    p:add_info("dma_len=" .. reth.${dma_len})
-    if MRC10_IMMEDIATE_OPCODES[opcode] and not p:header(${IMMDT}) then return end
     if p.retransmission then p:add_info("[RTX]") end
     if not p:icrc(true) then return end
     if p.trimmed then
@@ -590,10 +499,11 @@ local function parse_mrc10_data(p, opcode, trim_dscp)
     end
 end
 
-local MRC10_CONTROL = ${MRC10_CONTROL}
+local CONTROL = ${CONTROL}
 
-local function parse_mrc10_control(p, opcode)
-    local entry = MRC10_CONTROL[opcode]
+-- Control packets: exactly their headers (the opcode table), no payload.
+local function parse_control(p, opcode)
+    local entry = CONTROL[opcode]
     p.kind = entry.kind
     p:add_info(OPCODE_NAMES[opcode])
     p:add_info("QP=" .. hex(p.dqpn))
@@ -601,11 +511,30 @@ local function parse_mrc10_control(p, opcode)
     for _, header in ipairs(entry.headers) do
         local values = p:header(header)
         if not values then return end
-        if header == ${AETH} and band(values.${syndrome}, AETH_KIND_MASK) == AETH_NAK_BASE then
-            local code = band(values.${syndrome}, NAK_CODE_MASK)
-            p.kind = "mrc10_nak"
-            p.nak_code = NAK_NAMES[code] or string.format("UNKNOWN_%d", code)
-            p:add_info("NAK " .. p.nak_code)
+        if header == ${AETH} then
+            if band(values.${syndrome}, AETH_KIND_MASK) == AETH_NAK_BASE then
+                local code = band(values.${syndrome}, NAK_CODE_MASK)
+                p.kind = "nak"
+                p.nak_code = NAK_NAMES[code] or string.format("UNKNOWN_%d", code)
+                p:add_info("NAK " .. p.nak_code)
+            end
+            p:add_info("MSN=" .. values.${msn})
+        elseif header == ${SETH} then
+            local base = (values.${cack_psn} + values.${sack_psn_offset}) % PSN_MODULUS
+            p:add_info("cack_psn=" .. hex(values.${cack_psn}))
+            if values.${pr} ~= 0 then
+                p:add_info("probe_id=" .. hex(values.${ack_psn_offset} % 0x10000))
+            else
+                p.ack_psn = (values.${cack_psn} + values.${ack_psn_offset}) % PSN_MODULUS
+                p:add_info("ack_psn=" .. hex(p.ack_psn))
+            end
+            p.sack_psn = p:sack_psns(p.parts[#p.parts], base)
+            p:add_info("sacked=" .. #p.sack_psn)
+        elseif header == ${NETH} then
+            p:add_info(VALUE_NAMES.NackReason[values.${nack_reason}]
+                or string.format("reason 0x%02X", values.${nack_reason}))
+        elseif header == ${PETH} then
+            p:add_info("probe_id=" .. hex(values.${probe_id}))
         end
     end
     p:icrc(false)
@@ -623,17 +552,12 @@ end
 
 local function add_parts(root, p)
     for _, part in ipairs(p.parts) do
-        if part.sack then
-            local item = root:add(hf[${sack_key}], p.tvb:range(part.offset, part.size))
-            for _, psn in ipairs(part.psns) do generated(item, "sack_psn", psn) end
-        else
-            local header = part.header
-            local subtree = root:add(hf[header.key], p.tvb:range(part.offset, header.size))
-            for _, spec in ipairs(header.fields) do
-                local range = p.tvb:range(part.offset + spec.offset, spec.length)
-                local item = subtree:add(hf[spec.key], range)
-                for _, flag in ipairs(spec.flags or {}) do item:add(hf[flag.key], range) end
-            end
+        local header = part.header
+        local subtree = root:add(hf[header.key], p.tvb:range(part.offset, header.size))
+        for _, spec in ipairs(header.fields) do
+            local range = p.tvb:range(part.offset + spec.offset, spec.length)
+            local item = subtree:add(hf[spec.key], range)
+            for _, flag in ipairs(spec.flags or {}) do item:add(hf[flag.key], range) end
         end
     end
 end
@@ -668,14 +592,8 @@ function mrc.dissector(tvb, pinfo, tree)
         p.offset = bth_offset + BTH_BYTES
         if DATA_OPCODES[opcode] then
             parse_data(p, opcode, mrc.prefs.trim_dscp)
-        elseif opcode == OPCODE_ACKNOWLEDGE then
-            parse_ack(p)
-        elseif opcode == OPCODE_PROBE_REQUEST or opcode == OPCODE_PROBE_RESPONSE then
-            parse_probe(p, opcode)
-        elseif MRC10_DATA_OPCODES[opcode] then
-            parse_mrc10_data(p, opcode, mrc.prefs.trim_dscp)
-        elseif MRC10_CONTROL[opcode] then
-            parse_mrc10_control(p, opcode)
+        elseif CONTROL[opcode] then
+            parse_control(p, opcode)
         else
             p.kind = "unsupported"
             p:add_info(string.format("unsupported opcode 0x%02X", opcode))
@@ -691,9 +609,11 @@ function mrc.dissector(tvb, pinfo, tree)
     if p.kind then generated(root, "kind", p.kind) end
     if opcode then generated(root, "opcode", opcode) end
     if p.nak_code then generated(root, "nak_code", p.nak_code) end
-    if p.kind == "data" or p.kind == "mrc10_data" then generated(root, "trimmed", p.trimmed) end
+    if p.kind == "data" then generated(root, "trimmed", p.trimmed) end
     if p.retransmission ~= nil then generated(root, "retransmission", p.retransmission) end
     if p.payload_len ~= nil then generated(root, "payload_len", p.payload_len) end
+    if p.ack_psn ~= nil then generated(root, "ack_psn", p.ack_psn) end
+    for _, psn in ipairs(p.sack_psn or {}) do generated(root, "sack_psn", psn) end
     if p.malformed then
         local item = generated(root, "malformed", true)
         item:add_proto_expert_info(experts.too_short, p.malformed)
@@ -721,19 +641,16 @@ def _body():
     def name(header, field_name):
         return header.field(field_name).name
 
-    macketh_flags = name(L.MACKETH, "flags")
     return _BODY.substitute(
         {h.name.upper(): f"HEADERS[{_lua_str(h.name)}]" for h in DECODED_HEADERS},
         va=name(L.RETH, "va"), dma_len=name(L.RETH, "dma_len"),
-        ev_index=name(L.MDETH, "ev_index"), mdeth_flags=name(L.MDETH, "flags"),
         syndrome=name(L.AETH, "syndrome"), msn=name(L.AETH, "msn"),
-        cum_psn=name(L.MACKETH, "cum_psn"), sack_bytes=name(L.MACKETH, "sack_bytes"),
-        macketh_ev_index=name(L.MACKETH, "ev_index"), macketh_flags=macketh_flags,
-        macketh_flags_index=[f.name for f in L.MACKETH.fields].index(macketh_flags) + 1,
-        sack_key=_lua_str(f"{L.MACKETH.name.lower()}.{SACK_FIELD}"),
-        probe_id=name(L.MPRH, "probe_id"), mprh_ev_index=name(L.MPRH, "ev_index"),
         opcode=name(L.BTH, "opcode"), dqpn=name(L.BTH, "dqpn"), psn=name(L.BTH, "psn"),
-        meth_msn=name(L.METH, "msn"), MRC10_CONTROL=_mrc10_control_table(),
+        rtx=name(L.BTH, "rtx"), ts=name(L.BTH, "ts"), meth_msn=name(L.METH, "msn"),
+        cack_psn=name(L.SETH, "cack_psn"), sack_psn_offset=name(L.SETH, "sack_psn_offset"),
+        ack_psn_offset=name(L.SETH, "ack_psn_offset"), pr=name(L.SETH, "pr"),
+        nack_reason=name(L.NETH, "nack_reason"), probe_id=name(L.PETH, "probe_id"),
+        CONTROL=_control_table(),
     )
 
 

@@ -120,6 +120,7 @@ def run(args):
           f"{len(evs)} EVs over {config.ports} planes -> {out}")
     frames, frame_ports, per_plane = [], [], [0] * config.ports
     psn, cum, ev_cursor, va, messages = D.INITIAL_PSN, None, rng.randrange(len(evs)), 0, 0
+    immediates = 0
     remaining = args.bytes
     while remaining:
         size = min(args.msg_size, remaining)
@@ -136,21 +137,27 @@ def run(args):
                 opcode, dqpn=D.QPN_B, psn=psn, va=D.MR_BASE + va + k * config.mtu,
                 rkey=D.MR_RKEY, payload=payload,
                 imm=messages if opcode in P.IMMEDIATE_OPCODES else None,
-                ev_index=entry["index"], tx_ts=len(frames) * 100,
+                msn=messages & 0xFFFF, rqmsn=immediates & 0xFFFF,
+                tseth={"tx_timestamp": P.wire_timestamp(len(frames) * 100),
+                       "ftype": int(P.Ftype.TIMESTAMP)},
                 ackreq=int(k == packets - 1), **_underlay_for(entry)))
             per_plane[entry["port"] - 1] += 1
             frame_ports.append(entry["port"] - 1)
             if (psn - D.INITIAL_PSN + 1) % args.ack_every == 0 or k == packets - 1:
                 cum = psn
-                frames.append(pk.ack_packet(
-                    dqpn=D.QPN_A, psn=psn, cum_psn=cum, msn=messages + (k == packets - 1),
-                    ev_index=entry["index"], ts_echo=(len(frames) - 1) * 100,
-                    src=D.NIC_B, dst=D.NIC_A, **_underlay_for(entry)))
+                underlay = _underlay_for(entry)
+                frames.append(pk.sack_packet(
+                    dqpn=D.QPN_A, cack_psn=cum, ack_psn_offset=0, sack_psn_offset=1,
+                    entropy=underlay.get("flow_label", 0) << 16 & 0xFFFF_0000
+                    | underlay.get("udp_sport", 0),
+                    cc_state={"tx_timestamp": P.wire_timestamp((len(frames) - 1) * 100)},
+                    src=D.NIC_B, dst=D.NIC_A, **underlay))
                 frame_ports.append(entry["port"] - 1)
             psn = P.psn_add(psn, 1)
         va += size
         remaining -= size
         messages += 1
+        immediates += immediate
         if messages % 8 == 0:
             print(f"  {args.bytes - remaining:>10} B, {messages} messages, {len(frames)} frames")
 
@@ -208,13 +215,14 @@ def _rtl_receive(frames, ports, config, sim, out, waves=None):
 
 
 def _tshark_check(pcap, frames):
-    """Decode the capture with tshark + our dissector and compare PSNs and EV indices."""
+    """Decode the capture with tshark + our dissector and compare PSNs, the data packets'
+    timestamps and the SACKs' cumulative PSNs."""
     tshark = shutil.which("tshark")
     if tshark is None:
         return {"status": "skipped: no tshark"}
     lua = REPO / "sim" / "wireshark" / "mrc.lua"
     cmd = [tshark, "-r", str(pcap), "-X", f"lua_script:{lua}", "-T", "fields",
-           "-e", "infiniband.bth.psn", "-e", "mrc.mdeth.ev_index", "-e", "mrc.macketh.cum_psn"]
+           "-e", "infiniband.bth.psn", "-e", "mrc.tseth.tx_timestamp", "-e", "mrc.seth.cack_psn"]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     errors = tshark_errors(result.stderr)
     if result.returncode != 0 or errors:
@@ -226,10 +234,10 @@ def _tshark_check(pcap, frames):
 
     mismatches = 0
     for row, frame in zip(rows, frames, strict=False):
-        if frame.haslayer(pk.MDETH):
-            mismatches += number(row[1]) != frame[pk.MDETH].ev_index
+        if frame.haslayer(pk.TSETH):
+            mismatches += number(row[1]) != frame[pk.TSETH].tx_timestamp
         else:
-            mismatches += number(row[2]) != frame[pk.MACKETH].cum_psn
+            mismatches += number(row[2]) != frame[pk.SETH].cack_psn
         mismatches += number(row[0]) != frame[pk.BTH].psn
     if len(rows) != len(frames):
         mismatches += abs(len(rows) - len(frames))

@@ -262,7 +262,8 @@ def per_packet_overhead(config):
     carries no preamble or FCS): from a packet built by the Scapy layers."""
     from . import packets as pk
     frame = bytes(pk.data_packet(P.Opcode.RDMA_WRITE_MIDDLE, dqpn=1, psn=0, va=0, rkey=0,
-                                 payload=bytes(config.mtu), ip_version=config.ip_version))
+                                 payload=bytes(config.mtu), ip_version=config.ip_version,
+                                 tseth={}))             # the NIC sends a TSETH on every one
     return len(frame) - config.mtu
 
 

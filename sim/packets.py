@@ -1,20 +1,27 @@
 """Scapy layers and builders for every packet an MRC NIC of this project sends or accepts.
 
-BTH and AETH come from :mod:`scapy.contrib.roce` (its BTH computes the RoCEv2 ICRC, our
-independent check); RETH, ImmDt, this project's extension headers and the MRC 1.0 headers
-(METH, TSETH, SETH, CC_STATE, NETH, PETH, ERTH, EETH, bound to the MRC 1.0 opcodes) are
-generated from the single layout table :mod:`hdl.packet.layouts`. ``Ether(raw_bytes)`` decodes
-any of our frames, in either format. The wire format is drawn in ``docs/wire-format.md``;
-builders of MRC 1.0 packets are in :mod:`sim.mrc10`.
+Every transport header is generated from the single layout table :mod:`hdl.packet.layouts`:
+the BTH (a subclass of :class:`scapy.contrib.roce.BTH`, whose ICRC is our independent check,
+with MRC 1.0's ``rtx`` and ``ts`` bits named), RETH, ImmDt and the MRC 1.0 headers (METH,
+TSETH, SETH, CC_STATE, NETH, PETH, ERTH, EETH), bound to the MRC 1.0 opcodes. AETH is Scapy's
+(cross-checked against the table). ``Ether(raw_bytes)`` decodes any of our frames. The wire
+format is drawn in ``docs/wire-format.md``.
+
+Every builder takes the underlay keywords ``ip_version`` (6), ``src``/``dst``
+(:class:`sim.defaults.Endpoint`), ``udp_sport``, ``flow_label``, ``dscp``, ``ecn`` (ECT(0)),
+``hop_limit`` and ``vlan``; control-packet builders take their header's fields by name.
 """
 
+from zlib import crc32
+
 from scapy.compat import raw
-from scapy.contrib.roce import AETH, BTH
-from scapy.fields import BitField, FieldLenField, XBitField, XStrLenField
+from scapy.contrib import roce
+from scapy.contrib.roce import AETH
+from scapy.fields import BitField, ByteEnumField, FCSField, XBitField
 from scapy.layers.inet import IP, UDP
 from scapy.layers.inet6 import IPv6, IPv6ExtHdrSegmentRouting
 from scapy.layers.l2 import Dot1Q, Ether
-from scapy.packet import Packet, Raw, bind_layers
+from scapy.packet import Packet, Raw, bind_layers, split_layers
 from scapy.utils import wrpcap
 
 from hdl import protocol as P
@@ -23,11 +30,11 @@ from hdl.packet import layouts as L
 from . import defaults
 
 __all__ = [
-    "BTH", "AETH", "RETH", "ImmDt", "MDETH", "MACKETH", "MPRH",
+    "BTH", "AETH", "RETH", "ImmDt",
     "METH", "TSETH", "SETH", "CC_STATE", "NETH", "PETH", "ERTH", "EETH",
-    "BTH_RTX", "BTH_TS", "bth_rtx", "bth_ts", "bth_resv7",
-    "data_packet", "ack_packet", "nack_packet", "probe_packet", "trim", "srv6_encapsulate",
-    "icrc_ok", "is_trimmed", "write_pcap", "sack_from_bytes",
+    "data_packet", "ack_packet", "nak_packet", "sack_packet", "nack_packet", "probe_packet",
+    "endpoint_request", "endpoint_response", "sample_packets",
+    "trim", "srv6_encapsulate", "icrc_ok", "is_trimmed", "write_pcap", "transport_payload",
 ]
 
 
@@ -47,105 +54,76 @@ def _fields(header, skip=()):
             for f in header.fields if f.name not in skip]
 
 
-def _layer(header, fields_desc, **namespace):
-    return type(header.name, (Packet,), {
+def _layer(header, fields_desc, base=Packet, **namespace):
+    return type(header.name, (base,), {
         "name": header.title, "fields_desc": fields_desc, **namespace})
+
+
+def _bth_fields():
+    out = []
+    for f in L.BTH.fields:
+        if f.name == "opcode":
+            out.append(ByteEnumField("opcode", 0, {int(o): o.name for o in P.Opcode}))
+        elif f.name == "pkey":
+            out.append(XBitField("pkey", P.BTH_DEFAULT_PKEY, f.bits))
+        else:
+            out.append(BitField(f.name, 0, f.bits))
+    out.append(FCSField("icrc", None, fmt="!I"))
+    return out
+
+
+def _compute_icrc(self, p):
+    # scapy.contrib.roce.BTH.compute_icrc, which finds the BTH by its own class: the RoCEv2
+    # masks (IP ToS/TTL/checksum or traffic class/flow label/hop limit, UDP checksum, BTH
+    # FECN/BECN/resv6 as ones) and a CRC-32 over pseudo-LRH, IP, UDP, BTH and payload.
+    udp = self.underlayer
+    ip = udp.underlayer if isinstance(udp, UDP) else None
+    if not isinstance(ip, (IP, IPv6)):
+        return self.pack_icrc(0)
+    pshdr = Raw(b"\xff" * 8) / ip.copy()
+    if isinstance(ip, IP):
+        pshdr.chksum, pshdr.ttl, pshdr.tos = 0xFFFF, 0xFF, 0xFF
+    else:
+        pshdr.hlim, pshdr.fl, pshdr.tc = 0xFF, 0xFFFFF, 0xFF
+    pshdr[UDP].chksum = 0xFFFF
+    bth = pshdr[type(self)]
+    bth.fecn, bth.becn, bth.resv6 = 1, 1, 0x3F
+    bth_bytes = bth.self_build()
+    payload = raw(bth.payload)
+    pshdr[UDP].payload = Raw(bth_bytes + payload + b"\xff" * 4)
+    return self.pack_icrc(crc32(raw(pshdr)[:-4]) & 0xFFFFFFFF)
+
+
+# Scapy's BTH computes the ICRC (post_build); this one names MRC 1.0's flag bits. It is a
+# subclass, so code that looks for ``scapy.contrib.roce.BTH`` by isinstance finds it too.
+BTH = _layer(L.BTH, _bth_fields(), base=roce.BTH, payload_guess=[],
+             compute_icrc=_compute_icrc)
+split_layers(UDP, roce.BTH, dport=P.ROCEV2_UDP_PORT)
+bind_layers(UDP, BTH, dport=P.ROCEV2_UDP_PORT)
 
 
 def _bth_opcode(layer):
     """The opcode of the BTH under ``layer``, or ``None`` when there is none."""
-    while layer is not None and not isinstance(layer, BTH):
+    while layer is not None and not isinstance(layer, roce.BTH):
         layer = layer.underlayer
     return None if layer is None else layer.opcode
 
 
 def _reth_payload(self, payload):
-    # ImmDt follows the RETH only on the WITH_IMMEDIATE opcodes; in the current format the
-    # MDETH comes next, in MRC 1.0 the payload.
-    opcode = _bth_opcode(self)
-    if opcode in P.IMMEDIATE_OPCODES or opcode in P.MRC10_IMMEDIATE_OPCODES:
+    # ImmDt follows the RETH only on the WITH_IMMEDIATE opcodes, else the payload.
+    if _bth_opcode(self) in P.IMMEDIATE_OPCODES:
         return ImmDt
-    if opcode in P.MRC10_DATA_OPCODES:
-        return self.default_payload_class(payload)
-    return MDETH
-
-
-def _immdt_payload(self, payload):
-    if _bth_opcode(self) in P.MRC10_DATA_OPCODES:
-        return self.default_payload_class(payload)
-    return MDETH
-
-
-RETH = _layer(L.RETH, _fields(L.RETH), guess_payload_class=_reth_payload)
-ImmDt = _layer(L.IMMDT, _fields(L.IMMDT), guess_payload_class=_immdt_payload)
-MDETH = _layer(L.MDETH, _fields(L.MDETH))
-MPRH = _layer(L.MPRH, _fields(L.MPRH))
-
-
-def _macketh_fields():
-    out = []
-    for f in L.MACKETH.fields:
-        if f.name == "sack_bytes":     # computed from the bitmap when left as None
-            out.append(FieldLenField("sack_bytes", None, length_of="sack", fmt="B"))
-        else:
-            out.append(XBitField(f.name, 0, f.bits))
-    out.append(XStrLenField("sack", b"\x00" * 8, length_from=lambda p: p.sack_bytes))
-    return out
-
-
-def _sack_int(self):
-    """The SACK bitmap as an integer: bit i covers PSN cum_psn + 1 + i."""
-    return int.from_bytes(self.sack, "big")
-
-
-MACKETH = _layer(L.MACKETH, _macketh_fields(), sack_int=_sack_int)
-
-for _opcode in P.DATA_OPCODES:
-    bind_layers(BTH, RETH, opcode=int(_opcode))
-bind_layers(ImmDt, MDETH)
-bind_layers(AETH, MACKETH)
-for _opcode in P.PROBE_OPCODES:
-    bind_layers(BTH, MPRH, opcode=int(_opcode))
-
-
-# ---------------------------------------------------------------------------------------------
-# MRC 1.0 layers (the NIC does not send them yet)
-# ---------------------------------------------------------------------------------------------
-
-def _resv7_bit(name):
-    """The bit of Scapy's ``BTH.resv7`` that MRC 1.0 calls ``name`` (rtx or ts)."""
-    field, mask = L.mrc10_bth_flag(name)
-    assert field == "resv7"
-    return mask
-
-
-#: ``BTH.resv7`` bit of MRC 1.0's rtx: this packet is a retransmission.
-BTH_RTX = _resv7_bit("rtx")
-#: ``BTH.resv7`` bit of MRC 1.0's ts: a TSETH follows the METH.
-BTH_TS = _resv7_bit("ts")
-
-
-def bth_resv7(*, rtx=False, ts=False):
-    """The value of Scapy's ``BTH.resv7`` that carries MRC 1.0's rtx and ts bits."""
-    return (BTH_RTX if rtx else 0) | (BTH_TS if ts else 0)
-
-
-def bth_rtx(bth):
-    """MRC 1.0's BTH.rtx of a Scapy BTH."""
-    return bool(bth.resv7 & BTH_RTX)
-
-
-def bth_ts(bth):
-    """MRC 1.0's BTH.ts of a Scapy BTH."""
-    return bool(bth.resv7 & BTH_TS)
+    return self.default_payload_class(payload)
 
 
 def _meth_payload(self, payload):
     # The TSETH is there exactly when BTH.ts is set.
     bth = self.underlayer
-    return TSETH if isinstance(bth, BTH) and bth_ts(bth) else RETH
+    return TSETH if isinstance(bth, roce.BTH) and bth.ts else RETH
 
 
+RETH = _layer(L.RETH, _fields(L.RETH), guess_payload_class=_reth_payload)
+ImmDt = _layer(L.IMMDT, _fields(L.IMMDT))
 METH = _layer(L.METH, _fields(L.METH), guess_payload_class=_meth_payload)
 TSETH = _layer(L.TSETH, _fields(L.TSETH))
 SETH = _layer(L.SETH, _fields(L.SETH))
@@ -155,28 +133,27 @@ PETH = _layer(L.PETH, _fields(L.PETH))
 ERTH = _layer(L.ERTH, _fields(L.ERTH))
 EETH = _layer(L.EETH, _fields(L.EETH))
 
-for _opcode in P.MRC10_DATA_OPCODES:
+#: The Scapy layer of every header of :mod:`hdl.packet.layouts` after the BTH.
+LAYERS = {L.RETH: RETH, L.IMMDT: ImmDt, L.AETH: AETH, L.METH: METH, L.TSETH: TSETH,
+          L.SETH: SETH, L.CC_STATE: CC_STATE, L.NETH: NETH, L.PETH: PETH, L.ERTH: ERTH,
+          L.EETH: EETH}
+
+for _opcode in P.DATA_OPCODES:
     bind_layers(BTH, METH, opcode=int(_opcode))
 bind_layers(TSETH, RETH)
-bind_layers(BTH, AETH, opcode=int(P.Mrc10Opcode.ACKNOWLEDGE))
-bind_layers(BTH, SETH, opcode=int(P.Mrc10Opcode.RELIABILITY_SACK))
-bind_layers(SETH, CC_STATE)
-bind_layers(BTH, NETH, opcode=int(P.Mrc10Opcode.RELIABILITY_NACK))
-bind_layers(BTH, PETH, opcode=int(P.Mrc10Opcode.RELIABILITY_PROBE_REQUEST))
-bind_layers(BTH, ERTH, opcode=int(P.Mrc10Opcode.ENDPOINT_REQUEST))
-bind_layers(BTH, EETH, opcode=int(P.Mrc10Opcode.ENDPOINT_RESPONSE))
+for _opcode, _headers in L.CONTROL_HEADERS.items():
+    bind_layers(BTH, LAYERS[_headers[0]], opcode=int(_opcode))
+    for _lower, _upper in zip(_headers, _headers[1:], strict=False):
+        bind_layers(LAYERS[_lower], LAYERS[_upper])
 
 
-def sack_from_bytes(data):
-    return int.from_bytes(data, "big")
-
-
-def _sack_bytes(sack, sack_bytes):
-    if sack_bytes not in P.SACK_BYTES_ALLOWED:
-        raise ValueError(f"sack_bytes must be one of {P.SACK_BYTES_ALLOWED}, not {sack_bytes!r}")
-    if not 0 <= sack < (1 << (8 * sack_bytes)):
-        raise ValueError(f"SACK bitmap {sack:#x} does not fit in {sack_bytes} bytes")
-    return sack.to_bytes(sack_bytes, "big")
+def transport_payload(pkt):
+    """The bytes after the last transport header of a decoded frame: a data packet's payload
+    (``b""`` for a trimmed or empty one), ``b""`` for a control packet of the right length."""
+    layer = pkt[BTH].payload
+    while isinstance(layer, tuple(LAYERS.values())):
+        layer = layer.payload
+    return bytes(layer) if layer is not None else b""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -217,12 +194,25 @@ def _reject_unknown(kw):
         raise TypeError(f"unknown argument(s): {', '.join(sorted(kw))}")
 
 
-def data_packet(opcode, *, dqpn, psn, va, rkey, payload=b"", dma_len=None, imm=None,
-                ev_index=0, flags=0, tx_ts=0, ackreq=0, **kw):
-    """An RDMA WRITE packet: BTH / RETH / [ImmDt] / MDETH / payload / ICRC.
+def _names(layer):
+    return {f.name for f in layer.fields_desc}
 
-    Underlay keywords: ``ip_version`` (6), ``src``/``dst`` (:class:`sim.defaults.Endpoint`),
-    ``udp_sport``, ``flow_label``, ``dscp``, ``ecn`` (ECT(0)), ``hop_limit``, ``vlan``.
+
+def _take(fields, layer):
+    """Pop the fields of ``layer`` out of ``fields`` (the rest are underlay keywords)."""
+    return {name: fields.pop(name) for name in list(fields) if name in _names(layer)}
+
+
+def _bth(opcode, *, dqpn, psn, ackreq=0, rtx=False, ts=False):
+    return BTH(opcode=int(opcode), dqpn=dqpn, psn=psn, ackreq=ackreq, rtx=int(rtx), ts=int(ts))
+
+
+def data_packet(opcode, *, dqpn, psn, va, rkey, payload=b"", dma_len=None, imm=None,
+                rqmsn=0, msn=0, rtx=False, tseth=None, ackreq=0, **kw):
+    """An RDMA WRITE: BTH / METH / [TSETH] / RETH / [ImmDt] / payload / ICRC.
+
+    ``tseth``: a dict of TSETH fields (``tx_timestamp``, ``tsr``, ``ftype``); with it BTH.ts is
+    set. ``rtx`` sets BTH.rtx (a retransmission).
     """
     opcode = P.Opcode(opcode)
     if opcode not in P.DATA_OPCODES:
@@ -232,46 +222,126 @@ def data_packet(opcode, *, dqpn, psn, va, rkey, payload=b"", dma_len=None, imm=N
     payload = bytes(payload)
     under = _underlay(**_common(kw))
     _reject_unknown(kw)
-    pkt = under / BTH(opcode=int(opcode), dqpn=dqpn, psn=psn, ackreq=ackreq)
+    pkt = (under / _bth(opcode, dqpn=dqpn, psn=psn, ackreq=ackreq, rtx=rtx,
+                        ts=tseth is not None)
+           / METH(rqmsn=rqmsn, msn=msn))
+    if tseth is not None:
+        pkt = pkt / TSETH(**tseth)
     pkt = pkt / RETH(va=va, rkey=rkey, dma_len=len(payload) if dma_len is None else dma_len)
     if imm is not None:
         pkt = pkt / ImmDt(imm=imm)
-    pkt = pkt / MDETH(ev_index=ev_index, flags=int(flags), tx_ts=tx_ts)
     if payload:
         pkt = pkt / Raw(payload)
     return pkt
 
 
-def ack_packet(*, dqpn, psn, cum_psn, sack=0, sack_bytes=8, msn=0, nak=None, ev_index=0,
-               flags=0, ts_echo=0, svc_time=0, **kw):
-    """An ACK (or, with ``nak``, a NACK): BTH / AETH / MACKETH / SACK bitmap / ICRC.
+def ack_packet(*, dqpn, psn, syndrome=P.AETH_ACK, msn=0, **kw):
+    """ACKNOWLEDGE: BTH / AETH / ICRC (RoCE's fatal NAKs are AETH NAKs on this opcode)."""
+    under = _underlay(**_common(kw))
+    _reject_unknown(kw)
+    return (under / _bth(P.Opcode.ACKNOWLEDGE, dqpn=dqpn, psn=psn)
+            / AETH(syndrome=syndrome, msn=msn))
 
-    ``psn`` is the PSN of the packet that triggered it (for a NACK, the PSN refused);
-    ``cum_psn`` the cumulative PSN; ``sack`` an integer whose bit i covers cum_psn + 1 + i.
+
+def nak_packet(code, *, dqpn, psn, msn=0, **kw):
+    """A fatal AETH NAK with :class:`hdl.protocol.NakCode` ``code`` for the PSN ``psn``."""
+    return ack_packet(dqpn=dqpn, psn=psn, syndrome=P.nak_syndrome(P.NakCode(code)), msn=msn,
+                      **kw)
+
+
+def sack_packet(*, dqpn, cack_psn, cc_state=None, **fields):
+    """RELIABILITY_SACK: BTH (psn = cack_psn) / SETH / CC_STATE / ICRC.
+
+    ``fields`` are SETH fields (and underlay keywords); ``cc_state`` a dict of CC_STATE fields.
     """
-    syndrome = P.AETH_ACK if nak is None else P.nak_syndrome(nak)
-    under = _underlay(**_common(kw))
-    _reject_unknown(kw)
-    return (under / BTH(opcode=int(P.Opcode.ACKNOWLEDGE), dqpn=dqpn, psn=psn)
-            / AETH(syndrome=syndrome, msn=msn)
-            / MACKETH(ev_index=ev_index, flags=int(flags), cum_psn=cum_psn, ts_echo=ts_echo,
-                      svc_time=svc_time, sack=_sack_bytes(sack, sack_bytes)))
+    seth = _take(fields, SETH)
+    under = _underlay(**_common(fields))
+    _reject_unknown(fields)
+    return (under / _bth(P.Opcode.RELIABILITY_SACK, dqpn=dqpn, psn=cack_psn)
+            / SETH(cack_psn=cack_psn, **seth) / CC_STATE(**(cc_state or {})))
 
 
-def nack_packet(code, **kw):
-    """A NACK with :class:`hdl.protocol.NakCode` ``code``; see :func:`ack_packet`."""
-    return ack_packet(nak=P.NakCode(code), **kw)
+def nack_packet(*, dqpn, nack_psn, nack_reason, **fields):
+    """RELIABILITY_NACK: BTH (psn = nack_psn) / NETH / ICRC."""
+    neth = _take(fields, NETH)
+    under = _underlay(**_common(fields))
+    _reject_unknown(fields)
+    return (under / _bth(P.Opcode.RELIABILITY_NACK, dqpn=dqpn, psn=nack_psn)
+            / NETH(nack_psn=nack_psn, nack_reason=int(P.NackReason(nack_reason)), **neth))
 
 
-def probe_packet(*, response=False, dqpn, probe_id, ev_index, src_qpn=0, tx_ts=0,
-                 svc_time=0, flags=0, psn=0, **kw):
-    """An EV probe request or response: BTH / MPRH / ICRC."""
-    opcode = P.Opcode.PROBE_RESPONSE if response else P.Opcode.PROBE_REQUEST
-    under = _underlay(**_common(kw))
-    _reject_unknown(kw)
-    return (under / BTH(opcode=int(opcode), dqpn=dqpn, psn=psn)
-            / MPRH(probe_id=probe_id, ev_index=ev_index, flags=int(flags), src_qpn=src_qpn,
-                   tx_ts=tx_ts, svc_time=svc_time))
+def probe_packet(*, dqpn, psn, probe_id, **fields):
+    """RELIABILITY_PROBE_REQUEST: BTH / PETH / ICRC (consumes no PSN; answered by a SACK with
+    pr = 1)."""
+    peth = _take(fields, PETH)
+    under = _underlay(**_common(fields))
+    _reject_unknown(fields)
+    return (under / _bth(P.Opcode.RELIABILITY_PROBE_REQUEST, dqpn=dqpn, psn=psn)
+            / PETH(probe_id=probe_id, **peth))
+
+
+def _endpoint_id(request_id):
+    if not 0 <= request_id < 1 << P.ENDPOINT_ID_BITS:
+        raise ValueError(f"request_id must be from 0 to {(1 << P.ENDPOINT_ID_BITS) - 1}, "
+                         f"not {request_id!r}")
+    return request_id
+
+
+def endpoint_request(*, request_id, op, dqpn=P.ENDPOINT_QPN, **fields):
+    """ENDPOINT_REQUEST: BTH (psn[15:0] = ``request_id``) / ERTH / ICRC."""
+    erth = _take(fields, ERTH)
+    under = _underlay(**_common(fields))
+    _reject_unknown(fields)
+    return (under / _bth(P.Opcode.ENDPOINT_REQUEST, dqpn=dqpn, psn=_endpoint_id(request_id))
+            / ERTH(op=int(P.EndpointOp(op)), **erth))
+
+
+def endpoint_response(*, request_id, op, dqpn=P.ENDPOINT_QPN, **fields):
+    """ENDPOINT_RESPONSE: BTH (psn[15:0] echoes ``request_id``) / EETH / ICRC."""
+    eeth = _take(fields, EETH)
+    under = _underlay(**_common(fields))
+    _reject_unknown(fields)
+    return (under / _bth(P.Opcode.ENDPOINT_RESPONSE, dqpn=dqpn, psn=_endpoint_id(request_id))
+            / EETH(op=int(P.EndpointOp(op)), **eeth))
+
+
+def sample_packets():
+    """One packet of every MRC 1.0 type, ``(name, packet)`` pairs, every field non-zero
+    where it is not reserved."""
+    payload = bytes(range(48))
+    common = dict(dqpn=0x22, va=0x1_0000_0000, rkey=0xBEEF, payload=payload)
+    out = []
+    for n, opcode in enumerate(sorted(P.DATA_OPCODES)):
+        imm = 0x1000_0000 + n if opcode in P.IMMEDIATE_OPCODES else None
+        tseth = (dict(tx_timestamp=0x1234 + n, tsr=1, ftype=int(P.Ftype.TIMESTAMP))
+                 if n % 2 else None)
+        out.append((opcode.name.lower(), data_packet(
+            opcode, psn=0x300 + n, imm=imm, rqmsn=0x10 + n, msn=0x20 + n, rtx=n == 3,
+            tseth=tseth, ackreq=int(n == 5), **common)))
+    out.append(("acknowledge", nak_packet(P.NakCode.REMOTE_ACCESS, dqpn=0x11, psn=0x305,
+                                          msn=3)))
+    out.append(("sack", sack_packet(
+        dqpn=0x11, cack_psn=0x302, m=int(P.SackMark.SKIP_ONCE), ack_psn_offset=-2 + 5,
+        entropy=0xC003_0000, spdcid=0x0101, dpdcid=0x0202, cc_type=3, cc_flags=5, mpr=4,
+        sack_psn_offset=1, sack_bitmap=0b1011,
+        cc_state=dict(tx_timestamp=0x1235, ooo_count=3, restore_cwnd=1, rcv_cwnd_pen=9,
+                      rcvd_bytes=0x1_2345))))
+    out.append(("sack_probe_answer", sack_packet(
+        dqpn=0x11, cack_psn=0x305, pr=1, ack_psn_offset=0x0777)))
+    out.append(("nack", nack_packet(
+        dqpn=0x11, nack_psn=0x304, nack_reason=P.NackReason.TRIMMED, vendor_info=0x5A,
+        entropy=0xC004, spdcid=0x0101, dpdcid=0x0202, cc_type=2, cc_flags=1,
+        tx_timestamp=0x1238)))
+    out.append(("probe", probe_packet(
+        dqpn=0x22, psn=0x306, probe_id=0x0777, vendor_info=0x3C, spdcid=0x0101,
+        dpdcid=0x0202, tx_timestamp=0x4321, tsr=1, ftype=int(P.Ftype.TIMESTAMP))))
+    out.append(("endpoint_request", endpoint_request(
+        request_id=0xABCD, op=P.EndpointOp.EV_PROBE, vendor_info=0x11,
+        port_status_mask=0x0000_00FF, tx_timestamp=0x5555, tsr=1,
+        ftype=int(P.Ftype.TIMESTAMP))))
+    out.append(("endpoint_response", endpoint_response(
+        request_id=0xABCD, op=P.EndpointOp.EV_PROBE, tx_timestamp=0x5555)))
+    return out
 
 
 def srv6_encapsulate(pkt, *, dst, segment=None, src=None):
@@ -309,10 +379,11 @@ def trim(pkt, *, dscp=P.DEFAULT_TRIM_DSCP):
     field is kept as the trailer but is zero and not checked by receivers
     (docs/wire-format.md, "Trimmed packets").
     """
-    pkt = pkt.copy()
-    if MDETH not in pkt:
-        raise ValueError("only data packets (with an MDETH) are trimmed")
-    pkt[MDETH].remove_payload()
+    pkt = Ether(raw(pkt))
+    if METH not in pkt:
+        raise ValueError("only data packets (with a METH) are trimmed")
+    last = pkt[ImmDt] if ImmDt in pkt else pkt[RETH]
+    last.remove_payload()
     pkt[BTH].icrc = 0
     inner_udp = pkt[UDP]
     ip = inner_udp.underlayer

@@ -19,7 +19,7 @@ from scapy.packet import Raw
 from hdl import protocol as P
 from hdl.packet import layouts as L
 from hdl.packet.builder import IPV4_IDENTIFICATION, SRV6_OUTER_HOP_LIMIT
-from hdl.packet.headers import PacketKind
+from hdl.packet.headers import KIND_OPCODES, PacketKind, opcode_kind
 
 from . import packets as pk
 
@@ -42,14 +42,13 @@ def _fields(layer, header):
     return {f.name: int(getattr(layer, f.name)) for f in header.fields}
 
 
-def _kind(opcode):
-    if opcode in P.DATA_OPCODES:
-        return PacketKind.DATA
-    if opcode == P.Opcode.ACKNOWLEDGE:
-        return PacketKind.ACK
-    if opcode in P.PROBE_OPCODES:
-        return PacketKind.PROBE
-    raise ValueError(f"BTH opcode {opcode:#04x} is not an MRC opcode")
+#: The ``ctl`` member of every control kind's headers (None: the AETH, outside the union).
+CTL_MEMBERS = {
+    PacketKind.AETH: None, PacketKind.SACK: "sack", PacketKind.NACK: "neth",
+    PacketKind.RPROBE: "peth", PacketKind.EP_REQUEST: "erth", PacketKind.EP_RESPONSE: "eeth",
+}
+#: PacketKind of every control opcode, and the ``ctl`` member its headers fill.
+CONTROL_KINDS = {KIND_OPCODES[kind]: (kind, member) for kind, member in CTL_MEMBERS.items()}
 
 
 def _decode(pkt):
@@ -58,19 +57,30 @@ def _decode(pkt):
 
 
 def payload_from_scapy(pkt):
-    """The payload bytes of a data packet (after the MDETH, before the ICRC); else ``b""``."""
+    """The payload bytes of a data packet (after the RETH or ImmDt, before the ICRC); else
+    ``b""``."""
     pkt = _decode(pkt)
-    if pk.MDETH not in pkt:
+    if pk.METH not in pkt:
         return b""
-    return bytes(pkt[pk.MDETH].payload)
+    return pk.transport_payload(pkt)
+
+
+def _ctl(pkt, member):
+    """The ``ctl`` union member dict of a control packet."""
+    if member == "sack":
+        return {"sack": {"seth": _fields(pkt[pk.SETH], L.SETH),
+                         "cc_state": _fields(pkt[pk.CC_STATE], L.CC_STATE)}}
+    header = {"neth": L.NETH, "peth": L.PETH, "erth": L.ERTH, "eeth": L.EETH}[member]
+    return {member: _fields(pkt[pk.LAYERS[header]], header)}
 
 
 def header_from_scapy(pkt, config, *, port=0):
     """The :func:`~hdl.packet.headers.packet_header_layout` dict of an MRC frame.
 
     ``port`` is the egress/ingress port to put in the struct (it is not in the frame). Raises
-    :class:`ValueError` for frames the NIC does not build: a non-MRC opcode, an SRH with other
-    than one segment, or a SACK bitmap whose size differs from ``config.sack_bytes``.
+    :class:`ValueError` for frames the NIC does not build: a non-MRC opcode or an SRH with
+    other than one segment. Only the members the kind uses are in the dict (``tseth`` only
+    with BTH.ts, ``immdt`` only on the immediate opcodes, one member of ``ctl``).
     """
     pkt = _decode(pkt)
     header = {"port": port}
@@ -106,24 +116,20 @@ def header_from_scapy(pkt, config, *, port=0):
 
     bth = pkt[pk.BTH]
     header["bth"] = _fields(bth, L.BTH)
-    kind = header["kind"] = _kind(bth.opcode)
+    kind = header["kind"] = opcode_kind(bth.opcode)
     payload = b""
     if kind == PacketKind.DATA:
+        header["meth"] = _fields(pkt[pk.METH], L.METH)
+        if bth.ts:
+            header["tseth"] = _fields(pkt[pk.TSETH], L.TSETH)
         header["reth"] = _fields(pkt[pk.RETH], L.RETH)
-        if pk.ImmDt in pkt:
+        if bth.opcode in P.IMMEDIATE_OPCODES:
             header["immdt"] = _fields(pkt[pk.ImmDt], L.IMMDT)
-        header["mdeth"] = _fields(pkt[pk.MDETH], L.MDETH)
-        payload = bytes(pkt[pk.MDETH].payload)
-    elif kind == PacketKind.ACK:
+        payload = pk.transport_payload(pkt)
+    elif kind == PacketKind.AETH:
         header["aeth"] = _fields(pkt[pk.AETH], L.AETH)
-        macketh = pkt[pk.MACKETH]
-        header["macketh"] = _fields(macketh, L.MACKETH)
-        if len(macketh.sack) != config.sack_bytes:
-            raise ValueError(f"SACK bitmap of {len(macketh.sack)} bytes; the configuration "
-                             f"carries {config.sack_bytes}")
-        header["sack"] = pk.sack_from_bytes(macketh.sack)
     else:
-        header["mprh"] = _fields(pkt[pk.MPRH], L.MPRH)
+        header["ctl"] = _ctl(pkt, CONTROL_KINDS[bth.opcode][1])
     header["payload_len"] = len(payload)
     return header
 
@@ -145,13 +151,10 @@ def packet_from_header(header, payload, config):
     kind = PacketKind(get("kind", PacketKind.DATA))
     opcode = sub("bth").get("opcode", 0)
     if kind == PacketKind.DATA:
-        transport_bytes = L.RETH.size + L.MDETH.size
-        if opcode in P.IMMEDIATE_OPCODES:
-            transport_bytes += L.IMMDT.size
-    elif kind == PacketKind.ACK:
-        transport_bytes = L.AETH.size + L.MACKETH.size + config.sack_bytes
+        headers = L.data_headers(opcode, ts=sub("bth").get("ts", 0))
     else:
-        transport_bytes = L.MPRH.size
+        headers = L.CONTROL_HEADERS[KIND_OPCODES[kind]]
+    transport_bytes = L.headers_size(headers)
     udp_len = 8 + L.BTH.size + transport_bytes + get("payload_len") + P.ICRC_BYTES
     ip6 = bool(get("ipv6"))
     inner_len = udp_len + (40 if ip6 else 20)
@@ -185,19 +188,19 @@ def packet_from_header(header, payload, config):
     frame = frame / UDP(sport=get("udp_sport"), dport=P.ROCEV2_UDP_PORT, len=udp_len, chksum=0)
     frame = frame / pk.BTH(**({f.name: 0 for f in L.BTH.fields} | sub("bth")))
     if kind == PacketKind.DATA:
-        frame = frame / pk.RETH(**sub("reth"))
-        if opcode in P.IMMEDIATE_OPCODES:
-            frame = frame / pk.ImmDt(**sub("immdt"))
-        frame = frame / pk.MDETH(**sub("mdeth"))
+        members = {L.METH: "meth", L.TSETH: "tseth", L.RETH: "reth", L.IMMDT: "immdt"}
+        for h in headers:
+            frame = frame / pk.LAYERS[h](**sub(members[h]))
         if payload:
             frame = frame / Raw(payload)
-    elif kind == PacketKind.ACK:
-        fields = dict(sub("macketh"))
-        fields["sack_bytes"] = config.sack_bytes
-        frame = frame / pk.AETH(**sub("aeth")) / pk.MACKETH(
-            **fields, sack=get("sack").to_bytes(config.sack_bytes, "big"))
+    elif kind == PacketKind.AETH:
+        frame = frame / pk.AETH(**sub("aeth"))
+    elif kind == PacketKind.SACK:
+        sack = sub("ctl").get("sack", {})
+        frame = frame / pk.SETH(**sack.get("seth", {})) / pk.CC_STATE(**sack.get("cc_state", {}))
     else:
-        frame = frame / pk.MPRH(**sub("mprh"))
+        header_layout, = headers
+        frame = frame / pk.LAYERS[header_layout](**sub("ctl").get(CTL_MEMBERS[kind], {}))
     return frame
 
 

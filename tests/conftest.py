@@ -93,7 +93,8 @@ TEST_MARKS = {
         "test_malformed_frames_are_dropped_with_their_reason": {"slow"},
         "test_random_corruptions_agree_with_the_reference_model": {"slow"},
         "test_random_frames_parse_as_scapy_decodes_them": {"slow"},
-        "test_sack_bitmap_keeps_its_low_bits_or_is_zero_extended": {"slow"},
+        "test_control_headers_in_the_longest_stack": {"slow"},
+        "test_data_headers_follow_bth_ts_and_the_opcode": {"slow"},
         "test_single_bit_flips_across_a_frame": {"slow"},
         "test_truncation_at_every_offset": {"slow"},
         "test_truncation_of_a_long_data_packet": {"slow"},
@@ -142,6 +143,9 @@ TEST_MARKS = {
         "test_random_traffic_matches_the_model": {"slow"},
         "test_reports_are_unchanged_across_the_wraps_of_stamps_and_counts": {"slow"},
         "test_window_zero_is_off_and_reports_write_the_sends_off": {"slow"},
+    },
+    "test_wirecheck.py": {
+        "test_a_two_nic_run_with_loss_trimming_and_a_plane_failure_passes": {"slow"},
     },
     "test_waves.py": {
         "test_port_loop_window_under_each_simulator": {"rtl", "slow"},

@@ -21,6 +21,7 @@ from boards.ice40 import ICE40_COUNTERS, Ice40Selftest, frame_template
 from boards.pll import PFD_HZ, VCO_HZ, Ecp5Pll, LockReset, ecp5_pll_dividers
 from boards.tops import BOARDS, ULX3S_HZ, EngineBench, selftest_config
 from boards.uart import UARTTx
+from hdl import protocol as P
 from hdl.config import NicConfig
 from hdl.packet.headers import PacketKind
 from sim import defaults as D
@@ -62,9 +63,11 @@ def selftest_header(psn, plane, config, max_payload):
         "ipv6": 1, "ip_src": int(IPv6Address(D.NIC_A.ipv6)),
         "ip_dst": int(IPv6Address(D.NIC_B.ipv6)), "flow_label": psn & 0xFFFFF,
         "hop_limit": 64, "udp_sport": 0xC000 | psn & 0x3FFF,
-        "bth": {"opcode": 0x0A, "dqpn": D.QPN_B, "psn": psn, "ackreq": 1, "pkey": 0xFFFF},
+        "bth": {"opcode": S.SELFTEST_OPCODE, "dqpn": D.QPN_B, "psn": psn, "ackreq": 1,
+                "pkey": 0xFFFF, "ts": 1},
+        "meth": {},
+        "tseth": {"ftype": P.Ftype.TIMESTAMP},
         "reth": {"va": D.MR_BASE + ((psn & 0xFFF) << 12), "rkey": D.MR_RKEY, "dma_len": length},
-        "mdeth": {"ev_index": plane},
     }
 
 

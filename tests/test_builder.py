@@ -9,8 +9,16 @@ from scapy.compat import raw
 
 from hdl import protocol as P
 from hdl.config import NicConfig
-from hdl.packet.builder import HeaderBuilder, Transport, header_bytes
+from hdl.packet import layouts as L
+from hdl.packet.builder import (
+    CONTROL_SIZES,
+    LAYOUT_COUNT,
+    HeaderBuilder,
+    Transport,
+    header_bytes,
+)
 from hdl.packet.builder import decode_layout_id as decode_lid
+from hdl.packet.headers import KIND_OPCODES, PacketKind
 from sim import packets as pk
 from sim import rtlpackets as rp
 from sim.defaults import Endpoint
@@ -18,7 +26,7 @@ from sim.samples import sample_packets
 
 CONFIGS = {
     "w64": NicConfig(),
-    "w128": NicConfig(data_width=128, sack_bits=128),
+    "w128": NicConfig(data_width=128),
 }
 
 
@@ -157,6 +165,12 @@ def random_underlay(rng, *, ip_version=None):
         vlan=rng.choice((None, rng.randrange(1, 4095))))
 
 
+def random_fields(rng, header, skip=()):
+    """Every field of ``header`` random over its whole range."""
+    return {f.name: rng.randint(f.minimum, f.maximum) for f in header.fields
+            if f.name not in skip}
+
+
 def random_data(rng, config, *, payload_len=None, **kw):
     opcode = rng.choice(sorted(P.DATA_OPCODES))
     if payload_len is None:
@@ -166,28 +180,35 @@ def random_data(rng, config, *, payload_len=None, **kw):
         va=rng.randrange(1 << 64), rkey=rng.randrange(1 << 32),
         payload=rng.randbytes(payload_len),
         imm=rng.randrange(1 << 32) if opcode in P.IMMEDIATE_OPCODES else None,
-        ev_index=rng.randrange(1 << 16), flags=rng.randrange(256), tx_ts=rng.randrange(1 << 32),
+        rqmsn=rng.randrange(1 << 16), msn=rng.randrange(1 << 16), rtx=rng.random() < 0.5,
+        tseth=random_fields(rng, L.TSETH) if rng.random() < 0.75 else None,
         ackreq=rng.randrange(2),
         **(random_underlay(rng, ip_version=kw.pop("ip_version", None)) | kw))
 
 
-def random_ack(rng, config, **kw):
-    return pk.ack_packet(
-        dqpn=rng.randrange(1 << 24), psn=rng.randrange(1 << 24),
-        cum_psn=rng.randrange(1 << 24), sack=rng.randrange(1 << config.sack_bits),
-        sack_bytes=config.sack_bytes, msn=rng.randrange(1 << 24),
-        nak=rng.choice((None, *P.NakCode)), ev_index=rng.randrange(1 << 16),
-        flags=rng.randrange(8), ts_echo=rng.randrange(1 << 32), svc_time=rng.randrange(1 << 32),
-        **(random_underlay(rng, ip_version=kw.pop("ip_version", None)) | kw))
-
-
-def random_probe(rng, config, **kw):
-    return pk.probe_packet(
-        response=rng.choice((False, True)), dqpn=rng.randrange(1 << 24),
-        probe_id=rng.randrange(1 << 32), ev_index=rng.randrange(1 << 16),
-        src_qpn=rng.randrange(1 << 24), tx_ts=rng.randrange(1 << 32),
-        svc_time=rng.randrange(1 << 32), flags=rng.randrange(256), psn=rng.randrange(1 << 24),
-        **(random_underlay(rng, ip_version=kw.pop("ip_version", None)) | kw))
+def random_control(rng, config, *, opcode=None, **kw):
+    """A control packet (of a random kind unless ``opcode`` is given), every field random."""
+    opcode = opcode if opcode is not None else rng.choice(sorted(L.CONTROL_HEADERS))
+    kw = random_underlay(rng, ip_version=kw.pop("ip_version", None)) | kw
+    dqpn, psn = rng.randrange(1 << 24), rng.randrange(1 << 24)
+    if opcode == P.Opcode.ACKNOWLEDGE:
+        return pk.ack_packet(dqpn=dqpn, psn=psn, **random_fields(rng, L.AETH), **kw)
+    if opcode == P.Opcode.RELIABILITY_SACK:
+        return pk.sack_packet(dqpn=dqpn, cack_psn=psn,
+                              **random_fields(rng, L.SETH, skip=("cack_psn",)),
+                              cc_state=random_fields(rng, L.CC_STATE), **kw)
+    if opcode == P.Opcode.RELIABILITY_NACK:
+        return pk.nack_packet(dqpn=dqpn, nack_psn=psn,
+                              nack_reason=rng.choice(list(P.NackReason)),
+                              **random_fields(rng, L.NETH, skip=("nack_psn", "nack_reason")),
+                              **kw)
+    if opcode == P.Opcode.RELIABILITY_PROBE_REQUEST:
+        return pk.probe_packet(dqpn=dqpn, psn=psn, **random_fields(rng, L.PETH), **kw)
+    request = opcode == P.Opcode.ENDPOINT_REQUEST
+    builder = pk.endpoint_request if request else pk.endpoint_response
+    return builder(request_id=rng.randrange(1 << 16), op=rng.choice(list(P.EndpointOp)),
+                   dqpn=dqpn, **random_fields(rng, L.ERTH if request else L.EETH, skip=("op",)),
+                   **kw)
 
 
 def random_srv6(rng, config):
@@ -208,16 +229,36 @@ def test_parameters():
     assert dut.config == NicConfig()
 
 
+def _layouts():
+    """Every layout id in use (the SRv6 code 3 is not)."""
+    return [lid for lid in range(LAYOUT_COUNT) if (lid >> 1) & 3 != 3]
+
+
+def _transport_kinds(transport):
+    """``[(kind, opcode)]`` a transport code stands for."""
+    if transport < Transport.CONTROL:
+        opcode = (P.Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE if transport & 2
+                  else P.Opcode.RDMA_WRITE_ONLY)
+        return [(PacketKind.DATA, opcode)]
+    size = CONTROL_SIZES[transport - Transport.CONTROL]
+    return [(kind, opcode) for kind, opcode in KIND_OPCODES.items()
+            if L.headers_size(L.CONTROL_HEADERS[opcode]) == size]
+
+
 def test_layout_table_matches_scapy():
-    """The elaboration-time header length of each of the 48 layouts is Scapy's."""
+    """The elaboration-time header length of each of the 96 layouts is Scapy's, for every
+    kind the layout stands for."""
     config = NicConfig()
-    for lid in range(64):
+    assert len(_layouts()) == 96
+    for lid in _layouts():
         vlan, srv6, ipv6, transport = decode_lid(lid)
-        header = {"vlan_valid": vlan, "srv6_valid": int(srv6 > 0), "srh_valid": int(srv6 == 2),
-                  "ipv6": ipv6, "kind": [0, 0, 1, 2][transport],
-                  "bth": {"opcode": [0x0A, 0x0B, 0x11, 0xC0][transport]}}
-        frame = raw(rp.packet_from_header(header, b"", config))
-        assert len(frame) == header_bytes(lid, config.sack_bytes) + P.ICRC_BYTES, lid
+        for kind, opcode in _transport_kinds(transport):
+            header = {"vlan_valid": vlan, "srv6_valid": int(srv6 > 0),
+                      "srh_valid": int(srv6 == 2), "ipv6": ipv6, "kind": kind,
+                      "bth": {"opcode": opcode, "ts": transport & 1 if kind == PacketKind.DATA
+                              else 0}}
+            frame = raw(rp.packet_from_header(header, b"", config))
+            assert len(frame) == header_bytes(lid) + P.ICRC_BYTES, (lid, kind)
 
 
 def test_rtlpackets_round_trip():
@@ -233,10 +274,8 @@ def test_rtlpackets_round_trip():
         assert raw(rp.packet_from_header(header, payload, config)) == raw(sample.packet)
         frame = raw(sample.packet)
         assert rp.frame_from_beats(rp.frame_beats(frame, 64), 64) == frame
-    with pytest.raises(ValueError, match="SACK bitmap of 16 bytes"):
-        rp.header_from_scapy(pk.ack_packet(dqpn=1, psn=2, cum_psn=1, sack_bytes=16), config)
     with pytest.raises(ValueError, match="not an MRC opcode"):
-        bad = pk.probe_packet(dqpn=1, probe_id=1, ev_index=1)
+        bad = pk.probe_packet(dqpn=1, psn=1, probe_id=1)
         bad[pk.BTH].opcode = 0x04      # SEND ONLY
         rp.header_from_scapy(bad, config)
 
@@ -248,8 +287,6 @@ def test_samples_byte_identical(name):
     port of its header."""
     config = CONFIGS[name]
     samples = [s for s in sample_packets() if s.name != "trimmed"]
-    if config.sack_bytes != 8:          # the samples' ACKs carry 64-bit bitmaps
-        samples = [s for s in samples if pk.MACKETH not in s.packet]
     packets = [as_packet(s.packet, config, port=n % 16) for n, s in enumerate(samples)]
     bench = BuilderBench(config, seed=2, bubbles=0.3, backpressure=0.3)
     frames = bench.run(packets)
@@ -261,11 +298,11 @@ def test_samples_byte_identical(name):
 @pytest.mark.parametrize("name", CONFIGS)
 def test_random_packets_byte_identical(name):
     """Random data packets (0 .. MTU bytes, every opcode, IPv4/IPv6, VLAN on/off, SRv6 with
-    and without an SRH), ACKs/NACKs with random SACK bitmaps and probes match the
-    sim.packets builders byte for byte."""
+    and without an SRH, with and without TSETH) and control packets of every kind with every
+    field random match the sim.packets builders byte for byte."""
     config = CONFIGS[name]
     rng = random.Random(3)
-    makers = [random_data] * 5 + [random_ack, random_probe, random_srv6]
+    makers = [random_data] * 5 + [random_control] * 2 + [random_srv6]
     pkts = [rng.choice(makers)(rng, config) for _ in range(40)]
     packets = [as_packet(p, config, port=rng.randrange(16)) for p in pkts]
     bench = BuilderBench(config, seed=4, bubbles=0.2, backpressure=0.4)
@@ -277,18 +314,19 @@ def test_random_packets_byte_identical(name):
 def layout_header(rng, config, lid):
     """A random header (and payload) of layout ``lid``, every field random."""
     vlan, srv6, ipv6, transport = decode_lid(lid)
-    if transport == Transport.ACK:
-        pkt = random_ack(rng, config)
-    elif transport == Transport.PROBE:
-        pkt = random_probe(rng, config)
-    else:
+    kind, opcode = rng.choice(_transport_kinds(transport))
+    if kind == PacketKind.DATA:
         pkt = random_data(rng, config, payload_len=rng.randrange(2 * config.data_width // 8))
+    else:
+        pkt = random_control(rng, config, opcode=opcode)
     header, payload = as_packet(pkt, config)
-    if transport in (Transport.DATA, Transport.DATA_IMM):
-        immediate = transport == Transport.DATA_IMM
+    if kind == PacketKind.DATA:
+        immediate = bool(transport & 2)
         header["bth"]["opcode"] = rng.choice(sorted(
             P.IMMEDIATE_OPCODES if immediate else P.DATA_OPCODES - P.IMMEDIATE_OPCODES))
         header["immdt"] = {"imm": rng.randrange(1 << 32)} if immediate else {}
+        header["bth"]["ts"] = transport & 1
+        header["tseth"] = random_fields(rng, L.TSETH) if transport & 1 else {}
     bits = 32 if not ipv6 else 128
     header.update(
         ipv6=ipv6, ip_src=rng.randrange(1 << bits), ip_dst=rng.randrange(1 << bits),
@@ -296,21 +334,21 @@ def layout_header(rng, config, lid):
         vlan_valid=vlan, vlan_tci=rng.randrange(1 << 16),
         srv6_valid=int(srv6 > 0), srh_valid=int(srv6 == 2), srv6_src=rng.randrange(1 << 128),
         srv6_dst=rng.randrange(1 << 128), srh_segment=rng.randrange(1 << 128))
-    for field, bits in (("solicited", 1), ("migreq", 1), ("padcount", 2), ("version", 4),
-                        ("pkey", 16), ("fecn", 1), ("becn", 1), ("resv6", 6), ("resv7", 7)):
-        header["bth"][field] = rng.randrange(1 << bits)
+    for field in ("solicited", "migreq", "padcount", "version", "pkey", "fecn", "becn",
+                  "resv6", "resv1", "rtx", "resv4"):
+        header["bth"][field] = rng.randrange(1 << L.BTH.field(field).bits)
     return header, payload
 
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_every_layout(name):
-    """All 48 layouts, including stacks sim.packets does not build (VLAN with SRv6, IPv4
+    """All 96 layouts, including stacks sim.packets does not build (VLAN with SRv6, IPv4
     inside SRv6) and random BTH reserved bits, match Scapy built from the same header fields
     (sim.rtlpackets.packet_from_header)."""
     config = CONFIGS[name]
     rng = random.Random(5)
-    packets = [layout_header(rng, config, lid) for lid in range(64) if (lid >> 1) & 3 != 3]
-    assert len(packets) == 48
+    packets = [layout_header(rng, config, lid) for lid in _layouts()]
+    assert len(packets) == 96
     expected = [raw(rp.packet_from_header(h, p, config)) for h, p in packets]
     bench = BuilderBench(config, seed=6, bubbles=0.2, backpressure=0.2)
     assert_frames_equal(bench.run(packets), expected)
@@ -344,7 +382,7 @@ def test_back_to_back_at_full_rate(name):
     """With no input bubbles and `o` always ready, frames leave back to back: not one idle
     output cycle from the first frame's first beat to the last frame's last beat. Payloads of
     every length modulo the beat (so every ICRC position, in the last beat or in a beat of its
-    own) at both IP versions, MTU-sized writes, ACKs and the shortest frame, a probe."""
+    own) at both IP versions, MTU-sized writes, SACKs and the shortest frame, an AETH NAK."""
     config = CONFIGS[name]
     lanes = config.data_width // 8
     rng = random.Random(9)
@@ -354,8 +392,9 @@ def test_back_to_back_at_full_rate(name):
             pkts.append(random_data(rng, config, payload_len=payload_len, vlan=None,
                                     ip_version=ip_version))
     for _ in range(8):
-        pkts.append(random_probe(rng, config, ip_version=4, vlan=None))
-        pkts.append(random_ack(rng, config))
+        pkts.append(random_control(rng, config, opcode=P.Opcode.ACKNOWLEDGE, ip_version=4,
+                                   vlan=None))
+        pkts.append(random_control(rng, config, opcode=P.Opcode.RELIABILITY_SACK))
         pkts.append(random_data(rng, config, payload_len=config.mtu))
     packets = [as_packet(p, config) for p in pkts]
     bench = BuilderBench(config, seed=10)

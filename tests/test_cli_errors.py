@@ -60,6 +60,16 @@ CASES = [
     # dissector
     (["dissector", "--out", "{blocker}/mrc.lua"], "mrc-nic dissector: --out: cannot write"),
     (["dissector", "--out"], "mrc-nic dissector: --out: expected one argument"),
+    # wirecheck
+    (["wirecheck"], "mrc-nic wirecheck: CAPTURE: required"),
+    (["wirecheck", "{missing}"], "mrc-nic wirecheck: {missing}: cannot read"),
+    (["wirecheck", "{text}"], "mrc-nic wirecheck: {text}: not a pcap or pcapng capture"),
+    (["wirecheck", "{text}", "--report", "{bad_json}"],
+     "mrc-nic wirecheck: {bad_json}: not valid JSON"),
+    (["wirecheck", "{text}", "--trim-dscp", "64"],
+     "mrc-nic wirecheck: --trim-dscp: must be from 0 to 63, not 64"),
+    (["wirecheck", "{text}", "--tshark", "always"],
+     "mrc-nic wirecheck: --tshark: invalid choice: 'always'"),
     # flow
     (["flow", "--bytes", "0"], "mrc-nic flow: --bytes: must be at least 1, not 0"),
     (["flow", "--msg-size", "0"], "mrc-nic flow: --msg-size: must be at least 1, not 0"),
@@ -280,6 +290,7 @@ HELP = [
     (["flow"], "(default: 262144)"),
     (["sim"], "(default: 8)"),
     (["replay"], "(default: 0)"),
+    (["wirecheck"], "(default: 33)"),
     (["bench"], "(default: 40)"),
     (["verilog"], "mrc_nic.sv)"),
     (["registers"], "(default: md)"),

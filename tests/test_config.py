@@ -11,7 +11,7 @@ from hdl.protocol import local_ack_timeout_ns, psn_add, psn_diff, psn_lt
 def test_defaults_are_the_flagship_configuration():
     config = NicConfig()
     assert (config.data_width, config.ports, config.qps) == (64, 8, 256)
-    assert config.window_psns == 256 and config.sack_bytes == 8
+    assert config.window_psns == 256
     assert config.line_rate_bps == 64 * 125_000_000
 
 
@@ -34,10 +34,11 @@ def test_bad_value_names_field_and_range(field, value, message):
     assert info.value.field == field
 
 
-def test_sack_must_fit_the_window():
-    with pytest.raises(ConfigError, match="sack_bits must not exceed the MPR window of 128"):
-        NicConfig(mpr_units=1, sack_bits=256)
-    assert NicConfig(mpr_units=2, sack_bits=256).sack_bytes == 32
+def test_sack_bitmap_width_is_not_a_parameter():
+    """The wire bitmap is MRC 1.0's 64 bits (hdl.protocol.SACK_BITMAP_BITS)."""
+    with pytest.raises(TypeError):
+        NicConfig(sack_bits=64)
+    assert "sack_bits" not in NicConfig().to_dict()
 
 
 def test_config_is_frozen_and_replace_validates():

@@ -229,7 +229,7 @@ def test_residue_match(data_width):
 
 def roce_frame(rng, ip_version):
     payload = Raw(rng.randbytes(rng.randint(0, 200)))
-    bth = BTH(opcode=rng.choice([0x04, 0x0A, 0x11]), fecn=rng.getrandbits(1),
+    bth = BTH(opcode=rng.choice([0x04, 0xCA, 0xDC]), fecn=rng.getrandbits(1),
               becn=rng.getrandbits(1), dqpn=rng.getrandbits(24), ackreq=rng.getrandbits(1),
               psn=rng.getrandbits(24))
     udp = UDP(sport=rng.randrange(49152, 65536), dport=ROCE_V2_PORT)

@@ -32,7 +32,7 @@ def data(psn=0, *, sport=0xC000, payload=PAYLOAD, **kw):
 
 
 def ack(psn=0, **kw):
-    return raw(pk.ack_packet(dqpn=0x11, psn=psn, cum_psn=psn, **kw))
+    return raw(pk.sack_packet(dqpn=0x11, cack_psn=psn, **kw))
 
 
 def config(**kw):
@@ -195,7 +195,7 @@ def test_trimming_above_threshold_keeps_headers_and_drops_other_packets():
         if trimmed:
             assert pk.is_trimmed(pkt)
             assert pkt[pk.RETH].dma_len == PAYLOAD
-            assert pk.MDETH in pkt and pk.Raw not in pkt[pk.MDETH]
+            assert pk.METH in pkt and pk.Raw not in pkt[pk.RETH]
             assert pkt[IPv6].plen == len(record.frame) - 14 - 40
             assert len(record.frame) == size - PAYLOAD
         else:
@@ -357,7 +357,9 @@ def test_flap_follows_its_period_and_duty_cycle():
     flap = Failure(kind="flap", plane=0, at_ns=20_000.0, recover_ns=80_000.0,
                    period_ns=10_000.0, duty=0.3)
     fabric = Fabric(config(latency_ns=100.0, failures=[flap]))
-    frames = [ack(i) for i in range(100)]
+    # AETH frames (the shortest): each one's flight is under the 1 us between sends.
+    frames = [raw(pk.ack_packet(dqpn=0x11, psn=i)) for i in range(100)]
+    assert ser_ns(frames[0]) + 100.0 < 1_000.0
     records = _crossed(fabric, frames, 1_000.0, planes=(0,))
     lost = 0
     for (_, i), record in records.items():
@@ -465,7 +467,7 @@ def test_goodput_statistics_count_intact_payload_per_bin_and_direction():
 def test_wire_shares_split_the_data_sides_wire_into_first_sends_resends_and_control():
     fabric = Fabric(config(wire_overhead_bytes=20, duplicate=1.0, seed=2))
     first = [data(i, payload=512) for i in range(3)]
-    resend = data(1, payload=512, flags=int(P.DataFlags.RETRANSMISSION))
+    resend = data(1, payload=512, rtx=True)
     for i, frame in enumerate([*first, resend, ack(9)]):
         fabric.send("a", 0, frame, i * 10_000.0)          # a sends data and one ACK ...
         if i < 4:

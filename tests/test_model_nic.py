@@ -69,7 +69,7 @@ def data_frames(network, src):
     out = []
     for _, sender, plane, frame in network.capture:
         packet = Ether(frame)
-        if sender == src and pk.MDETH in packet:
+        if sender == src and pk.METH in packet:
             out.append((plane, frame, packet))
     return out
 
@@ -146,23 +146,29 @@ def test_wire_frames_decode_with_valid_icrc_and_match_the_scapy_builder():
     frames = data_frames(network, "a")
     assert len(frames) == sum(math.ceil(wr["length"] / config.mtu)
                               for wr in result["work"]["a"])
+    placements = {index: evlib.header_fields(SPEC.profile.format,
+                                             evlib.expand(SPEC.profile, ev))
+                  for index, ev in enumerate(evs)}
     for plane, frame, packet in frames:
-        # An independent build of the same packet: sim.packets from the EV definition.
-        bth, reth, mdeth = packet[pk.BTH], packet[pk.RETH], packet[pk.MDETH]
-        index = mdeth.ev_index
+        # An independent build of the same packet: sim.packets from the EV definition (the
+        # EV rides only in the UDP source port here: find its index from it).
+        bth, meth, reth = packet[pk.BTH], packet[pk.METH], packet[pk.RETH]
+        (index,) = [i for i, f in placements.items() if f["udp_sport"] == packet[UDP].sport]
         assert plane == index % SMALL.planes        # GENERATED: ports taken in turn
-        placed = evlib.header_fields(SPEC.profile.format, evlib.expand(SPEC.profile,
-                                                                       evs[index]))
-        payload = bytes(mdeth.payload)
+        payload = pk.transport_payload(packet)
         imm = packet[pk.ImmDt].imm if pk.ImmDt in packet else None
         qpn = bth.dqpn
         assert qpn < SMALL.qps and P.psn_diff(bth.psn, PSN_BASE + qpn) >= 0
         assert reth.rkey == rkey_of("b") and reth.va >= MR_BASE
+        assert bth.ts == 1 and packet[pk.TSETH].ftype == P.Ftype.TIMESTAMP
         expected = pk.data_packet(bth.opcode, dqpn=qpn, psn=bth.psn, va=reth.va,
-                                  rkey=reth.rkey, payload=payload, imm=imm, ev_index=index,
-                                  flags=0, tx_ts=mdeth.tx_ts, ackreq=bth.ackreq, src=NIC_A,
-                                  dst=NIC_B, udp_sport=placed["udp_sport"], dscp=0,
-                                  ecn=0b10, hop_limit=64)
+                                  rkey=reth.rkey, payload=payload, imm=imm, msn=meth.msn,
+                                  rqmsn=meth.rqmsn, rtx=bool(bth.rtx),
+                                  tseth={"tx_timestamp": packet[pk.TSETH].tx_timestamp,
+                                         "ftype": P.Ftype.TIMESTAMP},
+                                  ackreq=bth.ackreq, src=NIC_A, dst=NIC_B,
+                                  udp_sport=placements[index]["udp_sport"], dscp=0, ecn=0b10,
+                                  hop_limit=64)
         assert raw(expected) == frame
     # The payload is the posted bytes at the right offset of the message.
     by_va = {wr["remote_addr"]: wr for wr in make_work(SMALL)["a"]}
@@ -170,17 +176,19 @@ def test_wire_frames_decode_with_valid_icrc_and_match_the_scapy_builder():
     assert len(firsts) == len(by_va)
     for packet in firsts:
         wr = by_va[packet[pk.RETH].va]
-        assert bytes(packet[pk.MDETH].payload) == wr["data"][:config.mtu]
+        assert pk.transport_payload(packet) == wr["data"][:config.mtu]
 
 
 def test_auto_baseline_sends_each_qp_on_one_ev():
     scn = SMALL.replace(baseline="ecmp", qps=3, bytes=30 * 1024)
     result, network = run_small(scn)
     check_run(result, scn)
+    placements = {evlib.header_fields(SPEC.profile.format, evlib.expand(SPEC.profile, ev))[
+        "udp_sport"]: index for index, ev in enumerate(evlib.generate(SPEC.profile, scn.evs))}
     for side in "ab":
         evs = {}
         for _, _, packet in data_frames(network, side):
-            evs.setdefault(packet[pk.BTH].dqpn, set()).add(packet[pk.MDETH].ev_index)
+            evs.setdefault(packet[pk.BTH].dqpn, set()).add(placements[packet[UDP].sport])
         assert set(evs) == set(range(scn.qps))
         assert evs == {qpn: {auto_index(qpn, scn.evs)} for qpn in range(scn.qps)}
 
@@ -250,9 +258,9 @@ def test_an_ack_goes_before_queued_data():
     nic.receive(1, raw(incoming), 100.0)
     sent = drain(nic, 1e6)
     kinds = [Ether(frame)[pk.BTH].opcode for _, _, frame in sent]
-    assert kinds[1] == P.Opcode.ACKNOWLEDGE and kinds.count(P.Opcode.ACKNOWLEDGE) == 1
+    assert kinds[1] == P.Opcode.RELIABILITY_SACK and kinds.count(P.Opcode.RELIABILITY_SACK) == 1
     ack = Ether(sent[1][2])
-    assert sent[1][1] == 1 and ack[pk.BTH].dqpn == 7 and ack[pk.MACKETH].cum_psn == 500
+    assert sent[1][1] == 1 and ack[pk.BTH].dqpn == 7 and ack[pk.SETH].cack_psn == 500
     assert nic.memory.read(MR_BASE, 64) == b"x" * 64
 
 

@@ -112,10 +112,16 @@ def test_two_nics_survive(name, build_dir, tmp_path):
 #: the bytes, the messages, the new packets, completion order, and every completion per QP
 #: and side (WR id, status, opcode, length, immediate); within tolerance the recovery
 #: counters, which depend on the cycle timing of ACKs and timers (the model has no pipeline
-#: latencies): both zero or both non-zero, and within a factor of 3 plus 8.
+#: latencies): retransmissions both zero or both non-zero and within a factor of 3 plus 8;
+#: timeouts within a factor of 3 plus 2. A timeout is a rare event that turns on whether one
+#: resend meets a down phase of a flapping plane, and which EV probe round first finds the
+#: plane up depends on the bench's register-bus polling (the RTL's probe rounds are a little
+#: more than the model's PROBE_INTERVAL_US apart), so one or two timeouts on one side only
+#: are timing, not a different behaviour; a systematic difference still fails.
 EXACT = ("bytes_delivered", "bytes_lost", "messages_completed", "packets_sent",
          "completions_in_order")
-TOLERANT = ("retransmissions", "timeouts")
+#: counter: (require both zero or both non-zero, slack)
+TOLERANT = {"retransmissions": (True, 8), "timeouts": (False, 2)}
 
 
 def _completions(folder):
@@ -133,9 +139,10 @@ def _agree(rtl, model, rtl_dir, model_dir):
     for key in EXACT:
         assert model[key] == rtl[key], (key, rtl[key], model[key])
     assert _completions(rtl_dir) == _completions(model_dir)
-    for key in TOLERANT:
+    for key, (same_zero, slack) in TOLERANT.items():
         a, b = rtl[key], model[key]
-        assert (a == 0) == (b == 0) and max(a, b) <= 3 * min(a, b) + 8, (key, a, b)
+        assert not same_zero or (a == 0) == (b == 0), (key, a, b)
+        assert max(a, b) <= 3 * min(a, b) + slack, (key, a, b)
 
 
 def test_retries_exhausted_error_every_work_request(build_dir, tmp_path):

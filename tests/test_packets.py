@@ -2,7 +2,8 @@
 
 import pytest
 from scapy.compat import raw
-from scapy.contrib.roce import AETH, BTH
+from scapy.contrib import roce
+from scapy.contrib.roce import AETH
 from scapy.layers.inet import IP, UDP
 from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import Ether
@@ -14,9 +15,7 @@ from sim import defaults as D
 from sim import packets as pk
 from sim.samples import sample_packets, sample_table
 
-SCAPY_CLASSES = {"BTH": BTH, "AETH": AETH, "RETH": pk.RETH, "ImmDt": pk.ImmDt,
-                 "MDETH": pk.MDETH, "MACKETH": pk.MACKETH, "MPRH": pk.MPRH,
-                 **{h.name: getattr(pk, h.name) for h in L.MRC10_HEADERS}}
+SCAPY_CLASSES = {"BTH": pk.BTH, "AETH": AETH, **{h.name: pk.LAYERS[h] for h in pk.LAYERS}}
 
 
 def _scapy_header_bytes(header, **values):
@@ -24,8 +23,6 @@ def _scapy_header_bytes(header, **values):
     data = raw(layer)
     if header is L.BTH:
         data = data[:-4]                    # BTH's trailing ICRC field is not part of the header
-    if header is L.MACKETH:
-        data = data[:header.size]           # the SACK bitmap follows the fixed part
     return data
 
 
@@ -33,8 +30,6 @@ def _scapy_header_bytes(header, **values):
 def test_layout_table_agrees_with_scapy(header):
     """Every field lands at the same bits in the table and in Scapy: set it alone to all ones."""
     base = {"icrc": 0, "pkey": 0} if header is L.BTH else {}
-    if header is L.MACKETH:
-        base["sack_bytes"] = 8
     assert len(_scapy_header_bytes(header, **base)) == header.size
     for field in header.fields:
         ones = -1 if field.signed else (1 << field.bits) - 1
@@ -49,23 +44,24 @@ def test_layout_table_agrees_with_scapy(header):
         assert getattr(SCAPY_CLASSES[header.name](expect + trailer), field.name) == ones
 
 
-def test_mrc10_bth_is_the_rocev2_bth_with_flag_names():
-    """BTH_MRC10 names the bits of the same 12 bytes: every RoCEv2 field keeps its place, and
-    rtx and ts are bits of Scapy's resv7 (sim.packets.BTH_RTX, BTH_TS)."""
-    assert L.BTH_MRC10.size == L.BTH.size
-    renamed = {"se": "solicited", "m": "migreq", "pad": "padcount", "tver": "version",
-               "reserved0": "resv6", "a": "ackreq"}
-    for field in L.BTH_MRC10.fields:
-        rocev2 = renamed.get(field.name, field.name)
-        if rocev2 in {f.name for f in L.BTH.fields}:
-            assert L.BTH_MRC10.bit_offset(field.name) == L.BTH.bit_offset(rocev2), field.name
-            assert field.bits == L.BTH.field(rocev2).bits, field.name
-    for name, resv7_bit in (("rtx", pk.BTH_RTX), ("ts", pk.BTH_TS)):
-        wire = L.BTH.pack(resv7=resv7_bit)
-        assert L.BTH_MRC10.unpack(wire)[name] == 1
-        assert sum(L.BTH_MRC10.unpack(wire).values()) == 1
-        bth = BTH(wire + bytes(4))
-        assert pk.bth_rtx(bth) == (name == "rtx") and pk.bth_ts(bth) == (name == "ts")
+def test_bth_is_the_rocev2_bth_with_the_mrc_flag_bits():
+    """sim.packets.BTH is Scapy's RoCEv2 BTH with MRC 1.0's rtx and ts named: every other field
+    keeps Scapy's place, rtx and ts are bits of Scapy's resv7, and the ICRC is Scapy's."""
+    rocev2 = {f.name for f in roce.BTH.fields_desc} - {"icrc"}
+    for field in L.BTH.fields:
+        if field.name in rocev2:
+            ours = raw(pk.BTH(**{field.name: 1}, icrc=0))
+            assert ours == raw(roce.BTH(**{field.name: 1}, icrc=0)), field.name
+    for name, resv7_bit in (("rtx", 0x20), ("ts", 0x10)):
+        wire = raw(pk.BTH(**{name: 1}, pkey=0, icrc=0))[:L.BTH.size]
+        assert roce.BTH(wire + bytes(4)).resv7 == resv7_bit, name
+        assert L.BTH.unpack(wire)[name] == 1
+    for sample in sample_packets():
+        frame = raw(sample.packet)
+        if sample.name != "trimmed":
+            scapy = Ether(frame)
+            scapy[pk.BTH].icrc = None
+            assert raw(scapy) == frame, sample.name
 
 
 def test_signed_fields_pack_twos_complement():
@@ -77,18 +73,39 @@ def test_signed_fields_pack_twos_complement():
 
 
 def test_header_sources_are_known():
-    for header in (*L.ALL_HEADERS, L.BTH_MRC10, *L.STANDARD_HEADERS):
+    for header in (*L.ALL_HEADERS, *L.STANDARD_HEADERS):
         for field in header.fields:
             assert header.field_source(field.name) in L.SOURCES
-    assert L.MDETH.own and not L.RETH.own and not L.SETH.own
+    assert not any(h.own for h in (*L.ALL_HEADERS, *L.STANDARD_HEADERS))
 
 
-def test_mrc10_layers_do_not_change_current_format_dissection():
-    """The MRC 1.0 bindings leave every current-format sample decoding as before."""
+def test_project_choices_are_only_what_the_references_leave_open():
+    """The only [project choice] fields: METH's meaning, the EETH op position, the unit of the
+    16-bit timestamps and the composition of the entropy echo."""
+    chosen = {(h.name, f.name) for h in L.ALL_HEADERS for f in h.fields
+              if h.field_source(f.name) == "project"}
+    assert chosen == {
+        ("METH", "rqmsn"), ("METH", "msn"), ("EETH", "op"),
+        ("TSETH", "tx_timestamp"), ("CC_STATE", "tx_timestamp"), ("NETH", "tx_timestamp"),
+        ("PETH", "tx_timestamp"), ("ERTH", "tx_timestamp"), ("EETH", "tx_timestamp"),
+        ("SETH", "entropy"), ("NETH", "entropy")}
+    assert "[uncertain]" in L.EETH.field("op").doc
+
+
+def test_every_opcode_decodes_to_its_headers():
+    """Each opcode of the table decodes to exactly its headers (data: METH, [TSETH], RETH,
+    [ImmDt], payload), and nothing after a control packet's headers."""
     for sample in sample_packets():
-        layers = Ether(raw(sample.packet)).layers()
-        assert not {pk.METH, pk.TSETH, pk.SETH, pk.CC_STATE, pk.NETH, pk.PETH, pk.ERTH,
-                    pk.EETH} & set(layers), sample.name
+        pkt = Ether(raw(sample.packet))
+        opcode = pkt[pk.BTH].opcode
+        headers = [layer for layer in pkt.layers()
+                   if layer in set(pk.LAYERS.values())]
+        if opcode in P.DATA_OPCODES:
+            want = L.data_headers(opcode, ts=pkt[pk.BTH].ts)
+        else:
+            want = L.CONTROL_HEADERS[opcode]
+            assert pk.transport_payload(pkt) == b"", sample.name
+        assert headers == [pk.LAYERS[h] for h in want], sample.name
 
 
 def test_header_pack_names_bad_field():
@@ -104,7 +121,7 @@ def test_sample_round_trip(sample):
     data = raw(sample.packet)
     parsed = Ether(data)
     assert raw(parsed) == data
-    for cls in (pk.RETH, pk.ImmDt, pk.MDETH, AETH, pk.MACKETH, pk.MPRH):
+    for cls in (*pk.LAYERS.values(),):
         assert parsed.haslayer(cls) == sample.packet.haslayer(cls), cls.__name__
         if parsed.haslayer(cls):
             for name, value in sample.packet[cls].fields.items():
@@ -114,7 +131,7 @@ def test_sample_round_trip(sample):
     if sample.name == "trimmed":
         assert pk.is_trimmed(parsed)
         assert not pk.icrc_ok(data)         # documented: a trimmed packet's ICRC is not checked
-        assert not parsed[pk.MDETH].payload
+        assert not pk.transport_payload(parsed)
     else:
         assert not pk.is_trimmed(parsed)
         assert pk.icrc_ok(data)
@@ -122,10 +139,18 @@ def test_sample_round_trip(sample):
 
 def test_data_packet_layers_in_order():
     pkt = Ether(raw(pk.data_packet(P.Opcode.RDMA_WRITE_LAST_WITH_IMMEDIATE, dqpn=5, psn=9,
-                                   va=0x1234, rkey=7, payload=b"abc", imm=42, ev_index=3)))
+                                   va=0x1234, rkey=7, payload=b"abc", imm=42, msn=3, rqmsn=1,
+                                   rtx=True, tseth={"tx_timestamp": 0x77, "ftype": 1})))
     names = [layer.__name__ for layer in pkt.layers()]
-    assert names == ["Ether", "IPv6", "UDP", "BTH", "RETH", "ImmDt", "MDETH", "Raw"]
+    assert names == ["Ether", "IPv6", "UDP", "BTH", "METH", "TSETH", "RETH", "ImmDt", "Raw"]
+    assert pkt[pk.BTH].rtx == 1 and pkt[pk.BTH].ts == 1
+    assert pkt[pk.METH].msn == 3 and pkt[pk.METH].rqmsn == 1
+    assert pkt[pk.TSETH].tx_timestamp == 0x77
     assert pkt[pk.RETH].dma_len == 3 and pkt[pk.ImmDt].imm == 42 and pkt.load == b"abc"
+    plain = Ether(raw(pk.data_packet(P.Opcode.RDMA_WRITE_ONLY, dqpn=5, psn=9, va=0, rkey=7,
+                                     payload=b"abc")))
+    assert [layer.__name__ for layer in plain.layers()][3:] == ["BTH", "METH", "RETH", "Raw"]
+    assert plain[pk.BTH].ts == 0 and plain[pk.BTH].rtx == 0
 
 
 def test_icrc_covers_everything_but_the_variant_fields():
@@ -162,32 +187,46 @@ def test_ipv4_checksum_and_dscp_masked():
     assert pk.icrc_ok(raw(parsed))
 
 
-def test_ack_sack_bitmap_and_flags():
-    ack = Ether(raw(pk.ack_packet(dqpn=D.QPN_A, psn=0x20, cum_psn=0x10, sack=(1 << 63) | 5,
-                                  sack_bytes=8, flags=P.AckFlags.ECN_ECHO, svc_time=99)))
-    m = ack[pk.MACKETH]
-    assert m.sack_bytes == 8 and m.sack_int() == (1 << 63) | 5
-    assert m.cum_psn == 0x10 and m.svc_time == 99 and m.flags == P.AckFlags.ECN_ECHO
-    assert ack[AETH].syndrome == P.AETH_ACK
-    assert P.syndrome_nak_code(ack[AETH].syndrome) is None
-    wide = Ether(raw(pk.ack_packet(dqpn=1, psn=1, cum_psn=0, sack=1 << 1000, sack_bytes=128)))
-    assert wide[pk.MACKETH].sack_bytes == 128 and wide[pk.MACKETH].sack_int() == 1 << 1000
-    assert pk.icrc_ok(raw(wide))
+def test_sack_fields_and_psn():
+    sack = Ether(raw(pk.sack_packet(dqpn=D.QPN_A, cack_psn=0x10, ack_psn_offset=-3,
+                                    sack_psn_offset=1, sack_bitmap=(1 << 63) | 5,
+                                    m=int(P.SackMark.SKIP_ONCE),
+                                    cc_state={"rcvd_bytes": 0xABCDEF, "ooo_count": 7})))
+    seth = sack[pk.SETH]
+    assert sack[pk.BTH].psn == seth.cack_psn == 0x10
+    assert seth.ack_psn_offset == -3 and seth.sack_bitmap == (1 << 63) | 5
+    assert sack[pk.CC_STATE].rcvd_bytes == 0xABCDEF and sack[pk.CC_STATE].ooo_count == 7
+    assert len(raw(sack[pk.SETH])) == 36
 
 
 @pytest.mark.parametrize("code", list(P.NakCode), ids=lambda c: c.name)
-def test_nack_codes(code):
-    nack = Ether(raw(pk.nack_packet(code, dqpn=1, psn=7, cum_psn=6)))
-    assert nack[AETH].syndrome == 0x60 | code
-    assert P.syndrome_nak_code(nack[AETH].syndrome) == code
+def test_aeth_nak_codes(code):
+    nak = Ether(raw(pk.nak_packet(code, dqpn=1, psn=7)))
+    assert nak[pk.BTH].opcode == P.Opcode.ACKNOWLEDGE
+    assert nak[AETH].syndrome == 0x60 | code
+    assert P.syndrome_nak_code(nak[AETH].syndrome) == code
 
 
-def test_probe_request_and_response():
-    for response, opcode in [(False, P.Opcode.PROBE_REQUEST), (True, P.Opcode.PROBE_RESPONSE)]:
-        probe = Ether(raw(pk.probe_packet(response=response, dqpn=3, probe_id=0xABCD,
-                                          ev_index=17, src_qpn=0x11, tx_ts=5, svc_time=6)))
-        assert probe[BTH].opcode == opcode
-        assert (probe[pk.MPRH].probe_id, probe[pk.MPRH].ev_index) == (0xABCD, 17)
+@pytest.mark.parametrize("reason", list(P.NackReason), ids=lambda r: r.name)
+def test_nack_reasons(reason):
+    nack = Ether(raw(pk.nack_packet(dqpn=1, nack_psn=7, nack_reason=reason)))
+    assert nack[pk.BTH].psn == nack[pk.NETH].nack_psn == 7
+    assert nack[pk.NETH].nack_reason == reason
+
+
+def test_probes_and_endpoint_packets():
+    probe = Ether(raw(pk.probe_packet(dqpn=3, psn=4, probe_id=0xABCD, tx_timestamp=5)))
+    assert probe[pk.BTH].opcode == P.Opcode.RELIABILITY_PROBE_REQUEST
+    assert probe[pk.PETH].probe_id == 0xABCD
+    request = Ether(raw(pk.endpoint_request(request_id=0x1234, op=P.EndpointOp.EV_PROBE)))
+    assert request[pk.BTH].dqpn == P.ENDPOINT_QPN and request[pk.BTH].psn == 0x1234
+    assert request[pk.ERTH].op == P.EndpointOp.EV_PROBE
+    response = Ether(raw(pk.endpoint_response(request_id=0x1234, op=P.EndpointOp.EV_PROBE,
+                                              tx_timestamp=9)))
+    assert response[pk.BTH].opcode == P.Opcode.ENDPOINT_RESPONSE
+    assert response[pk.EETH].tx_timestamp == 9 and response[pk.EETH].op == 1
+    with pytest.raises(ValueError, match="request_id must be from 0 to 65535"):
+        pk.endpoint_request(request_id=1 << 16, op=P.EndpointOp.EV_PROBE)
 
 
 def test_trim_keeps_headers_and_rewrites_lengths():
@@ -196,7 +235,7 @@ def test_trim_keeps_headers_and_rewrites_lengths():
     trimmed = pk.trim(full, dscp=10)
     ip = trimmed[IPv6]
     assert ip.tc >> 2 == 10 and ip.tc & 3 == P.ECN_CE       # ECN survives the trim
-    header_bytes = L.BTH.size + L.RETH.size + L.IMMDT.size + L.MDETH.size
+    header_bytes = L.BTH.size + L.METH.size + L.RETH.size + L.IMMDT.size
     assert ip.plen == 8 + header_bytes + P.ICRC_BYTES
     assert trimmed[UDP].len == ip.plen
     assert trimmed[pk.RETH].dma_len == 500 and trimmed[pk.ImmDt].imm == 9
@@ -204,9 +243,9 @@ def test_trim_keeps_headers_and_rewrites_lengths():
     trimmed4 = pk.trim(pk.data_packet(P.Opcode.RDMA_WRITE_ONLY, dqpn=1, psn=2, va=3, rkey=4,
                                       payload=b"z" * 100, ip_version=4))
     assert Ether(raw(trimmed4))[IP].chksum == trimmed4[IP].chksum
-    assert trimmed4[IP].len == 20 + 8 + L.BTH.size + L.RETH.size + L.MDETH.size + 4
+    assert trimmed4[IP].len == 20 + 8 + L.BTH.size + L.METH.size + L.RETH.size + 4
     with pytest.raises(ValueError, match="only data packets"):
-        pk.trim(pk.ack_packet(dqpn=1, psn=1, cum_psn=1))
+        pk.trim(pk.sack_packet(dqpn=1, cack_psn=1))
 
 
 def test_srv6_icrc_covers_inner_packet_only():
@@ -234,13 +273,6 @@ def test_builder_errors_name_the_problem(kwargs, message):
         pk.data_packet(opcode, dqpn=1, psn=1, va=0, rkey=0, **kwargs)
 
 
-def test_sack_bytes_must_be_allowed():
-    with pytest.raises(ValueError, match=r"sack_bytes must be one of \(8, 16, 32, 64, 128\)"):
-        pk.ack_packet(dqpn=1, psn=1, cum_psn=0, sack_bytes=12)
-    with pytest.raises(ValueError, match="does not fit"):
-        pk.ack_packet(dqpn=1, psn=1, cum_psn=0, sack=1 << 64)
-
-
 def test_pcap_written_and_read_back(tmp_path):
     samples = sample_packets()
     path = tmp_path / "s.pcap"
@@ -262,19 +294,12 @@ def test_wire_format_doc_shows_the_layout_table(header):
     assert L.markdown_table(header) in doc, f"docs/wire-format.md: {header.name} table is stale"
 
 
-def test_wire_format_doc_shows_the_mrc10_tables():
-    from sim.env import REPO
-    doc = (REPO / "docs" / "wire-format.md").read_text()
-    assert L.mrc10_markdown() in doc, (
-        "docs/wire-format.md: the MRC 1.0 tables are stale: python -m hdl.packet.layouts")
-
-
 def test_sample_covers_every_packet_kind():
     samples = sample_packets()
-    opcodes = {s.packet[BTH].opcode for s in samples}
+    opcodes = {s.packet[pk.BTH].opcode for s in samples}
     assert opcodes == {int(o) for o in P.SUPPORTED_OPCODES}
     assert {P.syndrome_nak_code(s.packet[AETH].syndrome) for s in samples
-            if s.packet.haslayer(AETH)} == {None, *P.NakCode}
+            if s.packet.haslayer(AETH)} == set(P.NakCode)
     ips = {s.packet[UDP].underlayer.__class__ for s in samples if s.packet.haslayer(pk.RETH)}
     assert ips == {IP, IPv6}
     assert any(s.name == "trimmed" for s in samples)

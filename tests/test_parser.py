@@ -15,7 +15,6 @@ import struct
 import pytest
 from amaranth.sim import Simulator
 from scapy.compat import raw
-from scapy.contrib.roce import AETH, BTH
 from scapy.layers.inet import IP, UDP
 from scapy.layers.inet6 import IPv6, IPv6ExtHdrSegmentRouting
 from scapy.layers.l2 import Dot1Q, Ether
@@ -28,6 +27,8 @@ from hdl.packet.parser import Parser, max_frame_bytes
 from hdl.packet.pktfifo import PacketFifo
 from sim import defaults as D
 from sim import packets as pk
+from sim import rtlpackets
+from sim.packets import AETH, BTH
 from sim.samples import sample_packets
 
 R = DropReason
@@ -96,6 +97,25 @@ def _unpack(layout, value):
 
 def _zero(layout):
     return {name: _zero(f.shape) if hasattr(f.shape, "members") else 0 for name, f in layout}
+
+
+def _pack_nested(layout, fields):
+    """The raw value of a (nested) struct or union from ``{field: int or dict}``; missing
+    fields are 0, negative values two's complement."""
+    value = 0
+    for name, field in layout:
+        if name not in fields:
+            continue
+        if hasattr(field.shape, "members"):
+            raw_field = _pack_nested(field.shape, fields[name])
+        else:
+            raw_field = int(fields[name]) & ((1 << field.width) - 1)
+        value |= raw_field << field.offset
+    return value
+
+
+def _layer_fields(layer, header):
+    return {f.name: getattr(layer, f.name) for f in header.fields}
 
 
 class Run:
@@ -242,29 +262,39 @@ def scapy_header(frame, *, config=CONFIG, port=0, trim_dscp=P.DEFAULT_TRIM_DSCP)
     h["ip_dst"] = _ip_int(ip.dst)
     h["udp_sport"] = pkt[UDP].sport
     bth = pkt[BTH]
-    h["bth"] = {f.name: getattr(bth, f.name) for f in L.BTH.fields}
+    h["bth"] = _layer_fields(bth, L.BTH)
     payload = b""
     if bth.opcode in P.DATA_OPCODES:
         h["kind"] = PacketKind.DATA.value
-        h["reth"] = {f.name: getattr(pkt[pk.RETH], f.name) for f in L.RETH.fields}
+        h["meth"] = _layer_fields(pkt[pk.METH], L.METH)
+        if bth.ts:
+            h["tseth"] = _layer_fields(pkt[pk.TSETH], L.TSETH)
+        h["reth"] = _layer_fields(pkt[pk.RETH], L.RETH)
         if pk.ImmDt in pkt:
-            h["immdt"] = {f.name: getattr(pkt[pk.ImmDt], f.name) for f in L.IMMDT.fields}
-        h["mdeth"] = {f.name: getattr(pkt[pk.MDETH], f.name) for f in L.MDETH.fields}
+            h["immdt"] = _layer_fields(pkt[pk.ImmDt], L.IMMDT)
         h["trimmed"] = int(ip.tc >> 2 == trim_dscp if isinstance(ip, IPv6)
                            else ip.tos >> 2 == trim_dscp)
         if not h["trimmed"]:
-            payload = bytes(pkt[pk.MDETH].payload)
+            payload = pk.transport_payload(pkt)
     elif bth.opcode == P.Opcode.ACKNOWLEDGE:
-        h["kind"] = PacketKind.ACK.value
-        h["aeth"] = {f.name: getattr(pkt[AETH], f.name) for f in L.AETH.fields}
-        mack = pkt[pk.MACKETH]
-        h["macketh"] = {f.name: getattr(mack, f.name) for f in L.MACKETH.fields}
-        h["sack"] = int.from_bytes(mack.sack, "big") & ((1 << config.sack_bits) - 1)
+        h["kind"] = PacketKind.AETH.value
+        h["aeth"] = _layer_fields(pkt[AETH], L.AETH)
     else:
-        h["kind"] = PacketKind.PROBE.value
-        h["mprh"] = {f.name: getattr(pkt[pk.MPRH], f.name) for f in L.MPRH.fields}
+        kind, member = rtlpackets.CONTROL_KINDS[bth.opcode]
+        h["kind"] = kind.value
+        if member == "sack":
+            ctl = {"sack": {"seth": _layer_fields(pkt[pk.SETH], L.SETH),
+                            "cc_state": _layer_fields(pkt[pk.CC_STATE], L.CC_STATE)}}
+        else:
+            header, = L.CONTROL_HEADERS[bth.opcode]
+            ctl = {member: _layer_fields(pkt[pk.LAYERS[header]], header)}
+        # The parser's view of the union: every member read from the same bits.
+        ctl_layout = packet_header_layout(config)["ctl"].shape
+        h["ctl"] = _unpack(ctl_layout, _pack_nested(ctl_layout, ctl))
     h["payload_len"] = len(payload)
-    return h, payload
+    # Signed fields as the parser's raw bits.
+    layout = packet_header_layout(config)
+    return _unpack(layout, _pack_nested(layout, h)), payload
 
 
 def _be(frame, offset, size):
@@ -346,28 +376,24 @@ def reference_verdict(frame, *, config=CONFIG, trim_dscp=P.DEFAULT_TRIM_DSCP):
     if bth["opcode"] not in P.SUPPORTED_OPCODES:
         return R.UNSUPPORTED_OPCODE
     ext = t + L.BTH.size
-    if bth["opcode"] in P.DATA_OPCODES:
-        headers = [L.RETH] + ([L.IMMDT] if bth["opcode"] in P.IMMEDIATE_OPCODES else []) + [L.MDETH]
-    elif bth["opcode"] == P.Opcode.ACKNOWLEDGE:
-        headers = [L.AETH, L.MACKETH]
+    data = bth["opcode"] in P.DATA_OPCODES
+    if data:
+        headers = L.data_headers(bth["opcode"], ts=bth["ts"])
     else:
-        headers = [L.MPRH]
-    need = ext + sum(h.size for h in headers) + 4
-    if end < need:
+        headers = L.CONTROL_HEADERS[bth["opcode"]]
+    need = ext + L.headers_size(headers) + 4
+    if data and end < need:
         return R.RUNT
+    if not data and end != need:
+        return R.BAD_LENGTH
     tclass = inner_tclass(frame, x, inner_v4)
-    trimmed = bth["opcode"] in P.DATA_OPCODES and tclass >> 2 == trim_dscp
-    if bth["opcode"] in P.DATA_OPCODES:
+    trimmed = data and tclass >> 2 == trim_dscp
+    if data:
         if end - need > config.mtu:
             return R.OVERSIZE
-        if not trimmed and L.RETH.unpack(frame[ext:])["dma_len"] != end - need:
+        reth_at = ext + L.METH.size + (L.TSETH.size if bth["ts"] else 0)
+        if not trimmed and L.RETH.unpack(frame[reth_at:])["dma_len"] != end - need:
             return R.BAD_LENGTH
-    elif bth["opcode"] == P.Opcode.ACKNOWLEDGE:
-        sack_bytes = L.MACKETH.unpack(frame[ext + L.AETH.size:])["sack_bytes"]
-        if sack_bytes not in P.SACK_BYTES_ALLOWED or need + sack_bytes != end:
-            return R.BAD_LENGTH
-    elif need != end:
-        return R.BAD_LENGTH
     if not trimmed and not pk.icrc_ok(frame[:end]):
         return R.BAD_ICRC
     return R.NONE
@@ -393,15 +419,43 @@ def write(payload=b"", **kw):
     return pk.data_packet(P.Opcode.RDMA_WRITE_ONLY, payload=payload, **kw)
 
 
-def ack(**kw):
+def sack(**kw):
     kw.setdefault("dqpn", D.QPN_A)
-    kw.setdefault("psn", 0x105)
-    kw.setdefault("cum_psn", 0x104)
-    return pk.ack_packet(**kw)
+    kw.setdefault("cack_psn", 0x104)
+    return pk.sack_packet(**kw)
 
 
 def probe(**kw):
-    return pk.probe_packet(dqpn=D.QPN_B, probe_id=0x55, ev_index=3, **kw)
+    return pk.probe_packet(dqpn=D.QPN_B, psn=0x105, probe_id=0x55, **kw)
+
+
+def random_fields(rng, header, skip=()):
+    """Every field of ``header`` random over its whole range."""
+    return {f.name: rng.randint(f.minimum, f.maximum) for f in header.fields
+            if f.name not in skip}
+
+
+def random_control(rng, **kw):
+    """A control packet of a random kind with every field random."""
+    opcode = rng.choice(sorted(L.CONTROL_HEADERS))
+    dqpn, psn = rng.getrandbits(24), rng.getrandbits(24)
+    if opcode == P.Opcode.ACKNOWLEDGE:
+        return pk.ack_packet(dqpn=dqpn, psn=psn, **random_fields(rng, L.AETH), **kw)
+    if opcode == P.Opcode.RELIABILITY_SACK:
+        return pk.sack_packet(dqpn=dqpn, cack_psn=psn,
+                              **random_fields(rng, L.SETH, skip=("cack_psn",)),
+                              cc_state=random_fields(rng, L.CC_STATE), **kw)
+    if opcode == P.Opcode.RELIABILITY_NACK:
+        fields = random_fields(rng, L.NETH, skip=("nack_psn", "nack_reason"))
+        return pk.nack_packet(dqpn=dqpn, nack_psn=psn,
+                              nack_reason=rng.choice(list(P.NackReason)), **fields, **kw)
+    if opcode == P.Opcode.RELIABILITY_PROBE_REQUEST:
+        return pk.probe_packet(dqpn=dqpn, psn=psn, **random_fields(rng, L.PETH), **kw)
+    builder = (pk.endpoint_request if opcode == P.Opcode.ENDPOINT_REQUEST
+               else pk.endpoint_response)
+    header = L.ERTH if opcode == P.Opcode.ENDPOINT_REQUEST else L.EETH
+    return builder(request_id=rng.getrandbits(16), op=rng.choice(list(P.EndpointOp)),
+                   dqpn=dqpn, **random_fields(rng, header, skip=("op",)), **kw)
 
 
 def fix_ipv4_checksum(frame, offset):
@@ -425,8 +479,7 @@ def random_frame(rng, config=CONFIG):
           "hop_limit": rng.getrandbits(8)}
     if kw["ip_version"] == 6:
         kw["flow_label"] = rng.getrandbits(20)
-    choice = rng.random()
-    if choice < 0.6:
+    if rng.random() < 0.6:
         opcode = rng.choice(sorted(P.DATA_OPCODES))
         size = rng.choice((0, 1, config.mtu - 1, config.mtu, rng.randrange(config.mtu + 1),
                            rng.randrange(64)))
@@ -434,21 +487,11 @@ def random_frame(rng, config=CONFIG):
             opcode, dqpn=rng.getrandbits(24), psn=rng.getrandbits(24), va=rng.getrandbits(64),
             rkey=rng.getrandbits(32), payload=rng.randbytes(size),
             imm=rng.getrandbits(32) if opcode in P.IMMEDIATE_OPCODES else None,
-            ev_index=rng.getrandbits(16), flags=rng.getrandbits(8), tx_ts=rng.getrandbits(32),
+            rqmsn=rng.getrandbits(16), msn=rng.getrandbits(16), rtx=rng.random() < 0.3,
+            tseth=random_fields(rng, L.TSETH) if rng.random() < 0.7 else None,
             ackreq=rng.getrandbits(1), **kw)
-    elif choice < 0.85:
-        sack_bytes = rng.choice(P.SACK_BYTES_ALLOWED)
-        pkt = pk.ack_packet(
-            dqpn=rng.getrandbits(24), psn=rng.getrandbits(24), cum_psn=rng.getrandbits(24),
-            sack=rng.getrandbits(8 * sack_bytes), sack_bytes=sack_bytes, msn=rng.getrandbits(24),
-            nak=rng.choice((None, *P.NakCode)), ev_index=rng.getrandbits(16),
-            flags=rng.getrandbits(8), ts_echo=rng.getrandbits(32), svc_time=rng.getrandbits(32),
-            **kw)
     else:
-        pkt = pk.probe_packet(
-            response=rng.random() < 0.5, dqpn=rng.getrandbits(24), probe_id=rng.getrandbits(32),
-            ev_index=rng.getrandbits(16), src_qpn=rng.getrandbits(24), tx_ts=rng.getrandbits(32),
-            svc_time=rng.getrandbits(32), flags=rng.getrandbits(8), psn=rng.getrandbits(24), **kw)
+        pkt = random_control(rng, **kw)
     stack = rng.random()
     if stack < 0.15:
         pkt = pk.srv6_encapsulate(pkt, dst=rng.randbytes(16))
@@ -487,7 +530,7 @@ def check_packets(run, frames, ports, *, config=CONFIG, trim_dscp=P.DEFAULT_TRIM
 
 @pytest.mark.parametrize("data_width", [64, 128, 256])
 def test_every_sample_parses_as_scapy_decodes_it(data_width):
-    """All 30 samples back to back, bubbles and backpressure: every field and payload byte."""
+    """Every sample back to back, bubbles and backpressure: every field and payload byte."""
     config = NicConfig(data_width=data_width)
     frames = [frame for _name, frame in SAMPLES]
     ports = [k % 16 for k in range(len(frames))]
@@ -506,33 +549,54 @@ def test_random_frames_parse_as_scapy_decodes_them(data_width, count):
     check_packets(run, frames, ports, config=config)
 
 
-@pytest.mark.parametrize("sack_bits", [64, 128])
-def test_sack_bitmap_keeps_its_low_bits_or_is_zero_extended(sack_bits):
-    """A longer SACK bitmap keeps its low sack_bits bits, a shorter one is zero-extended."""
-    config = NicConfig(sack_bits=sack_bits)
-    rng = random.Random(sack_bits)
-    # Non-zero bytes in front of the bitmap: a short bitmap must not pick them up.
-    frames = [raw(ack(sack=rng.getrandbits(8 * size), sack_bytes=size, ts_echo=0xFFFFFFFF,
-                      svc_time=rng.getrandbits(32), ip_version=rng.choice((4, 6))))
-              for size in P.SACK_BYTES_ALLOWED for _ in range(2)]
-    frames.append(raw(pk.srv6_encapsulate(ack(sack=(1 << 1024) - 1, sack_bytes=128),
-                                          dst=bytes(16), segment=bytes(16))))
-    frames[-1] = add_vlan(frames[-1])      # the longest legal ACK
+def test_control_headers_in_the_longest_stack():
+    """Every control kind with every field random (the SACK bitmap all ones once) behind the
+    longest stack (802.1Q, SRv6 with an SRH, inner IPv6): the capture reaches their end."""
+    rng = random.Random("longest-control")
+    frames = []
+    for _ in range(12):
+        pkt = random_control(rng)
+        frames.append(add_vlan(raw(pk.srv6_encapsulate(pkt, dst=rng.randbytes(16),
+                                                       segment=rng.randbytes(16)))))
+    frames.append(add_vlan(raw(pk.srv6_encapsulate(
+        sack(sack_bitmap=(1 << 64) - 1, sack_psn_offset=-1, ack_psn_offset=-(1 << 15),
+             cc_state={"rcvd_bytes": (1 << 24) - 1, "ooo_count": (1 << 15) - 1}),
+        dst=bytes(16), segment=bytes(16)))))
     ports = [0] * len(frames)
-    run = run_parser(frames, config=config, seed=3, ports=ports)
-    check_packets(run, frames, ports, config=config)
-    assert run.packets[-1][0]["sack"] == (1 << sack_bits) - 1
+    run = run_parser(frames, seed=3, ports=ports)
+    check_packets(run, frames, ports)
+    assert run.packets[-1][0]["ctl"]["sack"]["seth"]["sack_bitmap"] == (1 << 64) - 1
+
+
+def test_data_headers_follow_bth_ts_and_the_opcode():
+    """METH, then a TSETH only with BTH.ts, then RETH and ImmDt: the payload starts after
+    them, and the parser reads every field where the flag and the opcode put it."""
+    rng = random.Random("data-layouts")
+    frames = []
+    for opcode in sorted(P.DATA_OPCODES):
+        for tseth in (None, random_fields(rng, L.TSETH)):
+            frames.append(raw(pk.data_packet(
+                opcode, dqpn=1, psn=rng.getrandbits(24), va=rng.getrandbits(64),
+                rkey=rng.getrandbits(32), payload=rng.randbytes(rng.randrange(1, 90)),
+                imm=rng.getrandbits(32) if opcode in P.IMMEDIATE_OPCODES else None,
+                rqmsn=rng.getrandbits(16), msn=rng.getrandbits(16), rtx=True, tseth=tseth,
+                ip_version=rng.choice((4, 6)))))
+    ports = [0] * len(frames)
+    run = run_parser(frames, seed=19, ports=ports)
+    check_packets(run, frames, ports)
+    assert [h["bth"]["ts"] for h, _ in run.packets] == [0, 1] * len(P.DATA_OPCODES)
+    assert all(h["bth"]["rtx"] for h, _ in run.packets)
 
 
 def test_trimmed_packets_lose_their_payload_and_skip_icrc_and_dma_len():
     """Trim DSCP on a DATA packet: accepted without payload whatever its ICRC and dma_len say;
-    on an ACK or a probe the DSCP means nothing."""
+    on a SACK or a probe the DSCP means nothing."""
     trimmed = GOOD["trimmed"]
     with_payload = bytearray(raw(write(b"x" * 100, dscp=P.DEFAULT_TRIM_DSCP, ip_version=4)))
     with_payload[-1] ^= 0xFF                                      # ICRC not checked
     frames = [trimmed, bytes(with_payload),
               raw(write(b"abc", dscp=P.DEFAULT_TRIM_DSCP, dma_len=999)),
-              _flip_last(raw(ack(dscp=P.DEFAULT_TRIM_DSCP))),
+              _flip_last(raw(sack(dscp=P.DEFAULT_TRIM_DSCP))),
               raw(probe(dscp=P.DEFAULT_TRIM_DSCP)),
               raw(write(b"abc", dscp=12)), raw(write(b"abc", dscp=12))]
     # Runtime trim_dscp: 12 marks trimmed packets now, 33 does not.
@@ -555,9 +619,9 @@ def test_back_to_back_frames_are_taken_one_beat_per_cycle(data_width):
     for _ in range(4):
         frames += [frame for _name, frame in SAMPLES[:8]]
         frames += [random_frame(rng) for _ in range(3)]
-        frames += [GOOD["probe_request"]] * 3 + [b"\x01" * rng.randrange(1, 9)] * 3
+        frames += [GOOD["reliability_probe"]] * 3 + [b"\x01" * rng.randrange(1, 9)] * 3
     frames += [raw(write(bytes(CONFIG.mtu))) for _ in range(3)] + [bytes(3000)]
-    frames += [GOOD["ack_ipv4"], GOOD["probe_request"]] * 6
+    frames += [GOOD["sack_ipv4"], GOOD["reliability_probe"], GOOD["nak_remote_access"]] * 4
     # The tightest case for the reader: the shortest headers, payloads just past a beat.
     frames += [raw(write(bytes(32 * k + r), ip_version=4)) for k in (0, 2) for r in (1, 7, 14)]
     config = NicConfig(data_width=data_width)
@@ -576,7 +640,7 @@ def test_a_stalled_output_fills_the_fifo_and_loses_nothing(full):
     frames = []
     for _ in range(2):
         if full == "header_queue":
-            frames += [GOOD["ack_ipv4"], b"junk" * 3, GOOD["probe_response"]] * 12
+            frames += [GOOD["sack_ipv4"], b"junk" * 3, GOOD["ev_probe_response"]] * 12
         else:
             frames += [raw(write(rng.randbytes(rng.randrange(CONFIG.mtu - 200, CONFIG.mtu))))
                        for _ in range(6)]
@@ -634,11 +698,11 @@ def malformed_cases():
     f4, f6 = raw(w4), raw(w6)
     srv6 = raw(pk.srv6_encapsulate(w6, dst=bytes(16), segment=bytes(16)))
     padded = raw(Ether(dst=D.NIC_B.mac, src=D.NIC_A.mac) / IP(src="10.0.0.1", dst="10.0.0.2")
-                 / UDP(sport=1, dport=P.ROCEV2_UDP_PORT) / BTH(opcode=P.Opcode.PROBE_REQUEST))
+                 / UDP(sport=1, dport=P.ROCEV2_UDP_PORT) / BTH(opcode=P.Opcode.RDMA_WRITE_ONLY))
     assert len(padded) == 58
     probe4 = raw(probe(ip_version=4))
     trimmed_v4 = raw(pk.trim(write(b"t" * 10, ip_version=4)))
-    sack12 = raw(ack(sack_bytes=16, ip_version=4))
+    sack4 = raw(sack(ip_version=4))
     return [
         ("runt_1_byte", b"\x00", R.RUNT),
         ("runt_13_bytes", f6[:13], R.RUNT),
@@ -668,22 +732,38 @@ def malformed_cases():
         ("opcode_read_request", _set(w4, BTH, opcode=0x0C), R.UNSUPPORTED_OPCODE),
         ("opcode_cnp", _set(w6, BTH, opcode=0x81), R.UNSUPPORTED_OPCODE),
         ("opcode_atomic", _set(w6, BTH, opcode=0x13), R.UNSUPPORTED_OPCODE),
+        ("opcode_rc_write_only", _set(w6, BTH, opcode=0x0A), R.UNSUPPORTED_OPCODE),
+        ("opcode_rc_acknowledge", _set(sack(), BTH, opcode=0x11), R.UNSUPPORTED_OPCODE),
+        ("opcode_old_probe", _set(probe(), BTH, opcode=0xC0), R.UNSUPPORTED_OPCODE),
+        ("opcode_mrc_reserved_0xcc", _set(w4, BTH, opcode=0xCC), R.UNSUPPORTED_OPCODE),
         ("payload_over_mtu", raw(write(bytes(CONFIG.mtu + 1), ip_version=4)), R.OVERSIZE),
         ("frame_over_longest", add_vlan(raw(pk.srv6_encapsulate(
             write(bytes(CONFIG.mtu + 50)), dst=bytes(16), segment=bytes(16)))), R.OVERSIZE),
         ("jumbo_garbage", bytes(range(256)) * 20, R.OVERSIZE),
         ("dma_len_long", raw(write(b"p" * 40, dma_len=41)), R.BAD_LENGTH),
         ("dma_len_zero", raw(write(b"p" * 40, dma_len=0, ip_version=4)), R.BAD_LENGTH),
-        ("sack_bytes_12", _set(ack(sack_bytes=16, ip_version=4), pk.MACKETH, sack_bytes=12,
-                               sack=bytes(12)), R.BAD_LENGTH),
-        ("sack_bytes_says_16_carries_8", _refit_lengths(sack12[:82] + sack12[-4:]),
+        ("sack_4_bytes_short", _refit_lengths(sack4[:-8] + sack4[-4:]), R.BAD_LENGTH),
+        ("sack_with_trailing_bytes", _refit_lengths(sack4[:-4] + bytes(8) + sack4[-4:]),
          R.BAD_LENGTH),
+        ("sack_cut_to_the_bth", _refit_lengths(sack4[:54] + sack4[-4:]), R.BAD_LENGTH),
         ("probe_with_trailing_bytes", _refit_lengths(raw(probe()) + bytes(4)), R.BAD_LENGTH),
+        ("nack_1_byte_short", _refit_lengths(raw(pk.nack_packet(
+            dqpn=1, nack_psn=2, nack_reason=P.NackReason.TRIMMED))[:-5]), R.BAD_LENGTH),
+        ("aeth_with_payload", _refit_lengths(raw(pk.nak_packet(
+            P.NakCode.REMOTE_ACCESS, dqpn=1, psn=2))[:-4] + b"payload!" + bytes(4)),
+         R.BAD_LENGTH),
+        ("endpoint_response_short", _refit_lengths(raw(pk.endpoint_response(
+            request_id=1, op=P.EndpointOp.EV_PROBE))[:-8]), R.BAD_LENGTH),
+        ("endpoint_request_long", _refit_lengths(raw(pk.endpoint_request(
+            request_id=1, op=P.EndpointOp.EV_PROBE)) + bytes(16)), R.BAD_LENGTH),
+        ("data_ts_set_without_tseth", _set(w4, BTH, ts=1), R.BAD_LENGTH),
+        ("data_ts_clear_with_tseth", _set(write(b"p" * 40, tseth={"tx_timestamp": 5}), BTH,
+                                          ts=0), R.BAD_LENGTH),
         ("icrc_flipped", _poke(f6, len(f6) - 1, f6[-1] ^ 1), R.BAD_ICRC),
         ("payload_flipped", _poke(f4, 90, f4[90] ^ 0x80), R.BAD_ICRC),
-        ("ack_trim_dscp_is_not_trimmed", _flip_last(raw(ack(dscp=P.DEFAULT_TRIM_DSCP))),
+        ("sack_trim_dscp_is_not_trimmed", _flip_last(raw(sack(dscp=P.DEFAULT_TRIM_DSCP))),
          R.BAD_ICRC),
-        ("trimmed_cut_inside_mdeth", _refit_lengths(trimmed_v4[:-8]), R.RUNT),
+        ("trimmed_cut_inside_reth", _refit_lengths(trimmed_v4[:-8]), R.RUNT),
         ("srh_type_3", _poke(srv6, 56, 3), R.BAD_IP_PROTOCOL),
         ("srh_two_segments", _poke(srv6, 55, 4), R.BAD_IP_PROTOCOL),
         ("srh_next_header_udp", _poke(srv6, 54, 17), R.BAD_IP_PROTOCOL),
@@ -719,8 +799,8 @@ def two_fault_cases():
         ("opcode_and_icrc", _flip_last(_set(w6, BTH, opcode=0x0C)), R.UNSUPPORTED_OPCODE),
         ("oversize_and_dma_len", raw(write(bytes(CONFIG.mtu + 1), dma_len=5)), R.OVERSIZE),
         ("dma_len_and_icrc", _flip_last(raw(write(b"q" * 20, dma_len=5))), R.BAD_LENGTH),
-        ("sack_bytes_and_icrc", _flip_last(_set(ack(), pk.MACKETH, sack_bytes=9, sack=bytes(9))),
-         R.BAD_LENGTH),
+        ("control_length_and_icrc", _flip_last(_refit_lengths(raw(sack(ip_version=4))
+                                                               + bytes(4))), R.BAD_LENGTH),
         ("srh_type_and_inner_version", _poke(_poke(raw(pk.srv6_encapsulate(
             w6, dst=bytes(16), segment=bytes(16))), 56, 0), 78, 0x40), R.BAD_IP_PROTOCOL),
         ("inner_version_and_inner_length", _poke(_poke(raw(pk.srv6_encapsulate(
@@ -768,7 +848,7 @@ def _refit_lengths(frame):
     return bytes(frame)
 
 
-@pytest.mark.parametrize("name,data_width", [("ack_ipv6", 64), ("probe_request", 256)])
+@pytest.mark.parametrize("name,data_width", [("sack_ipv6", 64), ("reliability_probe", 256)])
 def test_truncation_at_every_offset(name, data_width):
     """A header-only frame cut at every byte: RUNT inside the Ethernet and IP headers,
     BAD_IP_LENGTH once the IP header is complete (its length no longer matches)."""

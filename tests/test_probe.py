@@ -1,6 +1,8 @@
 # amaranth: UnusedElaboratable=no
-"""EV probes: the responder answers every probe request field by field, the requester times the
-responses and reports PROBE_OK; everything else is dropped and counted."""
+"""EV probes (ENDPOINT_REQUEST/ERTH, ENDPOINT_RESPONSE/EETH): the responder answers every EV
+probe field by field, the requester keeps an id table, times the answers from the echoed
+timestamp and reports PROBE_OK; everything else, and an answer naming no outstanding probe, is
+dropped and counted."""
 
 import random
 
@@ -14,17 +16,24 @@ from scapy.layers.l2 import Ether
 
 from hdl import protocol as P
 from hdl.config import NicConfig
-from hdl.packet.headers import PacketKind, packet_header_layout
+from hdl.packet.headers import PacketKind
 from hdl.path.probe import (
     PROBE_RESPONSE_HOP_LIMIT,
     PROBE_RESPONSE_TCLASS,
+    PROBE_TABLE_BITS,
     ProbeRequester,
     ProbeResponder,
 )
 from sim import packets as pk
 from sim.defaults import Endpoint
-from sim.rtlpackets import header_from_scapy, packet_from_header, payload_beats
-from sim.tb.amsim import StreamCollector, StreamDriver, const_to_dict
+from sim.model.responder import canonical_header, full_header
+from sim.rtlpackets import (
+    header_from_scapy,
+    packet_from_header,
+    payload_beats,
+    payload_from_scapy,
+)
+from sim.tb.amsim import StreamCollector, StreamDriver
 
 CONFIG = NicConfig(qps=16, evs_per_profile=12)
 NS_PER_CYCLE = 8
@@ -52,69 +61,58 @@ def underlay(rng):
                 vlan=rng.choice([None, rng.randrange(1, 4095)]))
 
 
-def probe_request(rng):
-    return pk.probe_packet(dqpn=rng.getrandbits(24), probe_id=rng.getrandbits(32),
-                           ev_index=rng.getrandbits(16), src_qpn=rng.getrandbits(24),
-                           tx_ts=rng.getrandbits(32), **underlay(rng))
+def probe_request(rng, *, op=P.EndpointOp.EV_PROBE):
+    return pk.endpoint_request(request_id=rng.getrandbits(16), op=op,
+                               tx_timestamp=rng.getrandbits(16), ftype=P.Ftype.TIMESTAMP,
+                               **underlay(rng))
 
 
-def probe_response(rng, *, dqpn, ev_index, probe_id, tx_ts, svc_time=None):
-    flags = 0 if svc_time is None else P.ProbeFlags.SERVICE_TIME
-    return pk.probe_packet(response=True, dqpn=dqpn, probe_id=probe_id, ev_index=ev_index,
-                           src_qpn=rng.getrandbits(24), tx_ts=tx_ts, svc_time=svc_time or 0,
-                           flags=flags, **underlay(rng))
+def probe_response(rng, *, request_id, tx_timestamp):
+    return pk.endpoint_response(request_id=request_id, op=P.EndpointOp.EV_PROBE,
+                                tx_timestamp=tx_timestamp, **underlay(rng))
 
 
 def other_packets(rng):
-    """Packets that are not probe requests: a three-beat write, an ACK, a probe response."""
+    """Packets that are not EV probe requests: a three-beat write, a SACK, an endpoint
+    response, a port status request and an endpoint request to another QP."""
     return [
         pk.data_packet(P.Opcode.RDMA_WRITE_ONLY, dqpn=5, psn=7, va=0x1000, rkey=1,
                        payload=rng.randbytes(20), **underlay(rng)),
-        pk.ack_packet(dqpn=5, psn=7, cum_psn=7, **underlay(rng)),
-        probe_response(rng, dqpn=1, ev_index=1, probe_id=1, tx_ts=1),
+        pk.sack_packet(dqpn=5, cack_psn=7, **underlay(rng)),
+        probe_response(rng, request_id=1, tx_timestamp=1),
+        probe_request(rng, op=P.EndpointOp.PORT_STATUS_UPDATE),
+        pk.endpoint_request(request_id=3, op=P.EndpointOp.EV_PROBE, dqpn=7, **underlay(rng)),
     ]
 
 
 def beats_of(pkt, *, port=0):
     """The parser's output for ``pkt``: its header on every payload beat."""
-    header = header_from_scapy(pkt, CONFIG, port=port)
-    payload = bytes(pkt[pk.MDETH].payload) if pk.MDETH in pkt else b""
+    header = full_header(header_from_scapy(pkt, CONFIG, port=port), CONFIG)
+    payload = payload_from_scapy(pkt)
     return [{"header": header, "data": data, "keep": keep, "first": first, "last": last}
             for data, keep, first, last in payload_beats(payload, CONFIG.data_width)]
 
 
-def zero_header():
-    return const_to_dict(packet_header_layout(CONFIG).const({}))
+def is_request(header):
+    return (header["bth"]["opcode"] == P.Opcode.ENDPOINT_REQUEST
+            and header["bth"]["dqpn"] == P.ENDPOINT_QPN
+            and header["ctl"]["erth"]["op"] == P.EndpointOp.EV_PROBE)
 
 
-def merged(header):
-    """A header dict from header_from_scapy (only the fields a frame has) over all zeros."""
-    full = zero_header()
-    for name, value in header.items():
-        if isinstance(value, dict):
-            full[name].update(value)
-        else:
-            full[name] = value.value if isinstance(value, PacketKind) else int(value)
-    return full
-
-
-def expected_response(request, svc_time):
-    """The response header for request header ``request`` (a dict from header_from_scapy)."""
-    response = zero_header()
-    mprh = request["mprh"]
-    response.update(
-        kind=PacketKind.PROBE.value, port=request["port"],
-        eth_dst=request["eth_src"], eth_src=request["eth_dst"],
-        vlan_valid=request.get("vlan_valid", 0), vlan_tci=request.get("vlan_tci", 0),
-        ipv6=request["ipv6"], ip_src=request["ip_dst"], ip_dst=request["ip_src"],
-        tclass=PROBE_RESPONSE_TCLASS, flow_label=request["flow_label"],
-        hop_limit=PROBE_RESPONSE_HOP_LIMIT, udp_sport=request["udp_sport"])
-    response["bth"].update(opcode=P.Opcode.PROBE_RESPONSE, pkey=request["bth"]["pkey"],
-                           dqpn=mprh["src_qpn"])
-    response["mprh"].update(probe_id=mprh["probe_id"], ev_index=mprh["ev_index"],
-                            flags=P.ProbeFlags.SERVICE_TIME, src_qpn=mprh["src_qpn"],
-                            tx_ts=mprh["tx_ts"], svc_time=svc_time)
-    return response
+def expected_response(request):
+    """The response header for request header ``request`` (a full header dict)."""
+    return full_header({
+        "kind": PacketKind.EP_RESPONSE, "port": request["port"],
+        "eth_dst": request["eth_src"], "eth_src": request["eth_dst"],
+        "vlan_valid": request["vlan_valid"], "vlan_tci": request["vlan_tci"],
+        "ipv6": request["ipv6"], "ip_src": request["ip_dst"], "ip_dst": request["ip_src"],
+        "tclass": PROBE_RESPONSE_TCLASS, "flow_label": request["flow_label"],
+        "hop_limit": PROBE_RESPONSE_HOP_LIMIT, "udp_sport": request["udp_sport"],
+        "bth": {"opcode": P.Opcode.ENDPOINT_RESPONSE, "pkey": request["bth"]["pkey"],
+                "dqpn": P.ENDPOINT_QPN, "psn": request["bth"]["psn"] & 0xFFFF},
+        "ctl": {"eeth": {"op": P.EndpointOp.EV_PROBE,
+                         "tx_timestamp": request["ctl"]["erth"]["tx_timestamp"]}},
+    }, CONFIG)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -167,20 +165,17 @@ def responder_run(packets, *, bubbles, backpressure, seed):
     source = StreamDriver(dut.i, bubbles=bubbles, seed=seed)
     sink = StreamCollector(dut.o, backpressure=backpressure, seed=seed + 1)
     source.send(beats)
-    taken = []
-    requests = sum(1 for beat in beats
-                   if beat["header"]["bth"]["opcode"] == P.Opcode.PROBE_REQUEST)
+    requests = [beat["header"] for beat in beats if beat["first"] and is_request(beat["header"])]
     result = {}
 
     async def testbench(ctx):
-        await sink.wait(ctx, requests, timeout=20 * len(beats) + 100)
+        await sink.wait(ctx, len(requests), timeout=20 * len(beats) + 100)
         for _ in range(5):          # nothing more comes out
             await ctx.tick()
         result.update(answered=ctx.get(dut.answered), dropped=ctx.get(dut.dropped))
 
-    run(dut, [source.process, sink.process,
-              transfer_monitor(dut.i, dut.now_ns, taken)], testbench, [dut.now_ns])
-    return beats, taken, sink, result
+    run(dut, [source.process, sink.process], testbench, [dut.now_ns])
+    return requests, sink, result
 
 
 @pytest.mark.parametrize("bubbles, backpressure", [(0.3, 0.3), (0.0, 0.6)])
@@ -188,24 +183,19 @@ def test_responder_answers_every_request_field_by_field(bubbles, backpressure):
     rng = random.Random(1)
     packets = [probe_request(rng) for _ in range(30)]
     packets[5:5] = other_packets(rng)
-    beats, taken, sink, counters = responder_run(packets, bubbles=bubbles,
-                                                 backpressure=backpressure, seed=2)
-    want = [expected_response(const_to_dict(payload.header), (time - offered) & MASK32)
-            for offered, time, payload in taken
-            if payload.header.bth.opcode == P.Opcode.PROBE_REQUEST]
+    requests, sink, counters = responder_run(packets, bubbles=bubbles,
+                                             backpressure=backpressure, seed=2)
     got = sink.as_dicts()
-    assert len(got) == len(want) == 30
-    for response, expected in zip(got, want, strict=True):
-        assert response["header"] == expected
+    assert len(got) == len(requests) == 30
+    for response, request in zip(got, requests, strict=True):
+        assert canonical_header(response["header"]) == expected_response(request)
         assert (response["first"], response["last"], response["keep"], response["data"]) == \
             (1, 1, 0, 0)
-    assert counters == {"answered": 30, "dropped": 3}
-    if backpressure:                # some requests waited: the service time says how long
-        assert any(response["header"]["mprh"]["svc_time"] for response in got)
+    assert counters == {"answered": 30, "dropped": 5}
 
 
 def test_responder_full_throughput():
-    """II = 1: back-to-back requests leave back to back, one cycle later, 0 ns service time."""
+    """II = 1: back-to-back requests leave back to back, one cycle later."""
     rng = random.Random(3)
     packets = [probe_request(rng) for _ in range(20)]
     dut = ProbeResponder(config=CONFIG)
@@ -224,33 +214,29 @@ def test_responder_full_throughput():
     run(dut, [source.process, sink.process], testbench, [dut.now_ns])
     assert sink.cycles_valid == 20
     assert cycles["done"] <= 20 + 3
-    assert all(item.header.mprh.svc_time == 0 for item in sink.items)
 
 
-def test_responder_output_is_a_probe_response_frame():
+def test_responder_output_is_an_endpoint_response_frame():
     """The response header, built into a frame as the header builder builds it, parses in Scapy
-    as a PROBE_RESPONSE to the requester with the request's MPRH echoed and a valid ICRC."""
+    as an ENDPOINT_RESPONSE to the endpoint QP echoing the request's id and timestamp."""
     rng = random.Random(4)
     packets = [probe_request(rng) for _ in range(6)]
-    _beats, _taken, sink, _counters = responder_run(packets, bubbles=0.2, backpressure=0.2,
-                                                    seed=5)
+    _requests, sink, _counters = responder_run(packets, bubbles=0.2, backpressure=0.2, seed=5)
     for request, item in zip(packets, sink.as_dicts(), strict=True):
-        frame = Ether(bytes(packet_from_header(item["header"], b"", CONFIG)))
+        frame = Ether(bytes(packet_from_header(canonical_header(item["header"]), b"", CONFIG)))
         ip = IPv6 if IPv6 in request else IP
         assert frame[Ether].dst == request[Ether].src and frame[Ether].src == request[Ether].dst
         assert (frame[ip].src, frame[ip].dst) == (request[ip].dst, request[ip].src)
         assert frame[UDP].sport == request[UDP].sport
         assert frame[UDP].dport == P.ROCEV2_UDP_PORT
-        bth, mprh = frame[pk.BTH], frame[pk.MPRH]
-        assert bth.opcode == P.Opcode.PROBE_RESPONSE
-        assert bth.dqpn == request[pk.MPRH].src_qpn
-        for name in ("probe_id", "ev_index", "src_qpn", "tx_ts"):
-            assert getattr(mprh, name) == getattr(request[pk.MPRH], name)
-        assert mprh.flags == P.ProbeFlags.SERVICE_TIME
-        # The frame parses back into the very header the responder sent: nothing in it is lost
-        # or out of range when the builder writes it.
-        assert merged(header_from_scapy(frame, CONFIG, port=item["header"]["port"])) == \
-            item["header"]
+        bth, eeth = frame[pk.BTH], frame[pk.EETH]
+        assert bth.opcode == P.Opcode.ENDPOINT_RESPONSE and bth.dqpn == P.ENDPOINT_QPN
+        assert bth.psn == request[pk.BTH].psn & 0xFFFF
+        assert eeth.op == P.EndpointOp.EV_PROBE
+        assert eeth.tx_timestamp == request[pk.ERTH].tx_timestamp
+        # The frame parses back into the very header the responder sent.
+        assert full_header(header_from_scapy(frame, CONFIG, port=item["header"]["port"]),
+                           CONFIG) == canonical_header(item["header"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -258,6 +244,8 @@ def test_responder_output_is_a_probe_response_frame():
 # ---------------------------------------------------------------------------------------------
 
 def test_requester_sends_probes_through_path_selection():
+    """Each probe gets the next id (BTH.psn[15:0]) and the wire timestamp of the cycle its
+    command is taken."""
     dut = ProbeRequester(config=CONFIG)
     rng = random.Random(6)
     commands = [{"qpn": rng.randrange(CONFIG.qps), "ev": rng.randrange(CONFIG.evs_per_profile),
@@ -274,37 +262,48 @@ def test_requester_sends_probes_through_path_selection():
     run(dut, [source.process, sink.process,
               transfer_monitor(dut.cmd, dut.now_ns, taken, first_only=False)],
         testbench, [dut.now_ns])
-    for command, (_offered, time, _payload), request in zip(commands, taken, sink.as_dicts(),
-                                                            strict=True):
+    for n, (command, (_offered, time, _payload), request) in enumerate(
+            zip(commands, taken, sink.as_dicts(), strict=True)):
         assert request == {"qpn": command["qpn"], "avoid_ev_valid": 0, "avoid_ev": 0,
                            "probe": 1, "ev": command["ev"],
-                           "context": {"probe_id": command["probe_id"], "tx_ts": time}}
+                           "context": {"probe_id": n, "tx_ts": P.wire_timestamp(time)}}
+
+
+def send_probes(dut, commands):
+    """A testbench step: send ``commands``, return the path requests they became."""
+    async def step(ctx):
+        requests = []
+        ctx.set(dut.o.ready, 1)
+        for command in commands:
+            ctx.set(dut.cmd.payload, command)
+            ctx.set(dut.cmd.valid, 1)
+            await ctx.tick().until(dut.o.valid)
+            requests.append(ctx.get(dut.o.payload))
+        ctx.set(dut.cmd.valid, 0)
+        await ctx.tick()
+        return requests
+    return step
 
 
 def test_requester_measures_the_simulated_delay():
-    """Responses arrive a known delay after their probe left; the RTT is that delay in ns (over
-    the 2**32 wrap), the adjusted RTT that minus the service time, and PROBE_OK goes to path
-    selection for the EV."""
+    """Answers arrive a known delay after their probe left; the RTT is that delay in ns (the
+    echo's age, across the wire timestamp's and the clock's wrap) and PROBE_OK goes to path
+    selection for the probe's QP and EV."""
     dut = ProbeRequester(config=CONFIG)
     rng = random.Random(8)
     probes = [(rng.randrange(CONFIG.qps), rng.randrange(CONFIG.evs_per_profile),
-               rng.getrandbits(32), rng.randrange(1, 60), rng.choice([None, 0, 40, 10_000]))
-              for _ in range(20)]
+               rng.getrandbits(32), rng.randrange(1, 60)) for _ in range(20)]
     results = StreamCollector(dut.result)
     feedback = StreamCollector(dut.feedback)
 
     async def network(ctx):
-        for qpn, ev, probe_id, delay, svc_time in probes:
-            ctx.set(dut.cmd.payload, {"qpn": qpn, "ev": ev, "probe_id": probe_id})
-            ctx.set(dut.cmd.valid, 1)
-            ctx.set(dut.o.ready, 1)
-            await ctx.tick().until(dut.o.valid)
-            ctx.set(dut.cmd.valid, 0)
-            request = ctx.get(dut.o.payload)
-            for _ in range(delay - 1):
+        for qpn, ev, probe_id, delay in probes:
+            (request,) = await send_probes(dut, [{"qpn": qpn, "ev": ev,
+                                                  "probe_id": probe_id}])(ctx)
+            for _ in range(delay - 2):
                 await ctx.tick()
-            response = probe_response(rng, dqpn=qpn, ev_index=ev, probe_id=probe_id,
-                                      tx_ts=request.context.tx_ts, svc_time=svc_time)
+            response = probe_response(rng, request_id=request.context.probe_id,
+                                      tx_timestamp=request.context.tx_ts)
             (beat,) = beats_of(response)
             ctx.set(dut.rx.payload, beat)
             ctx.set(dut.rx.valid, 1)
@@ -314,87 +313,86 @@ def test_requester_measures_the_simulated_delay():
         assert ctx.get(dut.answered) == len(probes)
 
     run(dut, [results.process, feedback.process], network, [dut.now_ns])
-    for (qpn, ev, probe_id, delay, svc_time), result, fb in zip(
+    for (qpn, ev, probe_id, delay), result, fb in zip(
             probes, results.as_dicts(), feedback.as_dicts(), strict=True):
         rtt = delay * NS_PER_CYCLE
-        service = svc_time or 0
         assert result == {"qpn": qpn, "ev": ev, "probe_id": probe_id, "rtt_ns": rtt,
-                          "svc_time": service, "rtt_adjusted_ns": max(rtt - service, 0)}
+                          "svc_time": 0, "rtt_adjusted_ns": rtt}
         assert fb == {"qpn": qpn, "ev": ev, "kind": P.FeedbackKind.PROBE_OK}
 
 
-def test_requester_drops_what_it_cannot_time():
-    """Under bubbles and backpressure every response is timed once; packets that are not probe
-    responses, or name a QP or EV the build does not hold, are dropped and counted."""
+def test_requester_drops_unknown_ids_and_other_packets():
+    """Under bubbles and backpressure every answer to an outstanding probe is timed once; an
+    EETH whose id names no outstanding probe (never sent, answered already, or forgotten
+    after 2**PROBE_TABLE_BITS later probes) is dropped and counted in ``unknown_ids``; a
+    packet that is not an EV probe answer in ``rx_dropped``."""
     dut = ProbeRequester(config=CONFIG, results=32)
     rng = random.Random(9)
-    good = [probe_response(rng, dqpn=rng.randrange(CONFIG.qps),
-                           ev_index=rng.randrange(CONFIG.evs_per_profile),
-                           probe_id=rng.getrandbits(32), tx_ts=rng.getrandbits(32),
-                           svc_time=rng.choice([None, rng.getrandbits(12)]))
-            for _ in range(25)]
-    bad = [probe_request(rng),
-           pk.data_packet(P.Opcode.RDMA_WRITE_ONLY, dqpn=1, psn=1, va=0, rkey=0,
-                          payload=rng.randbytes(30)),
-           probe_response(rng, dqpn=CONFIG.qps, ev_index=0, probe_id=1, tx_ts=0),
-           probe_response(rng, dqpn=0, ev_index=CONFIG.evs_per_profile, probe_id=1, tx_ts=0)]
-    packets = good[:10] + bad + good[10:]
+    slots = 1 << PROBE_TABLE_BITS
+    commands = [{"qpn": rng.randrange(CONFIG.qps), "ev": rng.randrange(CONFIG.evs_per_profile),
+                 "probe_id": 1000 + n} for n in range(slots + 4)]
     source = StreamDriver(dut.rx, bubbles=0.3, seed=9)
     results = StreamCollector(dut.result, backpressure=0.3, seed=10)
     feedback = StreamCollector(dut.feedback, backpressure=0.5, seed=11)
-    source.send([beat for pkt in packets for beat in beats_of(pkt)])
-    taken = []
+    expected = []
 
     async def testbench(ctx):
-        await results.wait(ctx, len(good), timeout=1000)
-        await feedback.wait(ctx, len(good), timeout=1000)
+        requests = await send_probes(dut, commands)(ctx)
+        ids = [int(r.context.probe_id) for r in requests]
+        # The first four were forgotten when probes 16-19 took their entries.
+        good = [(n, probe_response(rng, request_id=ids[n],
+                                   tx_timestamp=int(requests[n].context.tx_ts)))
+                for n in range(4, slots + 4)]
+        unknown = [probe_response(rng, request_id=ids[0], tx_timestamp=0),     # forgotten
+                   probe_response(rng, request_id=ids[-1] + 1, tx_timestamp=0),  # never sent
+                   good[3][1]]                                                   # answered
+        bad = [probe_request(rng),
+               pk.data_packet(P.Opcode.RDMA_WRITE_ONLY, dqpn=1, psn=1, va=0, rkey=0,
+                              payload=rng.randbytes(30)),
+               pk.endpoint_response(request_id=ids[5], op=P.EndpointOp.PORT_STATUS_UPDATE)]
+        packets = [pkt for _, pkt in good[:6]] + unknown + bad + [pkt for _, pkt in good[6:]]
+        expected.extend(commands[n] for n, _ in good)
+        source.send([beat for pkt in packets for beat in beats_of(pkt)])
+        await results.wait(ctx, len(good), timeout=2000)
+        await feedback.wait(ctx, len(good), timeout=2000)
         for _ in range(5):
             await ctx.tick()
-        assert (ctx.get(dut.answered), ctx.get(dut.rx_dropped)) == (len(good), len(bad))
+        assert (ctx.get(dut.answered), ctx.get(dut.unknown_ids), ctx.get(dut.rx_dropped)) == \
+            (len(good), len(unknown), len(bad))
         assert ctx.get(dut.results_dropped) == 0
 
-    run(dut, [source.process, results.process, feedback.process,
-              transfer_monitor(dut.rx, dut.now_ns, taken)], testbench, [dut.now_ns])
-    timed = [(time, payload) for _offered, time, payload in taken
-             if payload.header.bth.opcode == P.Opcode.PROBE_RESPONSE
-             and payload.header.bth.dqpn < CONFIG.qps
-             and payload.header.mprh.ev_index < CONFIG.evs_per_profile]
-    assert len(timed) == len(good) == len(results.items) == len(feedback.items)
-    for (time, payload), result, fb in zip(timed, results.as_dicts(), feedback.as_dicts(),
-                                           strict=True):
-        mprh = payload.header.mprh
-        rtt = (time - mprh.tx_ts) & MASK32
-        service = mprh.svc_time if mprh.flags & P.ProbeFlags.SERVICE_TIME else 0
-        assert result == {"qpn": payload.header.bth.dqpn, "ev": mprh.ev_index,
-                          "probe_id": mprh.probe_id, "rtt_ns": rtt, "svc_time": service,
-                          "rtt_adjusted_ns": max(rtt - service, 0)}
-        assert fb == {"qpn": result["qpn"], "ev": result["ev"],
-                      "kind": P.FeedbackKind.PROBE_OK}
+    run(dut, [source.process, results.process, feedback.process], testbench, [dut.now_ns])
+    got = results.as_dicts()
+    assert [(r["qpn"], r["ev"], r["probe_id"]) for r in got] == \
+        [(c["qpn"], c["ev"], c["probe_id"]) for c in expected]
+    assert all(r["rtt_ns"] % 8 == 0 and r["rtt_ns"] == r["rtt_adjusted_ns"] for r in got)
+    assert [(f["qpn"], f["ev"], f["kind"]) for f in feedback.as_dicts()] == \
+        [(c["qpn"], c["ev"], P.FeedbackKind.PROBE_OK) for c in expected]
 
 
 def test_requester_never_waits_for_results():
-    """Nobody reads ``result``: responses keep flowing (their PROBE_OK feedback with them),
+    """Nobody reads ``result``: answers keep flowing (their PROBE_OK feedback with them),
     the result FIFO keeps the first ``results`` and counts the rest dropped; once read, the
     kept results come out in order. (Before the FIFO, one unread result stopped the receive
     path: the feedback wait below timed out.)"""
     depth = 4
     dut = ProbeRequester(config=CONFIG, results=depth)
     rng = random.Random(15)
-    probes = [(rng.randrange(CONFIG.qps), rng.randrange(CONFIG.evs_per_profile), n)
-              for n in range(12)]
-    packets = [probe_response(rng, dqpn=qpn, ev_index=ev, probe_id=probe_id,
-                              tx_ts=rng.getrandbits(32)) for qpn, ev, probe_id in probes]
+    commands = [{"qpn": rng.randrange(CONFIG.qps), "ev": rng.randrange(CONFIG.evs_per_profile),
+                 "probe_id": n} for n in range(12)]
     source = StreamDriver(dut.rx, bubbles=0.3, seed=15)
     results = StreamCollector(dut.result, backpressure=1.0, seed=16)     # nobody reads
     feedback = StreamCollector(dut.feedback, backpressure=0.3, seed=17)
-    source.send([beat for pkt in packets for beat in beats_of(pkt)])
 
     async def testbench(ctx):
-        await feedback.wait(ctx, len(probes), timeout=400)
+        requests = await send_probes(dut, commands)(ctx)
+        source.send([beat for r in requests for beat in beats_of(probe_response(
+            rng, request_id=int(r.context.probe_id), tx_timestamp=int(r.context.tx_ts)))])
+        await feedback.wait(ctx, len(commands), timeout=400)
         for _ in range(5):
             await ctx.tick()
-        assert ctx.get(dut.answered) == len(probes)
-        assert ctx.get(dut.results_dropped) == len(probes) - depth
+        assert ctx.get(dut.answered) == len(commands)
+        assert ctx.get(dut.results_dropped) == len(commands) - depth
         assert results.items == []
         results.backpressure = 0.3                  # software reads now
         await results.wait(ctx, depth, timeout=200)
@@ -403,7 +401,7 @@ def test_requester_never_waits_for_results():
 
     run(dut, [source.process, results.process, feedback.process], testbench, [dut.now_ns])
     assert [(f["qpn"], f["ev"]) for f in feedback.as_dicts()] == \
-        [(qpn, ev) for qpn, ev, _ in probes]
+        [(c["qpn"], c["ev"]) for c in commands]
     assert [r["probe_id"] for r in results.as_dicts()] == list(range(depth))
 
 
@@ -456,9 +454,10 @@ def test_probe_loop():
             if offered and taken:
                 wire.pop(0)
             if sent:
-                request = pk.probe_packet(dqpn=0, probe_id=probe.context.probe_id,
-                                          ev_index=probe.ev, src_qpn=probe.qpn,
-                                          tx_ts=probe.context.tx_ts)
+                request = pk.endpoint_request(request_id=probe.context.probe_id,
+                                              op=P.EndpointOp.EV_PROBE,
+                                              tx_timestamp=probe.context.tx_ts,
+                                              ftype=P.Ftype.TIMESTAMP)
                 in_flight.append([rng.randrange(5, 15), beats_of(request)[0]])
             for flight in in_flight:
                 flight[0] -= 1
@@ -477,8 +476,7 @@ def test_probe_loop():
     assert [r["probe_id"] for r in got] == list(range(20))
     for command, result in zip(commands, got, strict=True):
         assert (result["qpn"], result["ev"]) == (command["qpn"], command["ev"])
-        assert result["rtt_ns"] >= result["svc_time"] + 5 * NS_PER_CYCLE
-        assert result["rtt_adjusted_ns"] == result["rtt_ns"] - result["svc_time"]
+        assert result["rtt_ns"] >= 5 * NS_PER_CYCLE and result["svc_time"] == 0
     assert [(f["qpn"], f["ev"]) for f in feedback.as_dicts()] == \
         [(c["qpn"], c["ev"]) for c in commands]
 

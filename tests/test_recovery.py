@@ -12,7 +12,7 @@ import random
 import pytest
 from amaranth.hdl import Elaboratable, Module, Signal
 from amaranth.sim import Simulator
-from test_requester import CONFIG, Bench, ack_header
+from test_requester import CONFIG, Bench, ack_header, nack_header
 
 from hdl import protocol as P
 from hdl.transport.req_defs import (
@@ -335,7 +335,7 @@ def test_timeout_walk_resends_oldest_then_old_holes():
         # PSN 0 and 3 SACKed (bit i: PSN cum + 1 + i).
         cand = 0xFFFFFE
         await bench.receive(ctx, [ack_header(qpn, P.psn_add(cand, -1),
-                                             sack=sack_of(cand, [0, 3]), ev=1)])
+                                             sack=sack_of(cand, [0, 3]))])
         first = len(bench.send.items)
         sent_on = {psn: bench.model.last_ev(qpn, psn) for psn in bench.model.outstanding(qpn)}
         assert await bench.expire(ctx, qpn, t0 + 16) == "timeout"
@@ -376,8 +376,7 @@ def test_timeout_gives_no_lost_for_an_oldest_psn_resent_since_the_timer_started(
         t0 = bench.now = 5_000
         await start_timer_only(bench, ctx, qpn, psn=10, t=t, packets=3)   # 10, 11, 12 at t0
         bench.now = t0 + 10
-        await bench.receive(ctx, [ack_header(qpn, 9, psn=10, syndrome=P.nak_syndrome(
-            P.NakCode.TRIMMED))])
+        await bench.receive(ctx, [nack_header(qpn, 10)])
         await bench.settle(ctx)
         assert [p.context.psn for p in bench.send.items] == [10, 11, 12, 10]
         n = len(bench.send.items)
@@ -404,9 +403,8 @@ def test_inferred_losses_resent_once_without_waiting():
     def at(i):
         return P.psn_add(psn0, i)
 
-    async def sack_ack(ctx, sacked, **kw):
-        await bench.receive(ctx, [ack_header(qpn, at(-1), sack=sack_of(psn0, map(at, sacked)),
-                                             **kw)])
+    async def sack_ack(ctx, sacked):
+        await bench.receive(ctx, [ack_header(qpn, at(-1), sack=sack_of(psn0, map(at, sacked)))])
         await bench.settle(ctx)
 
     def resent_since(n):
@@ -418,16 +416,15 @@ def test_inferred_losses_resent_once_without_waiting():
         bench.post([write_wr(qpn, 1, 14)])
         await bench.settle(ctx)
         n = len(bench.send.items)
-        await sack_ack(ctx, [2, 3], ev=2)                   # K = 3 by default: 2 later only
+        await sack_ack(ctx, [2, 3])                   # K = 3 by default: 2 later only
         assert resent_since(n) == []
-        await sack_ack(ctx, [2, 3, 5], ev=3)                # 0, 1 have 3 later SACKed
+        await sack_ack(ctx, [2, 3, 5])                # 0, 1 have 3 later SACKed
         assert resent_since(n) == [0, 1]
         n = len(bench.send.items)
-        await sack_ack(ctx, [2, 3, 5], ev=3)                # the same SACK: nothing again
+        await sack_ack(ctx, [2, 3, 5])                # the same SACK: nothing again
         assert resent_since(n) == []
         # PSN 9 trimmed and resent: an inference leaves it to the timer.
-        await bench.receive(ctx, [ack_header(qpn, at(-1), syndrome=P.nak_syndrome(
-            P.NakCode.TRIMMED), psn=at(9), sack=sack_of(psn0, map(at, [2, 3, 5])))])
+        await bench.receive(ctx, [nack_header(qpn, at(9))])
         await bench.settle(ctx)
         n = len(bench.send.items)
         await sack_ack(ctx, [2, 3, 5, 6, 8, 10, 11, 12])    # region [2, 10): 4 and 7
@@ -464,7 +461,7 @@ def test_inference_keeps_up_with_back_to_back_acks():
             base = qpn * 1000                     # PSN base lost; base + 1 .. SACKed one by one
             for i in range(1, 13):
                 sacked = [base + j for j in range(1, i + 2)]
-                headers.append(ack_header(qpn, base - 1, sack=sack_of(base, sacked), ev=i))
+                headers.append(ack_header(qpn, base - 1, sack=sack_of(base, sacked)))
         await bench.receive(ctx, headers)
         await bench.settle(ctx)
         await bench.check_all(ctx)
@@ -490,8 +487,7 @@ def test_time_rule_infers_holes_a_reorder_window_after_a_later_psn_was_sacked():
 
     async def sack_ack(ctx, now, sacked):
         bench.now = bench.model.now_units = now
-        await bench.receive(ctx, [ack_header(qpn, at(-1), sack=sack_of(psn0, map(at, sacked)),
-                                             ev=now % 4)])
+        await bench.receive(ctx, [ack_header(qpn, at(-1), sack=sack_of(psn0, map(at, sacked)))])
         await bench.settle(ctx)
 
     async def testbench(ctx):
@@ -535,8 +531,8 @@ def test_time_rule_keeps_up_with_back_to_back_acks():
 
     def acks(qpn, count, first):
         base = qpn * 1000                   # even PSNs lost, odd ones SACKed one by one
-        return [ack_header(qpn, base - 1, sack=sack_of(base, range(base + 1, base + 2 * i, 2)),
-                           ev=i) for i in range(first, first + count)]
+        return [ack_header(qpn, base - 1, sack=sack_of(base, range(base + 1, base + 2 * i, 2)))
+                for i in range(first, first + count)]
 
     async def testbench(ctx):
         for qpn in qpns:

@@ -64,9 +64,10 @@ def test_replay_verdicts(tmp_path):
 
 
 def test_replay_covers_every_packet_type(tmp_path):
-    """Every packet type of the sample set (WRITE opcodes over IPv4 and IPv6, ACK, every NAK,
-    probe and probe response, trimmed, retransmission, CE, STEV, VLAN, SRv6 with and without
-    SRH) through the RTL receive path: each verdict equals the reference-model parser's."""
+    """Every packet type of the sample set (WRITE opcodes over IPv4 and IPv6 with and without
+    TSETH, SACKs, NACKs, every AETH NAK, reliability and EV probes and the EV probe answer,
+    trimmed, retransmission, CE, STEV, VLAN, SRv6 with and without SRH) through the RTL
+    receive path: each verdict equals the reference-model parser's."""
     from sim.model.nic import ModelNic
 
     samples = sample_packets()
@@ -92,8 +93,8 @@ def test_replay_covers_every_packet_type(tmp_path):
 
 
 def test_replay_answers_adversarial_packets_with_the_right_nak(tmp_path):
-    """Wrong rkey, a write past the region's end, an unknown QP, a PSN beyond the window:
-    nothing written, each answered with its NAK, counted."""
+    """Wrong rkey, a write past the region's end, an unknown QP: AETH NAKs; a PSN beyond the
+    window: a NETH NACK PSN_OOR_WINDOW; nothing written, each counted."""
     def write(**kw):
         fields = dict(dqpn=D.QPN_B, psn=D.INITIAL_PSN, va=D.MR_BASE, rkey=D.MR_RKEY,
                       payload=b"z" * 16)
@@ -119,14 +120,17 @@ def test_replay_answers_adversarial_packets_with_the_right_nak(tmp_path):
     assert (counters["bad_rkey"], counters["out_of_bounds"], counters["bad_qp"],
             counters["out_of_window"], counters["placed"]) == (1, 1, 1, 1, 1)
     assert report["placed_bytes"] == 16                         # only the good write
-    naks = {}
+    naks, nacks = {}, {}
     for response in rdpcap(str(out)):
-        syndrome = response[pk.AETH].syndrome
-        code = P.syndrome_nak_code(syndrome)
-        naks.setdefault(response[pk.BTH].psn, set()).add(code)
+        if pk.AETH in response:         # fatal errors: AETH NAKs
+            code = P.syndrome_nak_code(response[pk.AETH].syndrome)
+            naks.setdefault(response[pk.BTH].psn, set()).add(code)
+        elif pk.NETH in response:       # recoverable refusals: NETH NACKs
+            nacks.setdefault(response[pk.NETH].nack_psn, set()).add(
+                response[pk.NETH].nack_reason)
     assert P.NakCode.REMOTE_ACCESS in naks[D.INITIAL_PSN]
     assert P.NakCode.REMOTE_OPERATIONAL in naks[D.INITIAL_PSN]
-    assert P.NakCode.PSN_OUT_OF_WINDOW in naks[D.INITIAL_PSN + 4096]
+    assert P.NackReason.PSN_OOR_WINDOW in nacks[D.INITIAL_PSN + 4096]
 
 
 def test_replay_rejects_what_is_not_a_capture(tmp_path):

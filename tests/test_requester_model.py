@@ -1,17 +1,18 @@
-"""Requester reference model: one rule per test (segmentation, limits, ACK/SACK/NAK, completion)."""
+"""Requester reference model: one rule per test (segmentation, limits, SACK/NACK/NAK,
+completion)."""
 
 import pytest
 
 from hdl import protocol as P
 from hdl.config import NicConfig
+from hdl.packet.headers import PacketKind
 from hdl.transport.req_defs import RequesterCommand
 from sim.model.requester import RequesterModel
 
 O = P.Opcode
 S = P.CompletionStatus
 W = P.WrOpcode
-CONFIG = NicConfig(qps=8, mpr_units=1, sack_bits=64, mtu=256, wr_slots=4, max_wimm=2,
-                   evs_per_profile=8)
+CONFIG = NicConfig(qps=8, mpr_units=1, mtu=256, wr_slots=4, max_wimm=2, evs_per_profile=8)
 
 
 def model(config=CONFIG, psn=0, mpr=1, max_wimm=2, qps=(0,)):
@@ -27,14 +28,27 @@ def wr(qpn=0, length=0, opcode=W.RDMA_WRITE, wr_id=1, **kw):
             "rkey": 0x55, "imm": kw.get("imm", 0xABCD)}
 
 
-def ack(qpn, cum_psn, *, sack=0, syndrome=P.AETH_ACK, psn=None, ev=3, flags=0):
-    return {"bth": {"dqpn": qpn, "psn": cum_psn if psn is None else psn},
-            "aeth": {"syndrome": syndrome, "msn": 0},
-            "macketh": {"ev_index": ev, "flags": flags, "cum_psn": cum_psn}, "sack": sack}
+def ack(qpn, cum_psn, *, sack=0, psn=None, mark=P.SackMark.NONE, offset=1, pr=0, probe_id=0,
+        seth_cack=None):
+    """A SACK: cack_psn ``cum_psn``, triggered by ``psn`` (default: ``cum_psn``), bitmap bit i
+    = PSN ``cum_psn + offset + i``."""
+    trigger = cum_psn if psn is None else psn
+    return {"kind": PacketKind.SACK, "bth": {"dqpn": qpn, "psn": cum_psn},
+            "ctl": {"sack": {"seth": {
+                "m": mark, "pr": pr,
+                "ack_psn_offset": probe_id if pr else P.psn_diff(trigger, cum_psn),
+                "cack_psn": cum_psn if seth_cack is None else seth_cack,
+                "sack_psn_offset": offset, "sack_bitmap": sack}, "cc_state": {}}}}
 
 
-def nak(qpn, code, psn, cum_psn, **kw):
-    return ack(qpn, cum_psn, syndrome=P.nak_syndrome(code), psn=psn, **kw)
+def nack(qpn, reason, psn):
+    return {"kind": PacketKind.NACK, "bth": {"dqpn": qpn, "psn": psn},
+            "ctl": {"neth": {"nack_reason": reason, "nack_psn": psn}}}
+
+
+def nak(qpn, code, psn):
+    return {"kind": PacketKind.AETH, "bth": {"dqpn": qpn, "psn": psn},
+            "aeth": {"syndrome": P.nak_syndrome(code), "msn": 0}}
 
 
 def ctx(requests):
@@ -171,12 +185,27 @@ def test_sack_merge_marks_psns_acked():
     assert m.qp(0)["acked"] == [4]
 
 
-def test_sack_bits_beyond_next_psn_ignored():
+def test_sack_bitmap_bits_beyond_next_psn_ignored():
     m = model()
     m.post(wr(length=2 * 256))
     m.pull_all()
     m.receive(ack(0, P.psn_add(0, -1), sack=0xFF))
     assert m.qp(0)["acked"] == [0, 1]
+
+
+@pytest.mark.parametrize("offset, sack, acked", [
+    (65, 0b101, [64, 66]),              # the responder's 64-aligned block of a late trigger
+    (10, 1 << 63 | 1, [9, 72]),                # any offset: every bit inside the window counts
+    (-5, 0b111111111, [0, 1, 2]),       # below cack_psn + 1: only the bits at or above una
+    (200, 0b1, []),                     # beyond next_psn: nothing
+])
+def test_sack_bitmap_placed_by_any_offset(offset, sack, acked):
+    m = model()
+    m.post(wr(length=100 * 256))
+    m.pull_all()
+    cum = P.psn_add(0, -1)
+    m.receive(ack(0, cum, sack=sack, offset=offset))
+    assert m.qp(0)["una"] == 0 and m.qp(0)["acked"] == acked
 
 
 def test_duplicate_ack_counted_and_never_moves_back():
@@ -207,36 +236,80 @@ def test_ack_for_unknown_or_idle_qp_dropped(qpn, state):
     assert m.counters["bad_acks"] == 1
 
 
-def test_feedback_carries_echoed_ev_and_ecn():
+def test_feedback_names_the_ev_the_acked_psn_went_out_on():
+    """The EV of a SACK is the one its ack_psn (cack_psn + ack_psn_offset) was last sent on;
+    m SKIP_ONCE is ECN feedback, ALWAYS_SKIP a bad path (LOST); a probe answer (pr = 1)
+    applies its cumulative PSN and bitmap and gives no feedback."""
     m = model()
-    m.post(wr(length=2 * 256))
-    m.pull_all()
-    m.receive(ack(0, 0, ev=5))
-    m.receive(ack(0, 1, ev=6, flags=P.AckFlags.ECN_ECHO))
-    assert m.feedback == [{"qpn": 0, "ev": 5, "kind": P.FeedbackKind.ACKED},
-                          {"qpn": 0, "ev": 6, "kind": P.FeedbackKind.ECN}]
+    m.post(wr(length=4 * 256))
+    for r in m.pull_all():
+        m.sent(0, r["context"]["psn"], ev=r["context"]["psn"] + 4)
+    m.receive(ack(0, 0))
+    m.receive(ack(0, 0, psn=2, sack=0b10, mark=P.SackMark.SKIP_ONCE))
+    m.receive(ack(0, 0, psn=1, mark=P.SackMark.ALWAYS_SKIP))
+    m.receive(ack(0, 2, pr=1, probe_id=0x1234, sack=0b1))
+    assert m.feedback == [{"qpn": 0, "ev": 4, "kind": P.FeedbackKind.ACKED},
+                          {"qpn": 0, "ev": 6, "kind": P.FeedbackKind.ECN},
+                          {"qpn": 0, "ev": 5, "kind": P.FeedbackKind.LOST}]
+    assert m.qp(0)["una"] == 3 and m.qp(0)["acked"] == [3] and m.counters["acks"] == 4
 
 
-def test_trim_nak_resends_that_psn_avoiding_its_ev():
+def test_trimmed_nack_resends_that_psn_avoiding_its_ev():
     m = model()
+    m.post(wr(length=10, wr_id=1, opcode=W.RDMA_WRITE_WITH_IMM))
     m.post(wr(length=3 * 256, remote_addr=0x4000))
     for r in m.pull_all():
         m.sent(0, r["context"]["psn"], ev=r["context"]["psn"] + 2)
-    m.receive(nak(0, P.NakCode.TRIMMED, psn=1, cum_psn=0, ev=3))
-    assert m.feedback[-1] == {"qpn": 0, "ev": 3, "kind": P.FeedbackKind.TRIMMED}
+    m.receive(nack(0, P.NackReason.TRIMMED, 2))
+    assert m.feedback[-1] == {"qpn": 0, "ev": 4, "kind": P.FeedbackKind.TRIMMED}
+    assert m.counters["nak_trimmed"] == 1
     (resend,) = m.pull_all()
-    assert resend["avoid_ev_valid"] == 1 and resend["avoid_ev"] == 3
-    assert resend["context"] | {} == {"psn": 1, "opcode": O.RDMA_WRITE_MIDDLE, "ackreq": 1,
+    assert resend["avoid_ev_valid"] == 1 and resend["avoid_ev"] == 4
+    # BTH.rtx (retransmission) and the METH of the second message: one message (a WRITE
+    # WITH IMMEDIATE) started before it.
+    assert resend["context"] | {} == {"psn": 2, "opcode": O.RDMA_WRITE_MIDDLE, "ackreq": 1,
                                       "va": 0x4100, "rkey": 0x55, "dma_len": 256, "imm": 0,
-                                      "local_addr": 0x80100, "retransmission": 1}
+                                      "local_addr": 0x80100, "retransmission": 1,
+                                      "msn": 1, "rqmsn": 1}
 
 
-def test_trim_nak_for_acked_psn_not_resent():
+def test_trimmed_nack_for_acked_psn_not_resent():
     m = model()
     m.post(wr(length=3 * 256))
     m.pull_all()
-    m.receive(nak(0, P.NakCode.TRIMMED, psn=2, cum_psn=0, sack=0b10))
+    m.receive(ack(0, 0, sack=0b10))
+    m.receive(nack(0, P.NackReason.TRIMMED, 2))
     assert m.pull_all() == []
+
+
+def test_meth_numbers_count_messages_and_write_imm_messages():
+    m = model()
+    m.post(wr(length=300, wr_id=1))
+    m.post(wr(length=10, wr_id=2, opcode=W.RDMA_WRITE_WITH_IMM))
+    m.post(wr(length=10, wr_id=3, opcode=W.RDMA_READ))      # refused: no message
+    m.post(wr(length=0, wr_id=4))
+    assert [(c["msn"], c["rqmsn"]) for c in ctx(m.pull_all())] == [(0, 0), (0, 0), (1, 0),
+                                                                   (2, 1)]
+
+
+def test_every_retransmission_is_marked():
+    """BTH.rtx: resends for a trim, a retransmit request, a timeout and an inferred loss all
+    carry ``retransmission``; new packets never do."""
+    m = model()
+    m.control(RequesterCommand.QP_WRITE, qpn=0, state=P.QpState.RTS, mpr=1, max_wimm=1,
+              retry_linear=3)
+    m.post(wr(length=8 * 256))
+    assert not any(c["retransmission"] for c in ctx(m.pull_all(now_units=0)))
+    m.receive(nack(0, P.NackReason.TRIMMED, 1))
+    m.retransmit(0, 2)
+    m.receive(ack(0, P.psn_add(0, -1), sack=0b1111000))    # 3..6 SACKed: 0-2 inferred
+    resends = ctx(m.pull_all())
+    for now in (1, 1 << 12):                # arm, then expire: the timeout walk
+        m.poll_timers(now_units=now)
+        resends += ctx(m.pull_all())
+    assert {c["psn"] for c in resends} >= {0, 1, 2, 7}
+    assert m.counters["timeout_retransmissions"] and m.counters["inferred_losses"]
+    assert all(c["retransmission"] for c in resends)
 
 
 def test_retransmit_request_outside_window_ignored():
@@ -251,13 +324,26 @@ def test_retransmit_request_outside_window_ignored():
     assert m.counters["retx_ignored"] == 3
 
 
-def test_psn_out_of_window_nak_counted_only():
+def test_psn_out_of_window_nack_counted_only():
     m = model()
     m.post(wr(length=2 * 256))
     m.pull_all()
-    m.receive(nak(0, P.NakCode.PSN_OUT_OF_WINDOW, psn=1, cum_psn=0))
+    assert m.receive(nack(0, P.NackReason.PSN_OOR_WINDOW, 1)) == "applied"
     assert m.counters["nak_psn_out_of_window"] == 1 and m.pull_all() == []
-    assert m.qp(0)["una"] == 1
+    assert m.qp(0)["una"] == 0 and m.feedback == []
+
+
+@pytest.mark.parametrize("header", [
+    nack(0, P.NackReason.NO_BITMAP, 1),                 # a reason the requester does not act on
+    ack(0, 0, seth_cack=1),                             # SETH cack_psn is not BTH.psn
+    {"kind": PacketKind.AETH, "bth": {"dqpn": 0, "psn": 0},
+     "aeth": {"syndrome": P.AETH_ACK, "msn": 1}},     # MRC acknowledges with SACKs
+])
+def test_malformed_or_unknown_acknowledgements_are_bad_acks(header):
+    m = model()
+    m.post(wr(length=2 * 256))
+    m.pull_all()
+    assert m.receive(header) == "dropped" and m.counters["bad_acks"] == 1
 
 
 @pytest.mark.parametrize("code, status", [
@@ -270,7 +356,8 @@ def test_fatal_nak_errors_qp_then_flushes(code, status):
     for i in range(4):
         m.post(wr(length=256, wr_id=i))
     m.pull_all()
-    m.receive(nak(0, code, psn=2, cum_psn=0))
+    m.receive(ack(0, 0))
+    m.receive(nak(0, code, psn=2))
     assert [(c["wr_id"], c["status"]) for c in m.completions] == [
         (0, S.SUCCESS), (1, S.WR_FLUSH_ERR), (2, status), (3, S.WR_FLUSH_ERR)]
     assert m.qp_errors == [{"qpn": 0, "status": status}]
@@ -285,8 +372,7 @@ def test_fatal_nak_for_psn_not_outstanding_dropped():
     m = model()
     m.post(wr(length=256))
     m.pull_all()
-    assert m.receive(nak(0, P.NakCode.REMOTE_ACCESS, psn=5, cum_psn=P.psn_add(0, -1))) \
-        == "dropped"
+    assert m.receive(nak(0, P.NakCode.REMOTE_ACCESS, psn=5)) == "dropped"
     assert m.qp(0)["state"] == P.QpState.RTS
 
 
@@ -402,6 +488,23 @@ def test_inference_needs_k_later_sacks_and_happens_once():
     m.receive(ack(0, -1 % (1 << 24), sack=0b11110110))  # region [1, 5): 3
     assert [r["context"]["psn"] for r in m.pull_all()] == [3]
     assert m.counters["inferred_losses"] == 2
+
+
+def test_a_bitmap_placed_above_the_holes_infers_nothing():
+    """A SACK whose bitmap starts above the oldest PSN not yet inferred (the responder's block
+    around a late trigger) says nothing about the PSNs below its base: they may have arrived.
+    It is merged, but infers no loss and arms no reorder window; one from cack_psn + 1 does."""
+    m = timed_model(timeout=20, infer_k=3)
+    m.control(RequesterCommand.CONFIG, infer_k=3, reo_wnd=4)
+    m.post(wr(length=100 * 256))
+    m.pull_all()
+    cum = -1 % (1 << 24)
+    m.receive(ack(0, cum, sack=0b1111, offset=65))        # PSNs 64-67, base 64 > una 0
+    assert m.pull_all() == [] and m.qp(0)["acked"] == [64, 65, 66, 67]
+    m.poll_timers(now_units=m.now_units + 8)
+    assert m.pull_all() == [] and m.counters["reorder_expiries"] == 0
+    m.receive(ack(0, cum, sack=0b1110))                   # PSNs 1-3: 0 has 3 later
+    assert [r["context"]["psn"] for r in m.pull_all()] == [0]
 
 
 def test_time_rule_alone_resends_without_lost_feedback_with_the_count_rule_with_lost():

@@ -9,10 +9,11 @@ from amaranth.sim import Simulator
 
 from hdl import protocol as P
 from hdl.config import NicConfig
+from hdl.packet.headers import PacketKind
 from hdl.transport.resp_defs import ResponderCommand as Cmd
 from hdl.transport.resp_defs import ResponderVerdict as V
 from hdl.transport.responder import Responder
-from sim.model.responder import ResponderModel, full_header
+from sim.model.responder import ResponderModel, canonical_header, full_header
 from sim.rtlpackets import payload_beats
 from sim.tb.amsim import StreamCollector, StreamDriver
 
@@ -40,19 +41,36 @@ def setup_commands(qps, *, psn, ack_every=3, ack_delay=1 << 30, nak_interval=0,
 
 
 def header(opcode, *, qpn, psn, va, length, imm=None, rkey=None, ackreq=0, ecn=0b10,
-           trimmed=False, ev=0, tx_ts=0, flags=0, port=1):
+           trimmed=False, ev=0, tx_ts=0, rtx=0, port=1, ipv6=1):
     h = {"kind": 0, "port": port, "eth_src": 0x0200_0000_0000 | qpn, "eth_dst": 0x0200_0000_00FF,
-         "ipv6": 1, "ip_src": 0xFD00 << 112 | qpn, "ip_dst": 0xFD00 << 112 | 0xFF,
+         "ipv6": ipv6, "ip_src": 0xFD00 << 112 | qpn, "ip_dst": 0xFD00 << 112 | 0xFF,
          "tclass": (P.DEFAULT_TRIM_DSCP << 2 if trimmed else 0) | ecn, "trimmed": int(trimmed),
-         "flow_label": 0x1000 + psn % 256, "udp_sport": 0xC000 | ev, "hop_limit": 64,
-         "payload_len": 0 if trimmed else length,
-         "bth": {"opcode": opcode, "dqpn": qpn, "psn": psn, "ackreq": ackreq},
+         "flow_label": 0x1000 + psn % 256 if ipv6 else 0, "udp_sport": 0xC000 | ev,
+         "hop_limit": 64, "payload_len": 0 if trimmed else length,
+         "bth": {"opcode": opcode, "dqpn": qpn, "psn": psn, "ackreq": ackreq, "rtx": rtx,
+                 "ts": 1},
+         "tseth": {"tx_timestamp": tx_ts, "ftype": P.Ftype.TIMESTAMP},
          "reth": {"va": va, "rkey": rkey_of(qpn % CONFIG.qps) if rkey is None else rkey,
-                  "dma_len": length},
-         "mdeth": {"ev_index": ev, "flags": flags, "tx_ts": tx_ts}}
+                  "dma_len": length}}
     if imm is not None:
         h["immdt"] = {"imm": imm}
     return full_header(h, CONFIG)
+
+
+def probe_header(*, qpn, probe_id, tx_ts, psn=0, ev=5, port=2):
+    """A reliability probe (PETH): consumes no PSN, answered by a pr = 1 SACK."""
+    return full_header({
+        "kind": PacketKind.RPROBE, "port": port, "eth_src": 0x0200_0000_0000 | qpn,
+        "eth_dst": 0x0200_0000_00FF, "ipv6": 1, "ip_src": 0xFD00 << 112 | qpn,
+        "ip_dst": 0xFD00 << 112 | 0xFF, "tclass": 0b10, "flow_label": 0x2_0000 | probe_id,
+        "udp_sport": 0xC000 | ev, "hop_limit": 64,
+        "bth": {"opcode": Op.RELIABILITY_PROBE_REQUEST, "dqpn": qpn, "psn": psn},
+        "ctl": {"peth": {"probe_id": probe_id, "tx_timestamp": tx_ts,
+                         "ftype": P.Ftype.TIMESTAMP}}}, CONFIG)
+
+
+def is_probe(h):
+    return PacketKind(h["kind"]) == PacketKind.RPROBE
 
 
 def beats(h, payload):
@@ -100,7 +118,7 @@ def run(packets, commands, *, bubbles=0.3, backpressure=0.3, seed=0, now_ns=None
         for h, payload in packets:
             source.send(beats(h, payload))
         for _ in range(timeout):
-            if len(verdicts) >= len(packets) and source.idle and all(
+            if len(verdicts) >= sum(not is_probe(h) for h, _ in packets) and source.idle and all(
                     len(outs[name].items) >= expected.get(name, 0) for name in outs):
                 break
             await ctx.tick()
@@ -147,6 +165,10 @@ def place_writes(beats_out):
 def expect(model, packets):
     want = {"verdicts": [], "writes": [], "acks": [], "completions": []}
     for h, payload in packets:
+        if is_probe(h):
+            reply = model.probe(h)
+            want["acks"] += [] if reply is None else [reply]
+            continue
         result = model.receive(h, payload)
         want["verdicts"].append(result.verdict)
         want["writes"] += result.writes
@@ -162,7 +184,7 @@ def counts_of(want):
 def check(got, want, model):
     assert got["verdicts"] == want["verdicts"]
     assert place_writes(got["place"]) == want["writes"]
-    acks = [beat["header"] for beat in got["ack"]]
+    acks = [canonical_header(beat["header"]) for beat in got["ack"]]
     for beat in got["ack"]:
         assert beat["first"] == 1 and beat["last"] == 1 and beat["keep"] == 0
     assert len(acks) == len(want["acks"])
@@ -193,8 +215,8 @@ def traffic(rng, qps, start, messages):
                                   imm=(qpn << 16 | msg) if imm and last else None,
                                   ackreq=int(last and rng.random() < 0.3),
                                   ecn=3 if rng.random() < 0.1 else 2, ev=rng.randrange(64),
-                                  tx_ts=rng.getrandbits(32),
-                                  flags=int(rng.random() < 0.1)))
+                                  tx_ts=rng.getrandbits(16), ipv6=int(rng.random() < 0.8),
+                                  rtx=int(rng.random() < 0.1)))
                 psn, va = P.psn_add(psn, 1), va + length
         # local shuffle, loss (resent at the end), duplicates
         for i in range(len(out) - 1):
@@ -336,7 +358,7 @@ def test_ack_after_delay_when_fewer_than_n_packets():
             await ctx.tick()
 
     got = run(packets, commands, bubbles=0, backpressure=0, after=after, counts={"ack": 0})
-    assert [beat["header"] for beat in got["ack"]] == delayed
+    assert [canonical_header(beat["header"]) for beat in got["ack"]] == delayed
     # The timer starts when the first packet is classified (the cycle after it is taken) and
     # fires when its entry reaches the FIFO head: a few cycles of slack, never early.
     (acked,) = got["acked"]
@@ -381,23 +403,56 @@ def test_deep_gap_acks_at_once_while_coalescing(depth):
         model.command(cmd)
     want = expect(model, packets)
     # depth 3: PSN offsets 3 and 7 are each the third arrival above a hole (0, then 4);
-    # the MSN shows the four messages that offset 0 completed before the second.
-    assert [ack["aeth"]["msn"] for ack in want["acks"]] == ([] if depth == 0 else [0, 4])
+    # the cumulative PSN shows the four PSNs that offset 0 completed before the second.
+    assert [ack["ctl"]["sack"]["seth"]["cack_psn"] for ack in want["acks"]] == \
+        ([] if depth == 0 else [6, 10])
     assert len(want["completions"]) == 2
     got = run(packets, commands, counts=counts_of(want))
     check(got, want, model)
 
 
-def test_service_time_counts_from_arrival():
-    commands = setup_commands([0], psn=lambda q: 0, ack_every=1)
-    packets = [(header(Op.RDMA_WRITE_ONLY, qpn=0, psn=n, va=BASE, length=4), b"abcd")
-               for n in range(5)]
-    got = run(packets, commands, now_ns=lambda cycle: 8 * cycle, backpressure=0.5,
-              counts={"ack": 5})
-    for beat in got["ack"]:
-        macketh = beat["header"]["macketh"]
-        assert macketh["flags"] & P.AckFlags.SERVICE_TIME
-        assert 8 <= macketh["svc_time"] <= 8 * 10
+def test_sack_bitmap_placed_by_an_offset_other_than_one():
+    """A trigger more than 64 PSNs above cack_psn gets its 64-aligned block as the bitmap
+    (sack_psn_offset above 1); nearer ones the 64 PSNs above cack_psn. Gateware = model."""
+    start = 0xFFFFC0                        # the blocks straddle the PSN wrap
+    commands = setup_commands([1], psn=lambda q: start, ack_every=1)
+    offsets = [70, 100, 120, 63, 64, 2, 127, 0]
+    packets = [(header(Op.RDMA_WRITE_ONLY, qpn=1, psn=P.psn_add(start, n),
+                       va=BASE + (1 << 20) + 4 * n, length=4, tx_ts=n, ev=n % 7),
+                bytes([n]) * 4) for n in offsets]
+    model = ResponderModel(CONFIG)
+    for cmd in commands:
+        model.command(cmd)
+    want = expect(model, packets)
+    placements = [ack["ctl"]["sack"]["seth"]["sack_psn_offset"] for ack in want["acks"]]
+    assert placements == [1 + 64, 1 + 64, 1 + 64, 1, 1 + 64, 1, 1 + 64, 1]
+    got = run(packets, commands, counts=counts_of(want), seed=9)
+    check(got, want, model)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_reliability_probe_is_answered_by_a_pr_sack(seed):
+    """A PETH among data packets: answered with a pr = 1 SACK (ack_psn_offset = probe id,
+    CC_STATE tx_timestamp = the PETH's), it consumes no PSN; one for a QP in RESET is dropped
+    and counted."""
+    commands = setup_commands([0, 1], psn=lambda q: 10, ack_every=2)
+    packets = []
+    for n in range(12):
+        packets.append((header(Op.RDMA_WRITE_ONLY, qpn=n % 2, psn=10 + n // 2 + (n == 4),
+                               va=BASE + ((n % 2) << 20) + 4 * n, length=4), bytes(4)))
+        if n % 3 == 1:
+            packets.append((probe_header(qpn=n % 2, probe_id=0xFFF0 + n, tx_ts=0x100 * n), b""))
+    packets.append((probe_header(qpn=3, probe_id=1, tx_ts=1), b""))
+    model = ResponderModel(CONFIG)
+    for cmd in commands:
+        model.command(cmd)
+    want = expect(model, packets)
+    answers = [a["ctl"]["sack"]["seth"] for a in want["acks"] if a["ctl"]["sack"]["seth"]["pr"]]
+    assert [a["ack_psn_offset"] for a in answers] == [0xFFF1 - 0x10000, 0xFFF4 - 0x10000,
+                                                      0xFFF7 - 0x10000, 0xFFFA - 0x10000]
+    got = run(packets, commands, counts=counts_of(want), seed=seed)
+    check(got, want, model)
+    assert got["counters"]["probes"] == 4 and got["counters"]["probes_dropped"] == 1
 
 
 def test_commands_answer_like_the_model():

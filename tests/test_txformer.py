@@ -1,25 +1,23 @@
-"""The transmit former: data and probe headers from path decisions, payload from host memory."""
+"""The transmit former: MRC 1.0 data headers (METH, TSETH, RETH, BTH.rtx) and EV probe
+requests (ERTH) from path decisions, payload from host memory."""
 
 import random
 
-from amaranth.hdl import unsigned
-from amaranth.lib import data
 from amaranth.sim import Simulator
 
 from hdl import protocol as P
 from hdl.config import NicConfig
 from hdl.packet.headers import PacketKind
+from hdl.path.probe import probe_context_layout
+from hdl.transport.req_defs import send_context_layout
 from hdl.transport.txformer import DATA_TCLASS, TxCommand, TxFormer
 from sim.tb.amsim import StreamCollector, StreamDriver
 
 CONFIG = NicConfig(qps=16, data_width=64)
 
-SEND_CONTEXT = data.StructLayout({
-    "psn": unsigned(24), "opcode": P.Opcode, "ackreq": unsigned(1), "va": unsigned(64),
-    "rkey": unsigned(32), "dma_len": unsigned(16), "imm": unsigned(32),
-    "local_addr": unsigned(64), "retransmission": unsigned(1),
-})
-PROBE_CONTEXT = data.StructLayout({"probe_id": unsigned(32), "tx_ts": unsigned(32)})
+SEND_CONTEXT = send_context_layout(CONFIG)
+PROBE_CONTEXT = probe_context_layout(CONFIG)
+NOW_NS = 0x1234_5678            # the time the former stamps into every TSETH
 
 
 def host_bytes(addr, length):
@@ -62,6 +60,7 @@ def run(decisions, *, bubbles, backpressure, seed):
             await ctx.tick()
 
     async def bench(ctx):
+        ctx.set(dut.now_ns, NOW_NS)
         await ctl_resp.wait(ctx, 17)
         source.send(decisions)
         expected = sum(1 for d in decisions if not d["no_path"])
@@ -102,8 +101,9 @@ def decision(rng, qpn, *, probe=False, no_path=False, length=None):
                      "ackreq": 1, "va": rng.getrandbits(64), "rkey": rng.getrandbits(32),
                      "dma_len": length, "imm": rng.getrandbits(32),
                      "local_addr": rng.getrandbits(20),
-                     "retransmission": rng.getrandbits(1)},
-            "probe_ctx": {"probe_id": rng.getrandbits(32), "tx_ts": rng.getrandbits(32)},
+                     "retransmission": rng.getrandbits(1), "msn": rng.getrandbits(16),
+                     "rqmsn": rng.getrandbits(16)},
+            "probe_ctx": {"probe_id": rng.getrandbits(16), "tx_ts": rng.getrandbits(16)},
         },
     }
 
@@ -119,7 +119,6 @@ def check(decisions, packets, sent):
         assert int(beats[0].first) == 1 and all(int(b.first) == 0 for b in beats[1:])
         qpn, ctx = d["qpn"], d["context"]
         assert int(header.port) == d["port"]
-        assert int(header.bth.dqpn) == 0x100 + qpn
         assert int(header.eth_dst) == 0x02_00_00_00_00_B0 + qpn
         assert int(header.eth_src) == 0x02_00_00_00_00_0A
         assert int(header.ip_dst) == 0xFD00_B0 + qpn and int(header.ip_src) == 0xFD00_0A
@@ -127,22 +126,28 @@ def check(decisions, packets, sent):
         assert int(header.flow_label) == d["fields"]["flow_label"]
         assert int(header.udp_sport) == d["fields"]["udp_sport"]
         if ctx["probe"]:
-            assert header.kind == PacketKind.PROBE
-            assert int(header.bth.opcode) == P.Opcode.PROBE_REQUEST
-            assert int(header.mprh.probe_id) == ctx["probe_ctx"]["probe_id"]
-            assert int(header.mprh.tx_ts) == ctx["probe_ctx"]["tx_ts"]
-            assert int(header.mprh.ev_index) == d["ev"]
-            assert int(header.mprh.src_qpn) == qpn
+            # An EV probe: ENDPOINT_REQUEST to the endpoint QP, the id in BTH.psn[15:0].
+            erth = header.ctl.erth
+            assert header.kind == PacketKind.EP_REQUEST
+            assert int(header.bth.opcode) == P.Opcode.ENDPOINT_REQUEST
+            assert int(header.bth.dqpn) == P.ENDPOINT_QPN
+            assert int(header.bth.psn) == ctx["probe_ctx"]["probe_id"]
+            assert int(erth.op) == P.EndpointOp.EV_PROBE
+            assert int(erth.tx_timestamp) == ctx["probe_ctx"]["tx_ts"]
+            assert int(erth.ftype) == P.Ftype.TIMESTAMP
             assert len(beats) == 1 and int(beats[0].keep) == 0
             continue
         send = ctx["send"]
         assert header.kind == PacketKind.DATA
+        assert int(header.bth.dqpn) == 0x100 + qpn
         assert int(header.bth.psn) == send["psn"] and int(header.reth.va) == send["va"]
         assert int(header.reth.rkey) == send["rkey"]
         assert int(header.reth.dma_len) == send["dma_len"] == int(header.payload_len)
-        assert int(header.mdeth.ev_index) == d["ev"]
-        assert int(header.mdeth.flags) == (P.DataFlags.RETRANSMISSION
-                                            if send["retransmission"] else 0)
+        # BTH.rtx on a retransmission; BTH.ts and a TSETH stamped with the send time; METH.
+        assert int(header.bth.rtx) == send["retransmission"] and int(header.bth.ts) == 1
+        assert int(header.tseth.tx_timestamp) == P.wire_timestamp(NOW_NS)
+        assert int(header.tseth.ftype) == P.Ftype.TIMESTAMP and int(header.tseth.tsr) == 0
+        assert int(header.meth.msn) == send["msn"] and int(header.meth.rqmsn) == send["rqmsn"]
         payload = b"".join(int(b.data).to_bytes(lanes, "little")[:bin(int(b.keep)).count("1")]
                            for b in beats)
         assert payload == host_bytes(send["local_addr"], send["dma_len"])

@@ -10,7 +10,8 @@ import random
 import pytest
 from amaranth.sim import Simulator
 
-from hdl.path.watch import WATCH_DEPTH, WATCH_UNIT_SHIFT, PortWatch
+from hdl import protocol as P
+from hdl.path.watch import WATCH_DEPTH, WATCH_UNIT_SHIFT, PortWatch, echo_time_ns
 from sim.model.watch import PortWatchModel
 
 UNIT = 1 << WATCH_UNIT_SHIFT
@@ -29,7 +30,8 @@ def clock(cycle, start_ns=1_000_000, jump=None):
 def run(ports, script, *, window, quiet=0, cycles, depth=WATCH_DEPTH, start_ns=1_000_000,
         jump=None):
     """Drive ``script``: {cycle: [("send", port) | ("ack", port, echo_ns)]} into the unit and
-    the model (the model polled every cycle); returns (unit reports, model reports, counters)
+    the model (the model polled every cycle); an ACK echoes the 16-bit wire timestamp of
+    ``echo_ns`` (as a SACK's CC_STATE does). Returns (unit reports, model reports, counters)
     with reports as (cycle, port 1..P)."""
     dut = PortWatch(ports=ports, depth=depth)
     model = PortWatchModel(ports, depth=depth)
@@ -53,8 +55,9 @@ def run(ports, script, *, window, quiet=0, cycles, depth=WATCH_DEPTH, start_ns=1
                 else:
                     ctx.set(dut.ack_valid, 1)
                     ctx.set(dut.ack_port, item[1])
-                    ctx.set(dut.ack_echo, item[2] & 0xFFFF_FFFF)
-                    want.extend((cycle, p) for p in model.ack(item[1], item[2], now))
+                    echo = P.wire_timestamp(item[2])
+                    ctx.set(dut.ack_echo, echo)
+                    want.extend((cycle, p) for p in model.ack(item[1], echo, now))
             want.extend((cycle, p) for p in model.poll(now))
             await ctx.tick()
             if ctx.get(dut.down_valid):
@@ -155,16 +158,18 @@ def test_window_zero_is_off_and_reports_write_the_sends_off():
     assert all(b - a >= 1_024 for a, b in zip(cycles, cycles[1:], strict=False))
 
 
-def test_overflow_is_counted_and_future_echoes_are_ignored():
+def test_overflow_is_counted_and_old_echoes_cover_nothing():
     """More sends than the FIFO holds are counted (the port then looks younger, never older);
-    an echo later than now (not one of ours) neither covers sends nor moves the newest echo;
-    an ACK on a port beyond P is ignored."""
+    an echo older than every send neither covers sends nor reports anything; an ACK on a port
+    beyond P is ignored."""
     script = {c: [("send", 0)] for c in range(0, 20 * 10, 10)}      # 20 sends, depth 16
-    script.setdefault(300, []).append(("ack", 1, 1_000_000 + 10_000_000))   # the future
+    script.setdefault(300, []).append(("ack", 1, 1_000_000 - 10_000))   # before any send
     script.setdefault(310, []).append(("ack", 7, 1_000_000 + 100))          # no port 7
     got, want, counters, model = run(4, script, window=1, cycles=2_000, depth=16)
     assert counters["overflows"] == 4 == model.counters["port_watch_overflows"]
     assert got == want == []
+    assert [echo_time_ns(1_000_000 + 300 * 8, P.wire_timestamp(1_000_000 - 10_000))] == \
+        [1_000_000 - 10_000 + 7]         # an echo stands for the last ns of its 8 ns unit
     # A genuine echo 1.024 us after the first send reports port 0 (its first send lags).
     script.setdefault(400, []).append(("ack", 1, 1_000_000 + 199 * 8 + UNIT))
     script.setdefault(150, []).append(("send", 1))

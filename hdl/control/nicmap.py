@@ -12,7 +12,8 @@ __all__ = ["nic_register_map", "NIC_SETTINGS", "TX_COUNTERS", "counter_layout"]
 
 #: Counters of the transmit side and the receive demultiplexer.
 TX_COUNTERS = ("tx_length_errors", "tx_bad_port", "no_path", "rx_unrouted",
-               "probe_results_dropped", "port_downs", "port_watch_overflows")
+               "probe_results_dropped", "port_downs", "port_watch_overflows",
+               "probe_unknown_ids")
 
 
 def counter_layout(names):
@@ -93,7 +94,8 @@ def nic_register_map(config):
                     "NIC-level counters: transmit errors, packets no path or receive route "
                     "took, probe results dropped on a full result FIFO (docs/probes.md), "
                     "ports the port watch reported down and sends it could not remember "
-                    "(docs/recovery.md, Port watch)."),
+                    "(docs/recovery.md, Port watch), EV probe answers whose id named no "
+                    "outstanding probe (docs/probes.md)."),
         StatusBlock("requester_counters", counter_layout(REQUESTER_COUNTERS),
                     "Requester counters (docs/requester.md)."),
         StatusBlock("responder_counters", counter_layout(RESPONDER_COUNTERS),

@@ -8,8 +8,8 @@ inputs and checks, for one QP (any: ``watch_qpn`` is an ``AnyConst``), over its 
     new PSNs are consecutive, none is sent twice and none skipped; and it lies inside the
     window, ``psn - una < mpr x 128`` (24-bit serial arithmetic), so the outstanding range
     ``next_psn - una`` never exceeds the QP's ``mpr x 128``. ``una`` is the highest
-    ``cum_psn + 1`` fed on ``rx`` for the QP, ``mpr`` the one of the last accepted
-    ``QP_WRITE``; both restart (with ``next_psn``) at an accepted ``QP_WRITE``.
+    ``cack_psn + 1`` (BTH.psn of a SACK) fed on ``rx`` for the QP, ``mpr`` the one of the last
+    accepted ``QP_WRITE``; both restart (with ``next_psn``) at an accepted ``QP_WRITE``.
 ``cover``
     ``Cover`` statements: a new packet of the QP is sent, an ACK moves ``una``, a second
     packet follows.
@@ -17,12 +17,13 @@ inputs and checks, for one QP (any: ``watch_qpn`` is an ``AnyConst``), over its 
 Assumptions, all of them:
 
 - no reset during the check;
-- *honest ACKs*: a packet on ``rx`` naming the watched QP acknowledges only PSNs already
-  sent: ``cum_psn + 1`` is not beyond the wrapper's next PSN. (An ACK for a PSN never sent
+- *honest ACKs*: a SACK on ``rx`` naming the watched QP acknowledges only PSNs already
+  sent: ``cack_psn + 1`` is not beyond the wrapper's next PSN. (An ACK for a PSN never sent
   cannot come from a real responder; the requester drops one beyond its own next PSN, but
   the wrapper's ``una`` must not move on it either.)
 - inputs the requester only stores and copies (addresses, rkey, immediate, wr_id, time,
-  the ``sent`` EV reports, and ACK fields other than type, QP, PSNs, flags, EV and SACK) are
+  the ``sent`` EV reports, and header fields other than the kind, the BTH QP and PSN, the
+  AETH syndrome and the SETH fields the requester reads, which alias the NETH reason) are
   held at 0 or idle: they cannot move a PSN.
 
 Taking ``una`` at the moment an ACK is taken (the requester applies it a cycle later), and
@@ -36,6 +37,7 @@ from amaranth.hdl import Assert, Assume, Cover
 
 from .. import protocol as P
 from ..config import NicConfig
+from ..packet.headers import PacketKind
 from ..transport.req_defs import RequesterCommand
 from ..transport.requester import Requester
 from ..util import validating
@@ -48,7 +50,7 @@ CHECKS = ("window", "cover")
 
 def formal_config():
     """The smallest configuration: 2 QPs, a 128-PSN window, 2 WR slots, 64-bit datapath."""
-    return NicConfig(qps=2, mpr_units=1, sack_bits=64, data_width=64, ports=1,
+    return NicConfig(qps=2, mpr_units=1, data_width=64, ports=1,
                      evs_per_profile=4, ev_profiles=1, max_wimm=1, wr_slots=2)
 
 
@@ -82,9 +84,11 @@ class RequesterProperties(Elaboratable):
         rx = dut.rx.payload.header
         m.d.comb += [dut.wr.payload.eq(0), dut.rx.payload.eq(0), dut.sent.valid.eq(0),
                      dut.sent.payload.eq(0), dut.now_ns.eq(0)]
+        seth = rx.ctl.sack.seth
         drive_free(m, dut.wr.valid, wr.qpn, wr.opcode, wr.length,
                    dut.rx.valid, rx.kind, rx.bth.dqpn, rx.bth.psn, rx.aeth.syndrome,
-                   rx.macketh.cum_psn, rx.macketh.flags, rx.macketh.ev_index, rx.sack,
+                   seth.m, seth.pr, seth.ack_psn_offset, seth.cack_psn, seth.sack_psn_offset,
+                   seth.sack_bitmap,
                    dut.retx.valid, dut.retx.payload, dut.ctl.valid, dut.ctl.payload,
                    dut.send.ready, dut.feedback.ready, dut.completion.ready,
                    dut.qp_error.ready, dut.ctl_resp.ready)
@@ -98,8 +102,8 @@ class RequesterProperties(Elaboratable):
         mpr = Signal(4)
 
         # Honest ACKs, and una from them.
-        cum_next = (rx.macketh.cum_psn + 1)[:P.PSN_BITS]
-        rx_mine = rx.bth.dqpn == watch_qpn
+        cum_next = (rx.bth.psn + 1)[:P.PSN_BITS]
+        rx_mine = (rx.bth.dqpn == watch_qpn) & (rx.kind == PacketKind.SACK)
         m.d.comb += Assume(~dut.rx.valid | ~rx_mine | psn_ge(next_psn, cum_next))
         rx_moves = stream_xfer(dut.rx) & rx_mine & psn_gt(cum_next, una)
         with m.If(rx_moves):

@@ -5,9 +5,9 @@ input is free (``AnySeq``: packets, commands, time, and the ``ready`` of every o
 checks over its ports only:
 
 ``cum_psn``
-    For one QP (any: ``watch_qpn`` is an ``AnyConst``), the ``cum_psn`` of its successive
-    ACKs/NAKs never moves backwards in 24-bit serial arithmetic, except across a
-    ``QP_WRITE`` with ``set_psn`` that the responder accepts.
+    For one QP (any: ``watch_qpn`` is an ``AnyConst``), the ``cack_psn`` of its successive
+    SACKs never moves backwards in 24-bit serial arithmetic, except across a ``QP_WRITE``
+    with ``set_psn`` that the responder accepts.
 ``placed_once``
     For one QP and one PSN (both ``AnyConst``), at most one packet gets the verdict PLACED
     between two accepted ``QP_WRITE set_psn`` commands of that QP; and every verdict strobe
@@ -23,10 +23,11 @@ checks over its ports only:
 Assumptions, all of them:
 
 - no reset during the check (the initial state is the reset state);
-- *tagging*: a received packet carries its BTH ``dqpn`` in ``mdeth.tx_ts``. The responder only
-  echoes ``tx_ts`` (as ``macketh.ts_echo``), never decides on it; the tag tells the wrapper
-  which QP a reply belongs to (the reply's ``dqpn`` is the QP's remote QPN, which the control
-  plane may give two QPs alike);
+- *tagging*: a received packet carries the low 16 bits of its BTH ``dqpn`` in its TSETH
+  ``tx_timestamp``. The responder only echoes the timestamp (as the SACK's CC_STATE
+  ``tx_timestamp``), never decides on it; the tag tells the wrapper which QP a SACK belongs to
+  (the SACK's ``dqpn`` is the QP's remote QPN, which the control plane may give two QPs alike;
+  a SACK only ever answers a QP that exists, whose number the 16 bits hold);
 - fields the responder only copies into replies, memory writes or completions (addresses,
   flow label, UDP port, EV index, payload bytes, immediate, ``now_ns``) are 0.
 
@@ -46,6 +47,7 @@ from amaranth.hdl import Assert, Assume, Cover
 
 from .. import protocol as P
 from ..config import NicConfig
+from ..packet.headers import PacketKind
 from ..transport.resp_defs import ResponderCommand, ResponderVerdict
 from ..transport.responder import Responder
 from ..util import validating
@@ -62,7 +64,7 @@ _QUEUE_DEPTH = 3
 
 def formal_config():
     """The smallest configuration: 2 QPs, a 128-PSN window, 64-bit datapath."""
-    return NicConfig(qps=2, mpr_units=1, sack_bits=64, data_width=64, ports=1,
+    return NicConfig(qps=2, mpr_units=1, data_width=64, ports=1,
                      evs_per_profile=4, ev_profiles=1, max_wimm=2, wr_slots=2)
 
 
@@ -110,8 +112,8 @@ class ResponderProperties(Elaboratable):
                    header.reth.va, header.reth.rkey)
         # Payload: only whether a beat carries bytes matters (keep != 0 needs `place`).
         m.d.comb += beat.keep.eq(Mux(AnySeq(1), 0xFF, 0))
-        # The tag: the reply echoes tx_ts as ts_echo, which names the QP it belongs to.
-        m.d.comb += header.mdeth.tx_ts.eq(header.bth.dqpn)
+        # The tag: a SACK echoes the TSETH timestamp, which names the QP it belongs to.
+        m.d.comb += header.tseth.tx_timestamp.eq(header.bth.dqpn[:P.TIMESTAMP_BITS])
 
         watch_qpn = Signal(config.qpn_bits)
         watch_psn = Signal(P.PSN_BITS)
@@ -132,8 +134,9 @@ class ResponderProperties(Elaboratable):
         ack = dut.ack.payload.header
         ack_xfer = stream_xfer(dut.ack)
         ack_mine = Signal()
-        m.d.comb += ack_mine.eq(ack_xfer & (ack.macketh.ts_echo == watch_qpn))
-        cum = ack.macketh.cum_psn
+        m.d.comb += ack_mine.eq(ack_xfer & (ack.kind == PacketKind.SACK)
+                                & (ack.ctl.sack.cc_state.tx_timestamp == watch_qpn))
+        cum = ack.ctl.sack.seth.cack_psn
         have_cum = Signal()             # a reply of this epoch has been seen ...
         last_cum = Signal(P.PSN_BITS)   # ... and this was its cum_psn
         restarted = Signal()            # a restart was taken in the previous cycle

@@ -11,7 +11,7 @@ How the header becomes bytes without a giant shifter. Every header a frame can c
 into 32-bit *source words* on a grid that starts two bytes before the frame (the Ethernet
 header is 14 bytes and every other header is a multiple of four, so the grid lines up with
 every header boundary). Which source word lands at which position of the frame depends only on
-the *layout* of the packet (VLAN, SRv6 mode, IP version, transport kind): 48 layouts. A ROM,
+the *layout* of the packet (VLAN, SRv6 mode, IP version, transport headers): 96 layouts. A ROM,
 filled at elaboration time, holds for every layout and header beat the source word of each
 word lane, so the datapath is one wide word multiplexer per lane, registered, and no byte is
 ever shifted by a variable amount except the payload (by one of ``W/32`` offsets).
@@ -29,12 +29,18 @@ from ..config import NicConfig
 from ..util import validating
 from . import layouts as L
 from .crc import CRC32
-from .headers import PacketKind, net_beat_layout, packet_beat_layout, packet_header_layout
+from .headers import (
+    KIND_OPCODES,
+    PacketKind,
+    net_beat_layout,
+    packet_beat_layout,
+    packet_header_layout,
+)
 
 __all__ = [
-    "HeaderBuilder", "Transport", "layout_id", "decode_layout_id", "layout_segments",
-    "header_bytes", "icrc_start", "IPV4_IDENTIFICATION", "IPV4_FLAGS_FRAGMENT",
-    "SRV6_OUTER_HOP_LIMIT", "ICRC_INIT_BYTES",
+    "HeaderBuilder", "Transport", "CONTROL_SIZES", "layout_id", "decode_layout_id",
+    "layout_parts", "layout_segments", "header_bytes", "icrc_start", "IPV4_IDENTIFICATION",
+    "IPV4_FLAGS_FRAGMENT", "SRV6_OUTER_HOP_LIMIT", "ICRC_INIT_BYTES",
 ]
 
 
@@ -61,36 +67,57 @@ _DERIVE_CYCLES = 4              # pipeline stages computing lengths and the IPv4
 # Layouts: which headers a frame carries (elaboration-time model, shared with the docs/tests)
 # ---------------------------------------------------------------------------------------------
 
+#: The sizes of the control packets' headers after the BTH (AETH; PETH, ERTH; NETH; SETH +
+#: CC_STATE, EETH), in bytes: one transport code each.
+CONTROL_SIZES = tuple(sorted({L.headers_size(h) for h in L.CONTROL_HEADERS.values()}))
+
+
 class Transport:
-    """What follows the BTH: the two most significant bits of a layout id."""
-    DATA = 0            #: RETH MDETH payload
-    DATA_IMM = 1        #: RETH ImmDt MDETH payload
-    ACK = 2             #: AETH MACKETH SACK bitmap
-    PROBE = 3           #: MPRH
+    """What follows the BTH: the three most significant bits of a layout id.
+
+    Data packets: bit 0 is BTH.ts (a TSETH), bit 1 an ImmDt. Control packets: one code per
+    header size (:data:`CONTROL_SIZES`); the header bytes come from the ``ctl`` segment, the
+    kind's member of the header's control union.
+    """
+    DATA = 0            #: METH RETH payload
+    DATA_TS = 1         #: METH TSETH RETH payload
+    DATA_IMM = 2        #: METH RETH ImmDt payload
+    DATA_TS_IMM = 3     #: METH TSETH RETH ImmDt payload
+    CONTROL = 4         #: + index in CONTROL_SIZES: AETH, PETH/ERTH, NETH, SETH CC_STATE/EETH
+
+    @staticmethod
+    def data(*, ts, immediate):
+        return int(bool(ts)) | int(bool(immediate)) << 1
+
+    @staticmethod
+    def control(size):
+        return Transport.CONTROL + CONTROL_SIZES.index(size)
 
 
-#: Source segments in wire order, with their sizes in bytes (``sack`` depends on the config).
-#: ``eth`` includes the two grid bytes before the frame.
-_SEGMENT_ORDER = ("eth", "vlan", "outer", "srh", "ipv6", "ipv4", "udp", "bth", "reth", "immdt",
-                  "mdeth", "aeth", "macketh", "sack", "mprh")
+#: Bits of a layout id, and how many there are.
+LAYOUT_ID_BITS = 7
+LAYOUT_COUNT = 1 << LAYOUT_ID_BITS
+
+#: Source segments in wire order. ``eth`` includes the two grid bytes before the frame; ``ctl``
+#: is as long as the longest control header, and a control layout takes its first words.
+_SEGMENT_ORDER = ("eth", "vlan", "outer", "srh", "ipv6", "ipv4", "udp", "bth", "meth", "tseth",
+                  "reth", "immdt", "ctl")
 
 
 #: Grid bytes in front of the frame, so that every header after the Ethernet one starts on
 #: a 4-byte word.
 _GRID_BYTES = 2
 
-
-def _segment_sizes(sack_bytes):
-    return {"eth": L.ETHERNET.size + _GRID_BYTES, "vlan": L.DOT1Q_TAG_BYTES,
-            "outer": L.IPV6.size, "srh": L.SRH.size, "ipv6": L.IPV6.size, "ipv4": L.IPV4.size,
-            "udp": L.UDP.size,
-            "bth": L.BTH.size, "reth": L.RETH.size, "immdt": L.IMMDT.size,
-            "mdeth": L.MDETH.size, "aeth": L.AETH.size, "macketh": L.MACKETH.size,
-            "sack": sack_bytes, "mprh": L.MPRH.size}
+_SEGMENT_SIZES = {
+    "eth": L.ETHERNET.size + _GRID_BYTES, "vlan": L.DOT1Q_TAG_BYTES, "outer": L.IPV6.size,
+    "srh": L.SRH.size, "ipv6": L.IPV6.size, "ipv4": L.IPV4.size, "udp": L.UDP.size,
+    "bth": L.BTH.size, "meth": L.METH.size, "tseth": L.TSETH.size, "reth": L.RETH.size,
+    "immdt": L.IMMDT.size, "ctl": max(CONTROL_SIZES),
+}
 
 
 def layout_id(*, vlan, srv6, ipv6, transport):
-    """The 6-bit layout id: ``vlan | srv6 << 1 | ipv6 << 3 | transport << 4``.
+    """The 7-bit layout id: ``vlan | srv6 << 1 | ipv6 << 3 | transport << 4``.
 
     ``srv6`` is 0 (none), 1 (outer IPv6) or 2 (outer IPv6 and an SRH).
     """
@@ -99,11 +126,12 @@ def layout_id(*, vlan, srv6, ipv6, transport):
 
 def decode_layout_id(lid):
     """``(vlan, srv6, ipv6, transport)`` of a layout id (the unused SRv6 code 3 reads as 2)."""
-    return lid & 1, min((lid >> 1) & 3, 2), (lid >> 3) & 1, (lid >> 4) & 3
+    return lid & 1, min((lid >> 1) & 3, 2), (lid >> 3) & 1, (lid >> 4) & 7
 
 
-def layout_segments(lid):
-    """Names of the source segments a layout's header is made of, in wire order."""
+def layout_parts(lid):
+    """``[(segment, bytes)]``: the source segments a layout's header is made of, in wire
+    order, and how many bytes of each it takes (all but for ``ctl``)."""
     vlan, srv6, ipv6, transport = decode_layout_id(lid)
     segments = ["eth"]
     if vlan:
@@ -113,17 +141,27 @@ def layout_segments(lid):
     if srv6 == 2:
         segments.append("srh")
     segments += ["ipv6" if ipv6 else "ipv4", "udp", "bth"]
-    segments += {Transport.DATA: ["reth", "mdeth"],
-                 Transport.DATA_IMM: ["reth", "immdt", "mdeth"],
-                 Transport.ACK: ["aeth", "macketh", "sack"],
-                 Transport.PROBE: ["mprh"]}[transport]
-    return segments
+    parts = [(name, _SEGMENT_SIZES[name]) for name in segments]
+    if transport < Transport.CONTROL:
+        parts += [("meth", L.METH.size)]
+        if transport & 1:
+            parts += [("tseth", L.TSETH.size)]
+        parts += [("reth", L.RETH.size)]
+        if transport & 2:
+            parts += [("immdt", L.IMMDT.size)]
+    else:
+        parts += [("ctl", CONTROL_SIZES[transport - Transport.CONTROL])]
+    return parts
 
 
-def header_bytes(lid, sack_bytes):
+def layout_segments(lid):
+    """Names of the source segments a layout's header is made of, in wire order."""
+    return [name for name, _size in layout_parts(lid)]
+
+
+def header_bytes(lid):
     """Bytes of the frame before the payload (Ethernet header .. last transport header)."""
-    sizes = _segment_sizes(sack_bytes)
-    return sum(sizes[name] for name in layout_segments(lid)) - _GRID_BYTES
+    return sum(size for _name, size in layout_parts(lid)) - _GRID_BYTES
 
 
 def icrc_start(lid):
@@ -209,11 +247,15 @@ class HeaderBuilder(wiring.Component):
     emitted. Latency, builder idle: 13 cycles from the clock edge that takes a packet's first
     input beat to the edge that hands its first frame beat to a ready ``o``.
 
+    Which transport headers follow the BTH: for ``kind`` DATA, METH, a TSETH when
+    ``header.bth.ts`` is set, RETH, and an ImmDt on the immediate opcodes; for a control kind,
+    the AETH or the kind's member of ``header.ctl``, whose length is the header's (a control
+    packet's payload is not sent: it has none).
+
     Parameters
     ----------
     config : :class:`~hdl.config.NicConfig`
-        Uses ``data_width`` (64, 128 or 256) and ``sack_bits`` (the SACK bitmap of ACKs; the
-        MACKETH ``sack_bytes`` field is always written as ``config.sack_bytes``).
+        Uses ``data_width`` (64, 128 or 256).
 
     Members
     -------
@@ -246,23 +288,22 @@ class HeaderBuilder(wiring.Component):
 
     def _plan(self):
         lanes = self._lanes
-        sizes = _segment_sizes(self._config.sack_bytes)
         self._seg_base = {}
         index = 0
         for name in _SEGMENT_ORDER:
             self._seg_base[name] = index
-            index += sizes[name] // 4
+            index += _SEGMENT_SIZES[name] // 4
         self._zero_word = index                     # a constant zero: beyond the header
         self._source_words = index + 1
         self._word_lanes = lanes // 4
         self._max_beats = 0
         self._layouts = []
-        for lid in range(64):
+        for lid in range(LAYOUT_COUNT):
             words = []
-            for name in layout_segments(lid):
+            for name, size in layout_parts(lid):
                 base = self._seg_base[name]
-                words += range(base, base + sizes[name] // 4)
-            length = header_bytes(lid, self._config.sack_bytes)
+                words += range(base, base + size // 4)
+            length = header_bytes(lid)
             assert length == 4 * len(words) - 2 and length % 4 == 2
             start = icrc_start(lid)
             self._layouts.append({
@@ -279,7 +320,7 @@ class HeaderBuilder(wiring.Component):
         W/32``, of which the first and the last contribute two bytes each.
         """
         init = []
-        for lid in range(64):
+        for lid in range(LAYOUT_COUNT):
             words = self._layouts[lid]["words"]
             for beat in range(1 << beat_bits):
                 entry = 0
@@ -291,7 +332,7 @@ class HeaderBuilder(wiring.Component):
         return init
 
     def _table(self, key):
-        return [self._layouts[lid][key] for lid in range(64)]
+        return [self._layouts[lid][key] for lid in range(LAYOUT_COUNT)]
 
     # -- gateware ------------------------------------------------------------------------------
 
@@ -359,17 +400,17 @@ class HeaderBuilder(wiring.Component):
         # --- Header stage I: capture and layout id ----------------------------------------------
 
         cap_hdr = Signal(hdr_layout)
-        cap_lid = Signal(6)
+        cap_lid = Signal(LAYOUT_ID_BITS)
         in_hdr = ip.header
-        in_imm = (in_hdr.bth.opcode == int(P.Opcode.RDMA_WRITE_LAST_WITH_IMMEDIATE)) | \
-                 (in_hdr.bth.opcode == int(P.Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE))
-        in_transport = Signal(2)
-        with m.If(in_hdr.kind == PacketKind.ACK):
-            m.d.comb += in_transport.eq(Transport.ACK)
-        with m.Elif(in_hdr.kind == PacketKind.PROBE):
-            m.d.comb += in_transport.eq(Transport.PROBE)
-        with m.Else():
-            m.d.comb += in_transport.eq(Mux(in_imm, Transport.DATA_IMM, Transport.DATA))
+        in_imm = in_hdr.bth.opcode.matches(*(int(op) for op in P.IMMEDIATE_OPCODES))
+        in_transport = Signal(3)
+        with m.Switch(in_hdr.kind):
+            for kind, opcode in KIND_OPCODES.items():
+                with m.Case(kind):
+                    size = L.headers_size(L.CONTROL_HEADERS[opcode])
+                    m.d.comb += in_transport.eq(Transport.control(size))
+            with m.Default():
+                m.d.comb += in_transport.eq(Cat(in_hdr.bth.ts, in_imm))
         in_srv6 = Mux(in_hdr.srv6_valid, Mux(in_hdr.srh_valid, 2, 1), 0)
         in_lid = Cat(in_hdr.vlan_valid, in_srv6[:2], in_hdr.ipv6, in_transport)
 
@@ -381,11 +422,11 @@ class HeaderBuilder(wiring.Component):
         # for them. Lengths are payload_len plus a per-layout constant; the checksum is the
         # complement of the one's complement sum of the IPv4 header's 16-bit words.
 
-        sizes = _segment_sizes(config.sack_bytes)
         udp_const, ip4_const, outer_const = [], [], []
-        for lid in range(64):
+        for lid in range(LAYOUT_COUNT):
+            parts = layout_parts(lid)
             segments = layout_segments(lid)
-            udp = sum(sizes[s] for s in segments[segments.index("udp"):]) + P.ICRC_BYTES
+            udp = sum(size for _name, size in parts[segments.index("udp"):]) + P.ICRC_BYTES
             inner = udp + (L.IPV6.size if "ipv6" in segments else L.IPV4.size)
             udp_const.append(udp)
             ip4_const.append(L.IPV4.size + udp)
@@ -434,7 +475,7 @@ class HeaderBuilder(wiring.Component):
         n_valid = Signal()
         n_claimed = Signal()                        # the control stage has started it
         n_hdr = Signal(hdr_layout)
-        n_lid = Signal(6)
+        n_lid = Signal(LAYOUT_ID_BITS)
         n_age = Signal(range(ready_age + 1))
         n_der = Signal(derived_layout)
         c_hdr = Signal(hdr_layout)
@@ -495,7 +536,7 @@ class HeaderBuilder(wiring.Component):
         p0_active = Signal()
         p0_phase = Signal(2)
         p0_beat = Signal(beat_bits)
-        p0_lid = Signal(6)
+        p0_lid = Signal(LAYOUT_ID_BITS)
         p0_hdr_beats = Signal(beat_bits)
         p0_offset = Signal(offset_shape)            # payload lane offset = 2 + 4 * p0_offset
         p0_icrc_beat = Signal(beat_bits)
@@ -584,7 +625,7 @@ class HeaderBuilder(wiring.Component):
         # ROM: the source word of every word lane of header beat p0_beat (read on `advance`).
         m.submodules.word_rom = rom = Memory(
             shape=unsigned(index_bits * (self._word_lanes + 1)),
-            depth=64 << beat_bits, init=self._rom_init(index_bits, beat_bits))
+            depth=LAYOUT_COUNT << beat_bits, init=self._rom_init(index_bits, beat_bits))
         rom_port = rom.read_port(domain="sync")
         m.d.comb += [
             rom_port.en.eq(advance),
@@ -778,9 +819,30 @@ class HeaderBuilder(wiring.Component):
 
         return m
 
+    @staticmethod
+    def _control_bytes(hdr):
+        """The ``ctl`` segment: the wire bytes of the kind's control headers (the AETH, or the
+        member of the control union), zero-padded to the longest."""
+        size = _SEGMENT_SIZES["ctl"]
+        members = {
+            PacketKind.AETH: ((L.AETH, hdr.aeth),),
+            PacketKind.SACK: ((L.SETH, hdr.ctl.sack.seth), (L.CC_STATE, hdr.ctl.sack.cc_state)),
+            PacketKind.NACK: ((L.NETH, hdr.ctl.neth),),
+            PacketKind.RPROBE: ((L.PETH, hdr.ctl.peth),),
+            PacketKind.EP_REQUEST: ((L.ERTH, hdr.ctl.erth),),
+            PacketKind.EP_RESPONSE: ((L.EETH, hdr.ctl.eeth),),
+        }
+        assert set(members) == set(KIND_OPCODES)
+        out = _const_bytes(*bytes(size))
+        for kind, parts in members.items():
+            assert tuple(h for h, _ in parts) == L.CONTROL_HEADERS[KIND_OPCODES[kind]]
+            wire = [byte for header, view in parts for byte in _header_bytes(view, header)]
+            wire += _const_bytes(*bytes(size - len(wire)))
+            out = [Mux(hdr.kind == kind, new, old) for new, old in zip(wire, out, strict=True)]
+        return out
+
     def _source_word_values(self, hdr, der):
         """Every source word (lane order: wire byte 0 in bits 0..7) and its ICRC mask."""
-        config = self._config
         ip_type = Mux(hdr.srv6_valid | hdr.ipv6, P.ETHERTYPE_IPV6, P.ETHERTYPE_IPV4)
         inner_proto = Mux(hdr.ipv6, P.IP_PROTO_IPV6, P.IP_PROTO_IPV4)
         segments = {
@@ -806,19 +868,16 @@ class HeaderBuilder(wiring.Component):
             "udp": _be_bytes(hdr.udp_sport, 2) + _be_bytes(C(P.ROCEV2_UDP_PORT, 16), 2)
             + _be_bytes(der.udp_len, 2) + _const_bytes(0, 0),
             "bth": _header_bytes(hdr.bth, L.BTH),
+            "meth": _header_bytes(hdr.meth, L.METH),
+            "tseth": _header_bytes(hdr.tseth, L.TSETH),
             "reth": _header_bytes(hdr.reth, L.RETH),
             "immdt": _header_bytes(hdr.immdt, L.IMMDT),
-            "mdeth": _header_bytes(hdr.mdeth, L.MDETH),
-            "aeth": _header_bytes(hdr.aeth, L.AETH),
-            "macketh": _header_bytes(hdr.macketh, L.MACKETH,
-                                     {"sack_bytes": C(config.sack_bytes, 8)}),
-            "sack": _be_bytes(hdr.sack, config.sack_bytes),
-            "mprh": _header_bytes(hdr.mprh, L.MPRH),
+            "ctl": self._control_bytes(hdr),
         }
         words, masks = [], []
         for name in _SEGMENT_ORDER:
             wire = segments[name]
-            assert len(wire) == _segment_sizes(config.sack_bytes)[name], name
+            assert len(wire) == _SEGMENT_SIZES[name], name
             for index in range(len(wire) // 4):
                 words.append(Cat(*wire[4 * index:4 * index + 4]))
                 assert len(words[-1]) == 32, name

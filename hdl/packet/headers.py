@@ -9,13 +9,13 @@ parser and the builder, using :func:`field_slices`).
 from amaranth.hdl import signed, unsigned
 from amaranth.lib import data, enum
 
+from .. import protocol as P
 from . import layouts as L
 
 __all__ = [
     "header_struct", "field_slices", "net_beat_layout", "packet_header_layout",
-    "packet_beat_layout", "DropReason", "PacketKind",
-    "BTH_STRUCT", "RETH_STRUCT", "IMMDT_STRUCT", "AETH_STRUCT", "MDETH_STRUCT",
-    "MACKETH_STRUCT", "MPRH_STRUCT",
+    "packet_beat_layout", "DropReason", "PacketKind", "KIND_OPCODES", "opcode_kind",
+    "BTH_STRUCT", "RETH_STRUCT", "IMMDT_STRUCT", "AETH_STRUCT", "control_header_layout",
     "METH_STRUCT", "TSETH_STRUCT", "SETH_STRUCT", "CC_STATE_STRUCT", "NETH_STRUCT",
     "PETH_STRUCT", "ERTH_STRUCT", "EETH_STRUCT",
 ]
@@ -45,10 +45,6 @@ BTH_STRUCT = header_struct(L.BTH)
 RETH_STRUCT = header_struct(L.RETH)
 IMMDT_STRUCT = header_struct(L.IMMDT)
 AETH_STRUCT = header_struct(L.AETH)
-MDETH_STRUCT = header_struct(L.MDETH)
-MACKETH_STRUCT = header_struct(L.MACKETH)
-MPRH_STRUCT = header_struct(L.MPRH)
-# MRC 1.0 headers: not in packet_header_layout yet (the NIC speaks the current format).
 METH_STRUCT = header_struct(L.METH)
 TSETH_STRUCT = header_struct(L.TSETH)
 SETH_STRUCT = header_struct(L.SETH)
@@ -60,10 +56,47 @@ EETH_STRUCT = header_struct(L.EETH)
 
 
 class PacketKind(enum.Enum, shape=3):
-    """What the transport headers after the BTH are (decided by the opcode)."""
-    DATA = 0            #: RETH [ImmDt] MDETH payload
-    ACK = 1             #: AETH MACKETH SACK
-    PROBE = 2           #: MPRH
+    """What the transport headers after the BTH are (decided by the opcode, MRC 1.0)."""
+    DATA = 0            #: 0xC6-0xCB: METH [TSETH] RETH [ImmDt] payload
+    SACK = 1            #: 0xDC RELIABILITY_SACK: SETH CC_STATE
+    NACK = 2            #: 0xDD RELIABILITY_NACK: NETH
+    AETH = 3            #: 0xD1 ACKNOWLEDGE: AETH (fatal NAKs)
+    RPROBE = 4          #: 0xDE RELIABILITY_PROBE_REQUEST: PETH
+    EP_REQUEST = 5      #: 0xD8 ENDPOINT_REQUEST: ERTH (EV probes)
+    EP_RESPONSE = 6     #: 0xD9 ENDPOINT_RESPONSE: EETH
+
+
+#: The opcode of every control kind (the opcode table; data kinds have six opcodes).
+KIND_OPCODES = {
+    PacketKind.AETH: P.Opcode.ACKNOWLEDGE,
+    PacketKind.SACK: P.Opcode.RELIABILITY_SACK,
+    PacketKind.NACK: P.Opcode.RELIABILITY_NACK,
+    PacketKind.RPROBE: P.Opcode.RELIABILITY_PROBE_REQUEST,
+    PacketKind.EP_REQUEST: P.Opcode.ENDPOINT_REQUEST,
+    PacketKind.EP_RESPONSE: P.Opcode.ENDPOINT_RESPONSE,
+}
+
+
+def opcode_kind(opcode):
+    """The :class:`PacketKind` of an MRC opcode; :class:`ValueError` for any other."""
+    if opcode in P.DATA_OPCODES:
+        return PacketKind.DATA
+    for kind, kind_opcode in KIND_OPCODES.items():
+        if opcode == kind_opcode:
+            return kind
+    raise ValueError(f"BTH opcode {opcode:#04x} is not an MRC opcode")
+
+
+def control_header_layout():
+    """The headers of control packets, which never occur together: one union, as wide as the
+    widest (SETH + CC_STATE, or EETH). Which member is valid follows from ``kind``."""
+    return data.UnionLayout({
+        "sack": data.StructLayout({"seth": SETH_STRUCT, "cc_state": CC_STATE_STRUCT}),
+        "neth": NETH_STRUCT,
+        "peth": PETH_STRUCT,
+        "erth": ERTH_STRUCT,
+        "eeth": EETH_STRUCT,
+    })
 
 
 class DropReason(enum.Enum, shape=5):
@@ -79,7 +112,8 @@ class DropReason(enum.Enum, shape=5):
     BAD_UDP_LENGTH = 7      #: UDP length does not match the IP length
     BAD_BTH = 8             #: BTH version not 0 or pad count not 0
     UNSUPPORTED_OPCODE = 9  #: not an MRC opcode (SEND, READ, ATOMIC, CNP, ...)
-    BAD_LENGTH = 10         #: RETH dma_len differs from the payload, or an ACK's SACK length
+    BAD_LENGTH = 10         #: RETH dma_len differs from the payload, or a control packet is not
+                            #: exactly its headers long
     OVERSIZE = 11           #: payload over the MTU, or frame longer than the largest legal one
     BAD_ICRC = 12           #: ICRC mismatch
 
@@ -129,13 +163,12 @@ def packet_header_layout(config):
         "srh_segment": unsigned(128),
         "udp_sport": unsigned(16),
         "bth": BTH_STRUCT,
-        "reth": RETH_STRUCT,
-        "immdt": IMMDT_STRUCT,
-        "mdeth": MDETH_STRUCT,
-        "aeth": AETH_STRUCT,
-        "macketh": MACKETH_STRUCT,
-        "sack": unsigned(config.sack_bits),     # bit i: PSN cum_psn + 1 + i
-        "mprh": MPRH_STRUCT,
+        "meth": METH_STRUCT,                    # DATA
+        "tseth": TSETH_STRUCT,                  # DATA with bth.ts = 1 (else zero)
+        "reth": RETH_STRUCT,                    # DATA
+        "immdt": IMMDT_STRUCT,                  # DATA with immediate
+        "aeth": AETH_STRUCT,                    # AETH
+        "ctl": control_header_layout(),         # SACK, NACK, RPROBE, EP_REQUEST, EP_RESPONSE
     })
 
 
@@ -143,7 +176,7 @@ def packet_beat_layout(config):
     """A payload beat with its packet's header: the parser's output, the builder's input.
 
     ``header`` is stable for every beat of a packet. Payload bytes start at lane 0 of the
-    first beat. A packet without payload (ACK, probe, trimmed, zero-length write) is a single
+    first beat. A packet without payload (control packet, trimmed, zero-length write) is a single
     beat with ``first``, ``last`` and ``keep == 0``.
     """
     return data.StructLayout({

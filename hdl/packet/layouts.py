@@ -16,16 +16,17 @@ big-endian on the wire. Every header (and, where it differs, every field) carrie
 ``"standard"``
     IEEE 802 and IETF headers in front of the BTH;
 ``"project"``
-    this project's choice (the headers of its current wire format, and what the MRC 1.0
-    references leave open).
+    this project's choice, where the MRC 1.0 references leave a field's meaning open (METH,
+    the EETH op position, the unit of the 16-bit timestamps, what the entropy echo holds).
 
-The NIC speaks the project's current format (BTH opcodes 0x06-0x0B, 0x11, 0xC0/0xC1 with
-MDETH, MACKETH and MPRH); the MRC 1.0 headers (METH, TSETH, SETH, CC_STATE, NETH, PETH,
-ERTH, EETH) are defined here for the Scapy layers, the dissector and the conformance test
-ahead of the switch of the gateware to them.
+The NIC speaks MRC 1.0: the BTH, then the headers of the opcode table
+(:data:`hdl.protocol.Opcode`): METH, [TSETH], RETH, [ImmDt] on data; SETH + CC_STATE, NETH,
+AETH, PETH, ERTH or EETH on control packets.
 """
 
 from dataclasses import dataclass
+
+from hdl.protocol import IMMEDIATE_OPCODES, Opcode
 
 #: Provenance tags and how ``docs/wire-format.md`` marks them.
 SOURCES = {
@@ -101,7 +102,7 @@ class Header:
 
     @property
     def size(self):
-        """Size in bytes (of the fixed part, for MACKETH)."""
+        """Size in bytes."""
         assert self.bits % 8 == 0
         return self.bits // 8
 
@@ -208,24 +209,43 @@ DOT1Q_TAG_BYTES = DOT1Q.size - ETHERNET.size
 
 
 # ---------------------------------------------------------------------------------------------
-# Transport headers of the project's current wire format
+# Transport headers (RoCEv2 and MRC 1.0)
 # ---------------------------------------------------------------------------------------------
 
-# InfiniBand Base Transport Header, as RoCEv2 carries it (Scapy: scapy.contrib.roce.BTH).
+def _f(name, bits, doc, **kw):
+    return Field(name, bits, doc, **kw)
+
+
+_TIMESTAMP_UNIT = ("16-bit wire timestamp; its unit, 8 ns (TIMESTAMP_SHIFT in hdl/protocol.py), "
+                   "is a project choice")
+
+# InfiniBand Base Transport Header as RoCEv2 carries it, with the two flag bits MRC 1.0 adds in
+# byte 8 (Scapy's BTH reads them as bits of its resv7; sim.packets.BTH names them). Field
+# names are the RoCEv2 ones the gateware and Scapy use; the MRC 1.0 references' names are in
+# the meaning column.
 BTH = _h("BTH", "Base Transport Header", "rocev2",
-    ("opcode", 8, "operation (hdl.protocol.Opcode)"),
-    ("solicited", 1, "solicited event"),
-    ("migreq", 1, "migration state"),
-    ("padcount", 2, "pad bytes before the ICRC; MRC sends 0 and drops any other value"),
-    ("version", 4, "transport header version, 0"),
-    ("pkey", 16, "partition key"),
-    ("fecn", 1, "forward ECN (masked in the ICRC)"),
-    ("becn", 1, "backward ECN (masked in the ICRC)"),
-    ("resv6", 6, "reserved (masked in the ICRC)"),
-    ("dqpn", 24, "destination QP number"),
-    ("ackreq", 1, "acknowledge request: the responder ACKs this packet at once"),
-    ("resv7", 7, "reserved"),
-    ("psn", 24, "packet sequence number"),
+    _f("opcode", 8, "operation (hdl.protocol.Opcode: the MRC 1.0 opcodes)", source="mrc-1.0"),
+    _f("solicited", 1, "solicited event (MRC 1.0: se) [uncertain]: the MRC 1.0 references list "
+       "m at bit 7 and se at bit 6 of byte 1; IBTA (and Scapy's and Wireshark's BTH) put SE at "
+       "bit 7 and M at bit 6. MRC keeps the RoCEv2 BTH, so this layout follows IBTA; MRC sends "
+       "0 in both"),
+    _f("migreq", 1, "migration state (MRC 1.0: m) [uncertain]: bit 6 here, see solicited"),
+    _f("padcount", 2, "pad count (MRC 1.0: pad); MRC sends 0 and drops any other value"),
+    _f("version", 4, "transport header version (MRC 1.0: tver), 0"),
+    _f("pkey", 16, "partition key"),
+    _f("fecn", 1, "forward ECN (masked in the ICRC)"),
+    _f("becn", 1, "backward ECN (masked in the ICRC)"),
+    _f("resv6", 6, "reserved (masked in the ICRC)"),
+    _f("dqpn", 24, "destination QP number (MRC 1.0: dqp); the endpoint QP on ENDPOINT_REQUEST "
+       "and ENDPOINT_RESPONSE"),
+    _f("ackreq", 1, "acknowledge request (MRC 1.0: a): the responder acknowledges this packet "
+       "at once"),
+    _f("resv1", 1, "reserved"),
+    _f("rtx", 1, "this packet is a retransmission", source="mrc-1.0"),
+    _f("ts", 1, "a TSETH follows the METH", source="mrc-1.0"),
+    _f("resv4", 4, "reserved", source="mrc-1.0"),
+    _f("psn", 24, "packet sequence number; cack_psn of a SACK, nack_psn of a NACK, the id "
+       "(bits 15-0) of an endpoint request and its response"),
 )
 
 # RDMA Extended Transport Header: on EVERY MRC data packet, not only the first of a message.
@@ -240,77 +260,13 @@ IMMDT = _h("ImmDt", "Immediate Data", "rocev2",
     ("imm", 32, "immediate data, delivered in the responder's completion"),
 )
 
-# ACK Extended Transport Header (Scapy: scapy.contrib.roce.AETH).
+# ACK Extended Transport Header (Scapy: scapy.contrib.roce.AETH), on ACKNOWLEDGE: RoCE's fatal
+# NAKs.
 AETH = _h("AETH", "ACK Extended Transport Header", "rocev2",
-    ("syndrome", 8, "0x1F: ACK; 0x60 | NakCode: NAK"),
+    ("syndrome", 8, "0x60 | NakCode: NAK (RoCE's fatal errors); 0x1F: ACK"),
     ("msn", 24, "message sequence number: messages completed in order"),
 )
 
-# MRC Data Extended Transport Header: on every data packet, after RETH (and ImmDt).
-MDETH = _h("MDETH", "MRC Data Extended Transport Header", "project",
-    ("ev_index", 16, "index of the EV in the sender's EV profile; echoed in the ACK"),
-    ("flags", 8, "hdl.protocol.DataFlags"),
-    ("rsvd", 8, "reserved, 0"),
-    ("tx_ts", 32, "sender's transmit time, ns modulo 2**32; echoed in the ACK"),
-)
-
-# MRC ACK Extended Transport Header: after the AETH of every ACK and NACK. Its fixed part is
-# followed by a SACK bitmap of sack_bytes bytes.
-MACKETH = _h("MACKETH", "MRC ACK Extended Transport Header", "project",
-    ("ev_index", 16, "EV index echoed from the packet that triggered this ACK"),
-    ("flags", 8, "hdl.protocol.AckFlags"),
-    ("sack_bytes", 8, "bytes of SACK bitmap that follow (8, 16, 32, 64 or 128)"),
-    ("rsvd", 8, "reserved, 0"),
-    ("cum_psn", 24, "cumulative PSN: every PSN up to and including it has arrived"),
-    ("ts_echo", 32, "tx_ts of the triggering packet"),
-    ("svc_time", 32, "responder service time in ns (valid with flag SERVICE_TIME)"),
-)
-
-# MRC Probe Header: after the BTH of probe requests and responses.
-MPRH = _h("MPRH", "MRC Probe Header", "project",
-    ("probe_id", 32, "request id, echoed in the response"),
-    ("ev_index", 16, "index of the EV probed, in the requester's profile"),
-    ("flags", 8, "hdl.protocol.ProbeFlags"),
-    ("rsvd", 8, "reserved, 0"),
-    ("rsvd2", 8, "reserved, 0"),
-    ("src_qpn", 24, "requester's QP number (0 for a QP-less probe)"),
-    ("tx_ts", 32, "requester's transmit time, ns modulo 2**32, echoed"),
-    ("svc_time", 32, "responder service time in ns (responses)"),
-)
-
-
-# ---------------------------------------------------------------------------------------------
-# MRC 1.0 (OCP MRC 1.0 tables, as the public references cite them)
-# ---------------------------------------------------------------------------------------------
-
-def _f(name, bits, doc, **kw):
-    return Field(name, bits, doc, **kw)
-
-
-# The BTH with the names MRC 1.0 gives its flag bits: the same 12 bytes as BTH above (Scapy's
-# BTH reads rtx and ts as bits of its resv7). A documented view, not a second header on the
-# wire; the gateware and the current Scapy layers keep the RoCEv2 names of BTH.
-BTH_MRC10 = _h("BTH", "Base Transport Header with the MRC 1.0 flag bits", "mrc-1.0",
-    _f("opcode", 8, "operation (hdl.protocol.Mrc10Opcode)", source="rocev2"),
-    _f("se", 1, "solicited event [uncertain]: the MRC 1.0 references list m at bit 7 and se "
-       "at bit 6 of byte 1; IBTA (and Scapy's and Wireshark's BTH) put SE at bit 7 and M at "
-       "bit 6. MRC keeps the RoCEv2 BTH, so this layout follows IBTA", source="rocev2"),
-    _f("m", 1, "migration state [uncertain]: bit 6 here, see se", source="rocev2"),
-    _f("pad", 2, "pad count, 0", source="rocev2"),
-    _f("tver", 4, "transport header version, 0", source="rocev2"),
-    _f("pkey", 16, "partition key", source="rocev2"),
-    _f("fecn", 1, "forward ECN (masked in the ICRC)", source="rocev2"),
-    _f("becn", 1, "backward ECN (masked in the ICRC)", source="rocev2"),
-    _f("reserved0", 6, "reserved (masked in the ICRC)", source="rocev2"),
-    _f("dqpn", 24, "destination QP number", source="rocev2"),
-    _f("a", 1, "acknowledge request", source="rocev2"),
-    _f("reserved1", 1, "reserved"),
-    _f("rtx", 1, "this packet is a retransmission"),
-    _f("ts", 1, "a TSETH follows the METH"),
-    _f("reserved2", 4, "reserved"),
-    _f("psn", 24, "packet sequence number; cack_psn of a SACK, nack_psn of a NACK",
-       source="rocev2"),
-)
 
 # MRC Extended Transport Header: first after the BTH of every MRC 1.0 data packet. The
 # references give the names and sizes only; the meaning is this project's reading of RC's
@@ -327,10 +283,10 @@ METH = _h("METH", "MRC Extended Transport Header", "mrc-1.0",
 
 # Timestamp Extended Transport Header: after the METH when BTH.ts = 1.
 TSETH = _h("TSETH", "Timestamp Extended Transport Header", "mrc-1.0",
-    _f("tx_timestamp", 16, "sender's transmit timestamp"),
+    _f("tx_timestamp", 16, "sender's transmit time: " + _TIMESTAMP_UNIT, source="project"),
     _f("tsr", 1, "timestamp request"),
     _f("reserved", 11, "reserved"),
-    _f("ftype", 4, "format type (hdl.protocol.Mrc10Ftype)"),
+    _f("ftype", 4, "format type (hdl.protocol.Ftype)"),
 )
 
 # SACK Extended Transport Header, on RELIABILITY_SACK, followed by CC_STATE. BTH.dqpn is the
@@ -338,13 +294,15 @@ TSETH = _h("TSETH", "Timestamp Extended Transport Header", "mrc-1.0",
 SETH = _h("SETH", "SACK Extended Transport Header", "mrc-1.0",
     _f("type", 4, "header type, 0"),
     _f("next_header", 5, "next header, 0"),
-    _f("m", 2, "SACK mark for the triggering packet's EV (hdl.protocol.Mrc10SackMark)"),
+    _f("m", 2, "SACK mark for the triggering packet's EV (hdl.protocol.SackMark)"),
     _f("reserved0", 3, "reserved"),
     _f("pr", 1, "1: this SACK answers a reliability probe (ack_psn_offset is its probe_id)"),
     _f("reserved1", 1, "reserved"),
     _f("ack_psn_offset", 16, "ack_psn = cack_psn + ack_psn_offset is the PSN that triggered "
        "this SACK; the probe_id answered when pr = 1", signed=True),
-    _f("entropy", 32, "the EV the triggering packet arrived with"),
+    _f("entropy", 32, "the EV the triggering packet arrived with. Field [MRC 1.0]; its "
+       "composition is a project choice: the UDP source port in bits 15-0, the IPv6 flow "
+       "label's low 16 bits in bits 31-16 (0 for IPv4)", source="project"),
     _f("spdcid", 16, "source PDC id"),
     _f("dpdcid", 16, "destination PDC id"),
     _f("reserved2", 8, "reserved"),
@@ -359,7 +317,8 @@ SETH = _h("SETH", "SACK Extended Transport Header", "mrc-1.0",
 
 # Congestion control state, after the SETH.
 CC_STATE = _h("CC_STATE", "Congestion Control State", "mrc-1.0",
-    _f("tx_timestamp", 16, "tx_timestamp echoed from the triggering packet"),
+    _f("tx_timestamp", 16, "tx_timestamp echoed from the triggering packet's TSETH (the PETH's "
+       "for a probe answer): " + _TIMESTAMP_UNIT, source="project"),
     _f("reserved", 1, "reserved"),
     _f("ooo_count", 15, "packets the responder holds out of order"),
     _f("restore_cwnd", 1, "restore the congestion window"),
@@ -370,9 +329,10 @@ CC_STATE = _h("CC_STATE", "Congestion Control State", "mrc-1.0",
 # NACK Extended Transport Header, on RELIABILITY_NACK. BTH.psn is nack_psn.
 NETH = _h("NETH", "NACK Extended Transport Header", "mrc-1.0",
     _f("reserved0", 16, "0"),
-    _f("nack_reason", 8, "why (hdl.protocol.Mrc10NackReason)"),
+    _f("nack_reason", 8, "why (hdl.protocol.NackReason)"),
     _f("vendor_info", 8, "vendor information"),
-    _f("entropy", 32, "the EV the refused packet arrived with"),
+    _f("entropy", 32, "the EV the refused packet arrived with, composed as SETH.entropy",
+       source="project"),
     _f("spdcid", 16, "source PDC id"),
     _f("dpdcid", 16, "destination PDC id"),
     _f("reserved1", 8, "reserved"),
@@ -380,7 +340,8 @@ NETH = _h("NETH", "NACK Extended Transport Header", "mrc-1.0",
     _f("cc_type", 4, "congestion control type"),
     _f("cc_flags", 4, "congestion control flags"),
     _f("reserved2", 8, "reserved"),
-    _f("tx_timestamp", 16, "tx_timestamp echoed from the refused packet"),
+    _f("tx_timestamp", 16, "tx_timestamp echoed from the refused packet: " + _TIMESTAMP_UNIT,
+       source="project"),
 )
 
 # Probe Extended Transport Header, on RELIABILITY_PROBE_REQUEST: consumes no PSN, answered by
@@ -393,25 +354,25 @@ PETH = _h("PETH", "Probe Extended Transport Header", "mrc-1.0",
     _f("reserved2", 16, "reserved"),
     _f("spdcid", 16, "source PDC id"),
     _f("dpdcid", 16, "destination PDC id"),
-    _f("tx_timestamp", 16, "sender's transmit timestamp"),
+    _f("tx_timestamp", 16, "sender's transmit time: " + _TIMESTAMP_UNIT, source="project"),
     _f("tsr", 1, "timestamp request"),
     _f("reserved3", 11, "reserved"),
-    _f("ftype", 4, "format type (hdl.protocol.Mrc10Ftype)"),
+    _f("ftype", 4, "format type (hdl.protocol.Ftype)"),
 )
 
 # Endpoint Request Transport Header, on ENDPOINT_REQUEST: BTH.dqpn is the endpoint QP
-# (hdl.protocol.MRC10_ENDPOINT_QPN), BTH.psn[15:0] an id private to the requester.
+# (hdl.protocol.ENDPOINT_QPN), BTH.psn[15:0] an id private to the requester.
 ERTH = _h("ERTH", "Endpoint Request Transport Header", "mrc-1.0",
     _f("reserved0", 14, "reserved"),
-    _f("op", 2, "endpoint operation (hdl.protocol.Mrc10EndpointOp)"),
+    _f("op", 2, "endpoint operation (hdl.protocol.EndpointOp)"),
     _f("reserved1", 8, "reserved"),
     _f("vendor_info", 8, "vendor information"),
     _f("port_status_mask", 32, "ports whose status is asked for"),
     _f("reserved2", 32, "reserved"),
-    _f("tx_timestamp", 16, "requester's transmit timestamp"),
+    _f("tx_timestamp", 16, "requester's transmit time: " + _TIMESTAMP_UNIT, source="project"),
     _f("tsr", 1, "timestamp request"),
     _f("reserved3", 11, "reserved"),
-    _f("ftype", 4, "format type (hdl.protocol.Mrc10Ftype)"),
+    _f("ftype", 4, "format type (hdl.protocol.Ftype)"),
 )
 
 # Endpoint Response Extended Transport Header, on ENDPOINT_RESPONSE: BTH.psn[15:0] echoes the
@@ -419,31 +380,42 @@ ERTH = _h("ERTH", "Endpoint Request Transport Header", "mrc-1.0",
 # bits 6 and 3, or bits 3-2); this is the one place that decides it.
 EETH = _h("EETH", "Endpoint Response Extended Transport Header", "mrc-1.0",
     _f("reserved0", 12, "reserved"),
-    _f("op", 2, "endpoint operation answered (hdl.protocol.Mrc10EndpointOp) [uncertain]: "
+    _f("op", 2, "endpoint operation answered (hdl.protocol.EndpointOp) [uncertain]: "
        "bits 3-2 of byte 1; one reference puts it at bits 5-4", source="project"),
     _f("reserved1", 2, "reserved"),
     _f("reserved2", 208, "reserved"),
-    _f("tx_timestamp", 16, "tx_timestamp echoed from the request"),
+    _f("tx_timestamp", 16, "tx_timestamp echoed from the request: " + _TIMESTAMP_UNIT,
+       source="project"),
     _f("reserved3", 48, "reserved"),
 )
-
-def mrc10_bth_flag(name):
-    """``(field, mask)``: the field of the RoCEv2 :data:`BTH` (Scapy's names) that holds the
-    one-bit MRC 1.0 BTH flag ``name`` (``"rtx"``, ``"ts"``), and the flag's bit in it."""
-    if BTH_MRC10.field(name).bits != 1:
-        raise ValueError(f"BTH.{name} is not a one-bit flag")
-    offset = BTH_MRC10.bit_offset(name)
-    for field in BTH.fields:
-        start = BTH.bit_offset(field.name)
-        if start <= offset < start + field.bits:
-            return field.name, 1 << (start + field.bits - 1 - offset)
-    raise AssertionError(f"BTH.{name} lies outside the BTH")
-
 
 #: The MRC 1.0 extension headers, in the order of the opcode table.
 MRC10_HEADERS = (METH, TSETH, SETH, CC_STATE, NETH, PETH, ERTH, EETH)
 #: What follows the SETH of a RELIABILITY_SACK: 36 bytes in all.
 SACK_HEADERS = (SETH, CC_STATE)
+
+#: The headers after the BTH of every control opcode (the opcode table). A control packet is
+#: exactly these bytes (and the ICRC): it carries no payload.
+CONTROL_HEADERS = {
+    Opcode.ACKNOWLEDGE: (AETH,),
+    Opcode.ENDPOINT_REQUEST: (ERTH,),
+    Opcode.ENDPOINT_RESPONSE: (EETH,),
+    Opcode.RELIABILITY_SACK: SACK_HEADERS,
+    Opcode.RELIABILITY_NACK: (NETH,),
+    Opcode.RELIABILITY_PROBE_REQUEST: (PETH,),
+}
+
+
+def data_headers(opcode, *, ts):
+    """The headers after the BTH of a data packet with ``opcode`` and BTH.ts = ``ts``, in wire
+    order: METH, [TSETH], RETH, [ImmDt]; the payload follows them."""
+    return ((METH,) + ((TSETH,) if ts else ()) + (RETH,)
+            + ((IMMDT,) if Opcode(opcode) in IMMEDIATE_OPCODES else ()))
+
+
+def headers_size(headers):
+    """Bytes of ``headers`` together."""
+    return sum(h.size for h in headers)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -472,10 +444,11 @@ def icrc_byte_mask(header):
 # Collections and the documentation view
 # ---------------------------------------------------------------------------------------------
 
-#: The headers Scapy lacks: this project's own plus RETH, ImmDt and the MRC 1.0 ones.
-GENERATED_SCAPY_HEADERS = (RETH, IMMDT, MDETH, MACKETH, MPRH, *MRC10_HEADERS)
-#: Every transport header (the BTH and what follows it on the wire, both formats).
-ALL_HEADERS = (BTH, RETH, IMMDT, AETH, MDETH, MACKETH, MPRH, *MRC10_HEADERS)
+#: The headers Scapy lacks: RETH, ImmDt and the MRC 1.0 ones (the BTH is generated too, as a
+#: subclass of Scapy's that names rtx and ts; AETH is Scapy's, cross-checked).
+GENERATED_SCAPY_HEADERS = (RETH, IMMDT, *MRC10_HEADERS)
+#: Every transport header: the BTH and what follows it on the wire.
+ALL_HEADERS = (BTH, RETH, IMMDT, AETH, *MRC10_HEADERS)
 
 
 def markdown_table(header):
@@ -486,18 +459,19 @@ def markdown_table(header):
     for field in header.fields:
         offset = header.bit_offset(field.name)
         signed = ", signed" if field.signed else ""
+        doc = field.doc.replace("|", "\\|")
         lines.append(f"| {offset // 8} | {offset % 8} | {field.bits}{signed} | `{field.name}` | "
-                     f"{SOURCES[header.field_source(field.name)]} | {field.doc} |")
+                     f"{SOURCES[header.field_source(field.name)]} | {doc} |")
     return "\n".join(lines)
 
 
-def mrc10_markdown():
-    """The "MRC 1.0 headers" tables of ``docs/wire-format.md`` (a test compares).
+def transport_markdown():
+    """The transport header tables of ``docs/wire-format.md`` (a test compares).
 
     Regenerate with ``python -m hdl.packet.layouts``.
     """
-    return "\n\n".join(markdown_table(h) for h in (BTH_MRC10, *MRC10_HEADERS))
+    return "\n\n".join(markdown_table(h) for h in ALL_HEADERS)
 
 
 if __name__ == "__main__":
-    print(mrc10_markdown())
+    print(transport_markdown())

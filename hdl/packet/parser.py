@@ -27,6 +27,7 @@ from .headers import (
     PacketKind,
     field_slices,
     net_beat_layout,
+    opcode_kind,
     packet_beat_layout,
     packet_header_layout,
 )
@@ -96,12 +97,16 @@ class _Stack:
 STACKS = tuple(_Stack(vlan, mode, v4) for vlan in (False, True)
                for mode in (_MODE_PLAIN, _MODE_SRV6, _MODE_SRH) for v4 in (False, True))
 
-#: Transport headers after the BTH, by (kind, immediate).
+#: Bytes of transport headers after the BTH, by (kind, immediate, BTH.ts of a data packet).
+#: A control packet is exactly its headers long.
 _TRANSPORT_SIZE = {
-    (PacketKind.DATA, False): L.RETH.size + L.MDETH.size,
-    (PacketKind.DATA, True): L.RETH.size + L.IMMDT.size + L.MDETH.size,
-    (PacketKind.ACK, False): L.AETH.size + L.MACKETH.size,
-    (PacketKind.PROBE, False): L.MPRH.size,
+    (opcode_kind(op), False, False): L.headers_size(headers)
+    for op, headers in L.CONTROL_HEADERS.items()
+} | {
+    (PacketKind.DATA, imm, ts): L.headers_size(L.data_headers(op, ts=ts))
+    for op, imm in ((P.Opcode.RDMA_WRITE_ONLY, False),
+                    (P.Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE, True))
+    for ts in (False, True)
 }
 _L4_WINDOW = UDP.size + L.BTH.size + max(_TRANSPORT_SIZE.values())
 #: Bytes the capture register keeps: the longest legal header stack.
@@ -109,10 +114,13 @@ HEADER_BYTES = max(s.u for s in STACKS) + _L4_WINDOW
 
 
 def max_frame_bytes(config):
-    """The longest frame that can be legal: longest stack, MTU of payload (or the longest ACK)."""
-    longest_ack = (max(s.t for s in STACKS) + L.BTH.size + _TRANSPORT_SIZE[PacketKind.ACK, False]
-                   + max(P.SACK_BYTES_ALLOWED) + P.ICRC_BYTES)
-    return max(HEADER_BYTES + config.mtu + P.ICRC_BYTES, longest_ack)
+    """The longest frame that can be legal: the longest stack and data headers, an MTU of
+    payload, the ICRC (control packets are shorter)."""
+    longest_data = max(size for (kind, _, _), size in _TRANSPORT_SIZE.items()
+                       if kind == PacketKind.DATA)
+    longest_control = max(_TRANSPORT_SIZE.values())
+    return (max(s.t for s in STACKS) + L.BTH.size + P.ICRC_BYTES
+            + max(longest_data + config.mtu, longest_control))
 
 
 def _icrc_mask_bytes(inner_v4):
@@ -182,10 +190,12 @@ class Parser(wiring.Component):
     header (IPv4 without options and fragments, checksum verified; or IPv6), its length against
     the frame (a 60-byte frame may be padded), its protocol; SRv6 (outer next header 41 or 4,
     or 43 with a type-4 SRH of one segment) and the inner IP header; UDP port 4791 and length; BTH
-    version and pad count; the opcode; the transport headers' lengths (RUNT when the frame ends
-    before the headers and ICRC do); payload over the MTU; RETH ``dma_len``; SACK length; the
-    ICRC last. A frame whose inner traffic class carries the trim DSCP is a trimmed DATA packet:
-    its ICRC and ``dma_len`` are not checked and its payload is discarded.
+    version and pad count; the opcode (not an MRC 1.0 opcode: UNSUPPORTED_OPCODE); the transport
+    headers' lengths (RUNT when the frame ends before a data packet's METH, [TSETH], RETH,
+    [ImmDt] and ICRC do, which BTH.ts and the opcode decide; BAD_LENGTH when a control packet is
+    not exactly its headers and the ICRC long); payload over the MTU; RETH ``dma_len``; the
+    ICRC last. A data frame whose inner traffic class carries the trim DSCP is a trimmed DATA
+    packet: its ICRC and ``dma_len`` are not checked and its payload is discarded.
 
     Throughput: one beat per cycle (II = 1) for back-to-back frames of any size, as long as
     ``o`` is ready; ``i.ready`` drops only when the packet FIFO or the header queue is full
@@ -197,7 +207,7 @@ class Parser(wiring.Component):
     Parameters
     ----------
     config : :class:`~hdl.config.NicConfig`
-        ``data_width`` (64, 128 or 256), ``mtu``, ``sack_bits`` and the initial ``trim_dscp``.
+        ``data_width`` (64, 128 or 256), ``mtu`` and the initial ``trim_dscp``.
 
     Members
     -------
@@ -205,8 +215,9 @@ class Parser(wiring.Component):
         Received frames; ``port`` is taken from the first beat.
     o : ``Out(stream.Signature(packet_beat_layout(config)))``
         Accepted packets: the parsed header (stable on every beat) and the payload from lane 0
-        of the first beat; ``keep``/``last`` on the last beat. A packet without payload (ACK,
-        probe, trimmed, zero-length write) is one beat with ``first``, ``last`` and ``keep == 0``.
+        of the first beat; ``keep``/``last`` on the last beat. A packet without payload (a
+        control packet, a trimmed or zero-length write) is one beat with ``first``, ``last``
+        and ``keep == 0``.
     trim_dscp : ``In(6, init=config.trim_dscp)``
         The DSCP that marks trimmed packets.
     counters : ``Out(data.ArrayLayout(32, len(DropReason)))``
@@ -261,11 +272,9 @@ class Parser(wiring.Component):
         W = cfg.data_width
         lanes = self._lanes
         lane_bits = exact_log2(lanes)
-        sack_bytes = cfg.sack_bytes
         max_beats = self._max_beats
         beat_bits = ceil_log2(max_beats + 1)
         cap_beats = -(-HEADER_BYTES // lanes)
-        tail_beats = -(-(sack_bytes + P.ICRC_BYTES) // lanes) + 1
         len_bits = ceil_log2((max_beats + 1) * lanes + 1)
         hq_depth = self.HEADER_QUEUE_DEPTH
         header_layout = packet_header_layout(cfg)
@@ -426,11 +435,9 @@ class Parser(wiring.Component):
             crc.data.eq(s2_data),
         ]
 
-        # Capture of the first HEADER_BYTES and a window over the last beats (for the SACK).
+        # Capture of the first HEADER_BYTES.
         cap = Signal(cap_beats * W)
-        tail = Signal(tail_beats * W)
         with m.If(s1_valid):
-            m.d.sync += tail.eq(Cat(tail[W:], s1.data))
             with m.Switch(s1_beat):
                 for slot in range(cap_beats):
                     with m.Case(slot):
@@ -465,8 +472,6 @@ class Parser(wiring.Component):
         # =====================================================================================
         d0_valid = Signal()
         d0_cap = Signal.like(cap)
-        d0_tail = Signal.like(tail)
-        d0_last_bytes = Signal.like(last_bytes)
         d0_len = Signal(len_bits)
         d0_flag = {name: Signal(name=f"d0_{name}") for name in flag_names}
         d0_stack = Signal(4)
@@ -488,8 +493,6 @@ class Parser(wiring.Component):
                     with m.Case(slot):
                         m.d.sync += d0_cap.word_select(slot, W).eq(s1.data)
             m.d.sync += [
-                d0_tail.eq(Cat(tail[W:], s1.data)),
-                d0_last_bytes.eq(last_bytes),
                 d0_len.eq(s1_beat * lanes + last_bytes),
                 d0_stack.eq(stack),
                 d0_hot.eq(Cat(stack == st.code for st in STACKS)),
@@ -500,7 +503,7 @@ class Parser(wiring.Component):
             m.d.sync += [d0_flag[name].eq(flag[name]) for name in flag_names]
 
         # =====================================================================================
-        # D1: windows on the headers at the offsets of the frame's stack; the SACK bytes
+        # D1: windows on the headers at the offsets of the frame's stack
         # =====================================================================================
         cap_bytes = _bytes(d0_cap, cap_beats * lanes)
         d1_valid = Signal()
@@ -509,7 +512,6 @@ class Parser(wiring.Component):
         d1_srh = Signal(8 * SRH.size)
         d1_inner = Signal(8 * IPV6.size)
         d1_l4 = Signal(8 * _L4_WINDOW)
-        d1_sack = Signal(8 * sack_bytes)
         d1_len = Signal(len_bits)
         d1_too_long = Signal()
         d1_flag = {name: Signal(name=f"d1_{name}") for name in flag_names}
@@ -555,8 +557,7 @@ class Parser(wiring.Component):
             opcode_class[s.code] = code
             with d1m.Switch(cap_bytes[s.t + opcode_at]):
                 for op in sorted(P.SUPPORTED_OPCODES):
-                    kind = (PacketKind.DATA if op in P.DATA_OPCODES else
-                            PacketKind.ACK if op == P.Opcode.ACKNOWLEDGE else PacketKind.PROBE)
+                    kind = opcode_kind(op)
                     with d1m.Case(op):
                         d1m.d.comb += code.eq(Cat(Const(1, 1),
                                                   Const(op in P.IMMEDIATE_OPCODES, 1),
@@ -570,14 +571,6 @@ class Parser(wiring.Component):
             Cat(d1_opcode_ok, d1_imm, d1_kind.as_value()).eq(
                 onehot_select(d0_hot, [opcode_class[s.code] for s in STACKS])),
         ]
-
-        # The low `sack_bytes` bytes of the bitmap are the ones right before the ICRC.
-        tail_bytes = _bytes(d0_tail, tail_beats * lanes)
-        with d1m.Switch(d0_last_bytes):
-            for count in range(lanes + 1):
-                end = (tail_beats - 1) * lanes + count - P.ICRC_BYTES
-                with d1m.Case(count):
-                    d1m.d.sync += d1_sack.eq(Cat(*reversed(tail_bytes[end - sack_bytes:end])))
 
         # =====================================================================================
         # D2: header fields, content checks, lengths relative to the first IP header
@@ -594,8 +587,9 @@ class Parser(wiring.Component):
         d1_inner_v4 = d1_stack[1]
         srv6 = d1_mode != _MODE_PLAIN
         kind_data = d1_kind == PacketKind.DATA
-        kind_ack = d1_kind == PacketKind.ACK
-        kind_probe = d1_kind == PacketKind.PROBE
+        # A TSETH follows the METH of a data packet with BTH.ts (ts means nothing elsewhere).
+        data_ts = Signal()
+        m.d.comb += data_ts.eq(kind_data & _field(l4, L.BTH, "ts", bth_at))
 
         d2_valid = Signal()
         d2_hdr = Signal(header_layout)
@@ -627,16 +621,18 @@ class Parser(wiring.Component):
         srh_nh = _field(srh, SRH, "next_header")
         inner_proto = Mux(d1_inner_v4, v4_field(inner, "protocol"), v6_field(inner, "next_header"))
         udp_len = _field(l4, UDP, "length")
-        sack_len = _field(l4, L.MACKETH, "sack_bytes", ext_at + L.AETH.size)
-        dma_len = _field(l4, L.RETH, "dma_len", ext_at)
+        # The RETH follows the METH and, with BTH.ts, the TSETH.
+        reth_at = ext_at + L.METH.size
+        dma_len = Mux(data_ts, _field(l4, L.RETH, "dma_len", reth_at + L.TSETH.size),
+                      _field(l4, L.RETH, "dma_len", reth_at))
         tclass = Mux(d1_inner_v4, v4_field(inner, "tos"), v6_field(inner, "tclass"))
 
         c = {}                      # D2 check bits, registered
         for name in ("runt_eth", "runt_vlan", "bad_ethertype", "runt_ip", "bad_ip_header",
                      "outer_len_bad", "bad_ip_protocol", "bad_srh", "bad_inner_header",
                      "inner_tl_short", "bad_inner_protocol", "bad_udp_port", "bad_bth",
-                     "bad_opcode", "bad_sack_bytes", "plain_v4", "srv6_v4", "trimmed",
-                     "srv6", "srh", "kind_data", "kind_ack", "kind_probe"):
+                     "bad_opcode", "plain_v4", "srv6_v4", "trimmed", "srv6", "srh",
+                     "kind_data"):
             c[name] = Signal(name=f"d2_{name}")
         n = d1_len
         l3 = Mux(vlan, DOT1Q.size, ETHERNET.size)
@@ -668,15 +664,12 @@ class Parser(wiring.Component):
             c["bad_bth"].eq((_field(l4, L.BTH, "version", bth_at) != P.BTH_VERSION) |
                             (_field(l4, L.BTH, "padcount", bth_at) != 0)),
             c["bad_opcode"].eq(~d1_opcode_ok),
-            c["bad_sack_bytes"].eq(~sack_len.matches(*P.SACK_BYTES_ALLOWED)),
             c["plain_v4"].eq(~srv6 & d1_inner_v4),
             c["srv6_v4"].eq(srv6 & d1_inner_v4),
             c["trimmed"].eq(kind_data & (tclass[2:] == self.trim_dscp)),
             c["srv6"].eq(srv6),
             c["srh"].eq(d1_mode == _MODE_SRH),
             c["kind_data"].eq(kind_data),
-            c["kind_ack"].eq(kind_ack),
-            c["kind_probe"].eq(kind_probe),
         ]
 
         # Lengths, all relative to the first IP header (after the check of the IP length, the
@@ -686,7 +679,6 @@ class Parser(wiring.Component):
         d2_udp_end = Signal(18)
         d2_need = Signal(8)             # end of the transport headers plus the ICRC
         d2_dma_len = Signal(32)
-        d2_sack_len = Signal(8)
         d2_runt = {name: Signal(8, name=f"d2_min_{name}") for name in ("inner", "udp", "bth")}
         d2_pay_beat = Signal(range(HEADER_BYTES // lanes + 1))
         d2_pay_lane = Signal(lane_bits)
@@ -695,10 +687,10 @@ class Parser(wiring.Component):
         inner_rel = Signal(8)
         udp_rel = Signal(8)
         need_rel = Signal(8)
-        with d2m.Switch(Cat(d1_stack, d1_kind.as_value(), d1_imm)):
+        with d2m.Switch(Cat(d1_stack, d1_kind.as_value(), d1_imm, data_ts)):
             for s in STACKS:
-                for (kind, imm), size in _TRANSPORT_SIZE.items():
-                    code = s.code | kind.value << 4 | int(imm) << 7
+                for (kind, imm, ts), size in _TRANSPORT_SIZE.items():
+                    code = s.code | kind.value << 4 | int(imm) << 7 | int(ts) << 8
                     headers_end = s.t + L.BTH.size + size      # where a payload starts
                     with d2m.Case(code):
                         d2m.d.comb += [
@@ -719,7 +711,6 @@ class Parser(wiring.Component):
             d2_udp_end.eq(udp_rel + udp_len),
             d2_need.eq(need_rel),
             d2_dma_len.eq(dma_len),
-            d2_sack_len.eq(sack_len),
         ]
 
         # IPv4 header checksum, first adder level (the inner window is the only IPv4 header).
@@ -756,33 +747,39 @@ class Parser(wiring.Component):
         for f in L.BTH.fields:
             d2m.d.comb += hdr.bth[f.name].eq(_field(l4, L.BTH, f.name, bth_at))
         with d2m.If(kind_data):
-            for f in L.RETH.fields:
-                d2m.d.comb += hdr.reth[f.name].eq(_field(l4, L.RETH, f.name, tx))
-            with d2m.If(d1_imm):
-                for f in L.IMMDT.fields:
-                    d2m.d.comb += hdr.immdt[f.name].eq(_field(l4, L.IMMDT, f.name,
-                                                            tx + L.RETH.size))
-            for f in L.MDETH.fields:
-                d2m.d.comb += hdr.mdeth[f.name].eq(Mux(
-                    d1_imm, _field(l4, L.MDETH, f.name, tx + L.RETH.size + L.IMMDT.size),
-                    _field(l4, L.MDETH, f.name, tx + L.RETH.size)))
-        with d2m.If(kind_ack):
+            for f in L.METH.fields:
+                d2m.d.comb += hdr.meth[f.name].eq(_field(l4, L.METH, f.name, tx))
+            with d2m.If(data_ts):
+                for f in L.TSETH.fields:
+                    d2m.d.comb += hdr.tseth[f.name].eq(_field(l4, L.TSETH, f.name,
+                                                            tx + L.METH.size))
+            # RETH and ImmDt sit one TSETH further with BTH.ts.
+            for header, member, at in ((L.RETH, hdr.reth, reth_at),
+                                       (L.IMMDT, hdr.immdt, reth_at + L.RETH.size)):
+                for f in header.fields:
+                    value = Mux(data_ts, _field(l4, header, f.name, at + L.TSETH.size),
+                                _field(l4, header, f.name, at))
+                    if header is L.IMMDT:
+                        value = Mux(d1_imm, value, 0)
+                    d2m.d.comb += member[f.name].eq(value)
+        with d2m.If(d1_kind == PacketKind.AETH):
             for f in L.AETH.fields:
                 d2m.d.comb += hdr.aeth[f.name].eq(_field(l4, L.AETH, f.name, tx))
-            for f in L.MACKETH.fields:
-                d2m.d.comb += hdr.macketh[f.name].eq(_field(l4, L.MACKETH, f.name,
-                                                          tx + L.AETH.size))
-            # A shorter bitmap on the wire is zero-extended: mask the bytes before it.
-            with d2m.Switch(sack_len):
-                for allowed in P.SACK_BYTES_ALLOWED:
-                    if allowed < sack_bytes:
-                        with d2m.Case(allowed):
-                            d2m.d.comb += hdr.sack.eq(d1_sack[:8 * allowed])
-                with d2m.Default():
-                    d2m.d.comb += hdr.sack.eq(d1_sack)
-        with d2m.If(kind_probe):
-            for f in L.MPRH.fields:
-                d2m.d.comb += hdr.mprh[f.name].eq(_field(l4, L.MPRH, f.name, tx))
+        # Control headers: the union member of the kind (the others overlap it).
+        control = (
+            (PacketKind.SACK, ((L.SETH, hdr.ctl.sack.seth, tx),
+                               (L.CC_STATE, hdr.ctl.sack.cc_state, tx + L.SETH.size))),
+            (PacketKind.NACK, ((L.NETH, hdr.ctl.neth, tx),)),
+            (PacketKind.RPROBE, ((L.PETH, hdr.ctl.peth, tx),)),
+            (PacketKind.EP_REQUEST, ((L.ERTH, hdr.ctl.erth, tx),)),
+            (PacketKind.EP_RESPONSE, ((L.EETH, hdr.ctl.eeth, tx),)),
+        )
+        with d2m.Switch(d1_kind):
+            for kind, parts in control:
+                with d2m.Case(kind):
+                    for header, member, at in parts:
+                        for f in header.fields:
+                            d2m.d.comb += member[f.name].eq(_field(l4, header, f.name, at))
         d2m.d.sync += d2_hdr.eq(hdr)
 
         d2_too_long = Signal()
@@ -835,12 +832,10 @@ class Parser(wiring.Component):
             (ip_len < d2_runt["bth"], DropReason.RUNT),
             (c["bad_bth"], DropReason.BAD_BTH),
             (c["bad_opcode"], DropReason.UNSUPPORTED_OPCODE),
-            (ip_len < d2_need, DropReason.RUNT),
+            (data_2 & (ip_len < d2_need), DropReason.RUNT),
+            (~data_2 & (ip_len != d2_need), DropReason.BAD_LENGTH),
             (data_2 & (payload > cfg.mtu), DropReason.OVERSIZE),
             (data_2 & ~c["trimmed"] & (d2_dma_len != payload), DropReason.BAD_LENGTH),
-            (c["kind_ack"] & (c["bad_sack_bytes"] | (d2_sack_len != payload)),
-             DropReason.BAD_LENGTH),
-            (c["kind_probe"] & (payload != 0), DropReason.BAD_LENGTH),
             (~c["trimmed"] & ~d2_crc_ok, DropReason.BAD_ICRC),
         ]
         # The check bits are registered; D4 encodes their priority.

@@ -1,9 +1,13 @@
 """EV probes: the responder that answers them and the requester that sends them and times them.
 
-A probe request (BTH opcode PROBE_REQUEST, then an MPRH) travels on the EV being probed; the
-responder answers with PROBE_RESPONSE, echoing the MPRH and adding its service time; the
-requester turns the echoed transmit time into a round-trip time in ns and tells path selection
-that the EV answered. ``docs/probes.md`` describes the flow; ``docs/wire-format.md`` the MPRH.
+An EV probe is an MRC 1.0 ENDPOINT_REQUEST (BTH opcode 0xD8, ``dqpn`` the endpoint QP, an
+ERTH with op EV_PROBE and the sender's 16-bit ``tx_timestamp``) that travels on the EV being
+probed; BTH.psn[15:0] carries an id private to the requester. The responder answers with an
+ENDPOINT_RESPONSE (0xD9) whose EETH echoes the timestamp and whose BTH.psn[15:0] echoes the
+id; the requester looks the id up in its table of outstanding probes (QP and EV), turns the
+echo into a round-trip time (:func:`hdl.protocol.timestamp_age_ns`) and tells path selection
+that the EV answered. ``docs/probes.md`` describes the flow; ``docs/wire-format.md`` the
+headers.
 
 Packets enter and leave these blocks as :func:`~hdl.packet.headers.packet_beat_layout` beats
 (the parser's output, the header builder's input); a probe is one beat with ``keep == 0``.
@@ -13,6 +17,7 @@ from amaranth import *
 from amaranth.hdl import unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from .. import protocol as P
@@ -24,25 +29,34 @@ from ..util import validating
 __all__ = [
     "ProbeResponder", "ProbeRequester", "probe_context_layout", "probe_command_layout",
     "probe_result_layout", "PROBE_RESPONSE_TCLASS", "PROBE_RESPONSE_HOP_LIMIT",
+    "PROBE_TABLE_BITS",
 ]
 
 #: Traffic class of a probe response: DSCP 0, ECN ECT(0), as every packet the NIC originates.
 PROBE_RESPONSE_TCLASS = 0b10
 #: Hop limit (IPv4 TTL) of a probe response, as every packet the NIC originates.
 PROBE_RESPONSE_HOP_LIMIT = 64
+#: The probe requester remembers the last 2**PROBE_TABLE_BITS probes it sent, in one block RAM
+#: (*project choice*): a probe's id selects its entry by its low bits and the rest of the id
+#: tells a late answer to a reused entry from the answer to the probe now in it. The table is
+#: as deep as the probes that can be outstanding when software probes every ASSUMED_BAD EV of
+#: several QPs each round and answers take tens of microseconds behind queued data.
+PROBE_TABLE_BITS = 8
 
 
 def probe_context_layout(config):
     """The context a probe carries through path selection to the transmit former, which puts
-    it in the MPRH: ``probe_id`` and ``tx_ts`` (ns modulo 2**32)."""
+    it on the wire: ``probe_id`` (BTH.psn[15:0]) and ``tx_ts`` (the ERTH's 16-bit wire
+    timestamp)."""
     return data.StructLayout({
-        "probe_id": unsigned(32),
-        "tx_ts": unsigned(32),
+        "probe_id": unsigned(P.ENDPOINT_ID_BITS),
+        "tx_ts": unsigned(P.TIMESTAMP_BITS),
     })
 
 
 def probe_command_layout(config):
-    """A probe to send (control plane -> :class:`ProbeRequester`): on EV ``ev`` of QP ``qpn``."""
+    """A probe to send (control plane -> :class:`ProbeRequester`): on EV ``ev`` of QP ``qpn``;
+    ``probe_id`` is software's own and comes back in the result."""
     return data.StructLayout({
         "qpn": unsigned(config.qpn_bits),
         "ev": unsigned(config.ev_index_bits),
@@ -52,9 +66,9 @@ def probe_command_layout(config):
 
 def probe_result_layout(config):
     """A probe answered (:class:`ProbeRequester` -> control plane). Times in ns: ``rtt_ns`` is
-    the requester's clock at the response minus the echoed ``tx_ts`` (modulo 2**32),
-    ``svc_time`` the responder's service time (0 when the response does not carry one) and
-    ``rtt_adjusted_ns`` their difference, 0 if the service time exceeds the RTT."""
+    :func:`~hdl.protocol.timestamp_age_ns` of the echoed timestamp (a multiple of 8 ns).
+    ``svc_time`` is 0 (an EETH carries no service time) and ``rtt_adjusted_ns`` equals
+    ``rtt_ns``; both stay for the register map's result layout."""
     return data.StructLayout({
         "qpn": unsigned(config.qpn_bits),
         "ev": unsigned(config.ev_index_bits),
@@ -70,22 +84,25 @@ def _check_config(config):
         raise TypeError(f"config must be a NicConfig, not {config!r}")
 
 
+def _wire_timestamp(now_ns):
+    """:func:`hdl.protocol.wire_timestamp` as logic."""
+    return now_ns[P.TIMESTAMP_SHIFT:P.TIMESTAMP_SHIFT + P.TIMESTAMP_BITS]
+
+
 class ProbeResponder(wiring.Component):
-    """Answer every probe request with a probe response header. One packet per cycle (II = 1),
-    one cycle of latency.
+    """Answer every EV probe (ENDPOINT_REQUEST, ERTH op EV_PROBE) with an ENDPOINT_RESPONSE
+    header. One packet per cycle (II = 1), one cycle of latency.
 
     The response goes back out of the port the request came in by, to the addresses it came
     from (Ethernet and IP source and destination swapped, same VLAN tag), with the request's
     UDP source port and flow label, so in STEV and UDP format modes it returns on the EV it
     was sent on. It is never SRv6-encapsulated: it is addressed to the requester's inner IP
-    address (*project choice*). BTH: opcode PROBE_RESPONSE, the request's partition key,
-    ``dqpn`` the request's MPRH ``src_qpn``, PSN 0. The MPRH is echoed with flag SERVICE_TIME
-    and ``svc_time`` the time the request waited for this block, in ns: ``now_ns`` when the
-    response is formed minus ``now_ns`` in the first cycle the request was offered (0 when it
-    is taken at once; time spent in the parser before and the builder after is not counted).
+    address (*project choice*). BTH: opcode ENDPOINT_RESPONSE, the request's partition key,
+    ``dqpn`` the endpoint QP, ``psn[15:0]`` the request's id. The EETH has op EV_PROBE and
+    echoes the ERTH's ``tx_timestamp``.
 
-    Anything else (data, ACKs, probe responses) is accepted and dropped, counted per packet in
-    ``dropped``.
+    Anything else (data, SACKs, endpoint requests of another op or QP, responses) is accepted
+    and dropped, counted per packet in ``dropped``.
 
     Parameters
     ----------
@@ -98,11 +115,11 @@ class ProbeResponder(wiring.Component):
     o : ``Out(stream.Signature(packet_beat_layout(config)))``
         Response headers, one beat each (``first``, ``last``, ``keep == 0``), for the builder.
     now_ns : ``In(32)``
-        Time in ns (:class:`hdl.timebase.Timebase`).
+        Unused (the response echoes the requester's timestamp); kept for the NIC's wiring.
     answered : ``Out(32)``
         Probe requests answered (wraps).
     dropped : ``Out(32)``
-        Packets that were not probe requests (wraps).
+        Packets that were not EV probe requests (wraps).
     """
 
     def __init__(self, *, config):
@@ -121,75 +138,69 @@ class ProbeResponder(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         request, response = self.i.p.header, self.o.p.header
-        is_request = ((request.kind == PacketKind.PROBE)
-                      & (request.bth.opcode == P.Opcode.PROBE_REQUEST))
-
-        # The request waits while the output is full: its service time starts when it is first
-        # offered, not when it is taken.
-        waiting = Signal()
-        arrival = Signal(32)
-        with m.If(self.i.valid & ~self.i.ready & ~waiting):
-            m.d.sync += [waiting.eq(1), arrival.eq(self.now_ns)]
-        service = Mux(waiting, self.now_ns - arrival, 0)
+        erth = request.ctl.erth
+        is_request = ((request.kind == PacketKind.EP_REQUEST)
+                      & (request.bth.opcode == P.Opcode.ENDPOINT_REQUEST)
+                      & (request.bth.dqpn == P.ENDPOINT_QPN)
+                      & (erth.op == P.EndpointOp.EV_PROBE))
 
         can_load = ~self.o.valid | self.o.ready
         m.d.comb += self.i.ready.eq(~(self.i.p.first & is_request) | can_load)
         with m.If(self.o.ready):
             m.d.sync += self.o.valid.eq(0)
 
-        with m.If(self.i.valid & self.i.ready):
-            m.d.sync += waiting.eq(0)
-            with m.If(self.i.p.first):
-                with m.If(is_request):
-                    m.d.sync += [
-                        self.o.valid.eq(1),
-                        self.answered.eq(self.answered + 1),
-                        self.o.p.eq(0),
-                        self.o.p.first.eq(1),
-                        self.o.p.last.eq(1),
-                        response.kind.eq(PacketKind.PROBE),
-                        response.port.eq(request.port),
-                        response.eth_dst.eq(request.eth_src),
-                        response.eth_src.eq(request.eth_dst),
-                        response.vlan_valid.eq(request.vlan_valid),
-                        response.vlan_tci.eq(request.vlan_tci),
-                        response.ipv6.eq(request.ipv6),
-                        response.ip_src.eq(request.ip_dst),
-                        response.ip_dst.eq(request.ip_src),
-                        response.tclass.eq(PROBE_RESPONSE_TCLASS),
-                        response.flow_label.eq(request.flow_label),
-                        response.hop_limit.eq(PROBE_RESPONSE_HOP_LIMIT),
-                        response.udp_sport.eq(request.udp_sport),
-                        response.bth.opcode.eq(P.Opcode.PROBE_RESPONSE),
-                        response.bth.pkey.eq(request.bth.pkey),
-                        response.bth.dqpn.eq(request.mprh.src_qpn),
-                        response.mprh.probe_id.eq(request.mprh.probe_id),
-                        response.mprh.ev_index.eq(request.mprh.ev_index),
-                        response.mprh.flags.eq(P.ProbeFlags.SERVICE_TIME),
-                        response.mprh.src_qpn.eq(request.mprh.src_qpn),
-                        response.mprh.tx_ts.eq(request.mprh.tx_ts),
-                        response.mprh.svc_time.eq(service),
-                    ]
-                with m.Else():
-                    m.d.sync += self.dropped.eq(self.dropped + 1)
+        with m.If(self.i.valid & self.i.ready & self.i.p.first):
+            with m.If(is_request):
+                m.d.sync += [
+                    self.o.valid.eq(1),
+                    self.answered.eq(self.answered + 1),
+                    self.o.p.eq(0),
+                    self.o.p.first.eq(1),
+                    self.o.p.last.eq(1),
+                    response.kind.eq(PacketKind.EP_RESPONSE),
+                    response.port.eq(request.port),
+                    response.eth_dst.eq(request.eth_src),
+                    response.eth_src.eq(request.eth_dst),
+                    response.vlan_valid.eq(request.vlan_valid),
+                    response.vlan_tci.eq(request.vlan_tci),
+                    response.ipv6.eq(request.ipv6),
+                    response.ip_src.eq(request.ip_dst),
+                    response.ip_dst.eq(request.ip_src),
+                    response.tclass.eq(PROBE_RESPONSE_TCLASS),
+                    response.flow_label.eq(request.flow_label),
+                    response.hop_limit.eq(PROBE_RESPONSE_HOP_LIMIT),
+                    response.udp_sport.eq(request.udp_sport),
+                    response.bth.opcode.eq(P.Opcode.ENDPOINT_RESPONSE),
+                    response.bth.pkey.eq(request.bth.pkey),
+                    response.bth.dqpn.eq(P.ENDPOINT_QPN),
+                    response.bth.psn.eq(request.bth.psn[:P.ENDPOINT_ID_BITS]),
+                    response.ctl.eeth.op.eq(P.EndpointOp.EV_PROBE),
+                    response.ctl.eeth.tx_timestamp.eq(erth.tx_timestamp),
+                ]
+            with m.Else():
+                m.d.sync += self.dropped.eq(self.dropped + 1)
         return m
 
 
 class ProbeRequester(wiring.Component):
-    """Send probes through path selection and time their responses. II = 1 on both paths.
+    """Send EV probes through path selection and time their answers. II = 1 on both paths.
 
     Send: each ``cmd`` becomes a path request with ``probe`` set and ``ev`` the EV to probe
-    (path selection skips its choice and may use an ASSUMED_BAD EV), stamped with ``tx_ts`` =
-    ``now_ns`` when the command is taken, one cycle of latency. The transmit former puts
-    ``probe_id``, ``tx_ts``, the EV index and the QP number in the MPRH.
+    (path selection skips its choice and may use an ASSUMED_BAD EV), one cycle of latency. It
+    gets the next 16-bit id (a counter) and ``tx_ts`` = the wire timestamp of ``now_ns`` when
+    the command is taken; the id's entry of a block-RAM table of ``2**PROBE_TABLE_BITS``
+    entries (its low bits) remembers the whole id, the QP, the EV and software's ``probe_id``,
+    replacing whatever probe held it. The transmit former puts the id in BTH.psn[15:0] and the
+    timestamp in the ERTH. A command waits one cycle when an answer frees an entry in the same
+    cycle (the table has one write port).
 
-    Receive: each probe response (``rx``) gives a ``feedback`` of kind PROBE_OK for its EV in
-    the cycle after it is taken, and a ``result``, written into a FIFO of ``results`` entries
-    in the cycle it is taken. The requester keeps no table of outstanding
-    probes (*project choice*): it trusts the echoed ``tx_ts``, ``src_qpn`` (as the response's
-    BTH ``dqpn``) and ``ev_index``. A response naming a QP or EV index the build does not
-    hold, and any packet that is not a probe response, is dropped and counted in
-    ``rx_dropped``.
+    Receive: two stages. In the cycle a beat is taken its entry is read; in the next an EV
+    probe answer (ENDPOINT_RESPONSE, EETH op EV_PROBE) whose id names an outstanding probe
+    frees the entry, writes a ``result`` (RTT from the echoed timestamp) into a FIFO of
+    ``results`` entries, and gives a ``feedback`` of kind PROBE_OK for its EV one cycle after
+    that. An answer whose id names no outstanding probe (never sent, already answered, or
+    forgotten when its entry was reused) is dropped and counted in ``unknown_ids``; any other
+    packet is dropped and counted in ``rx_dropped``. II = 1 while ``feedback`` is taken.
 
     The receive path never waits for ``result``: results are for software, which polls them
     (in the NIC top, through the register bus), and a response that waited for a slow reader
@@ -214,9 +225,9 @@ class ProbeRequester(wiring.Component):
     result : ``Out(stream.Signature(probe_result_layout(config)))``
     feedback : ``Out(stream.Signature(feedback_layout(config)))``
     now_ns : ``In(32)``
-    sent, answered, rx_dropped, results_dropped : ``Out(32)``
-        Probes sent, responses timed, packets dropped, results dropped on a full result FIFO
-        (each wraps).
+    sent, answered, rx_dropped, unknown_ids, results_dropped : ``Out(32)``
+        Probes sent, answers timed, packets dropped, answers naming no outstanding probe,
+        results dropped on a full result FIFO (each wraps).
     """
 
     def __init__(self, *, config, results=16):
@@ -238,6 +249,7 @@ class ProbeRequester(wiring.Component):
             "sent": Out(32),
             "answered": Out(32),
             "rx_dropped": Out(32),
+            "unknown_ids": Out(32),
             "results_dropped": Out(32),
         })
 
@@ -252,66 +264,104 @@ class ProbeRequester(wiring.Component):
             self.result.payload.eq(results.r_data),
             results.r_en.eq(self.result.ready),
         ]
+        entry_layout = data.StructLayout({
+            "valid": 1, "id": P.ENDPOINT_ID_BITS, "qpn": config.qpn_bits,
+            "ev": config.ev_index_bits, "probe_id": 32})
+        m.submodules.table = table = Memory(shape=entry_layout, depth=1 << PROBE_TABLE_BITS,
+                                            init=[])
+        wp = table.write_port()
+        rp = table.read_port(transparent_for=(wp,))
+        next_id = Signal(P.ENDPOINT_ID_BITS)
 
-        # -- send -----------------------------------------------------------------------------
-        m.d.comb += self.cmd.ready.eq(~self.o.valid | self.o.ready)
-        with m.If(self.o.ready):
-            m.d.sync += self.o.valid.eq(0)
-        with m.If(self.cmd.valid & self.cmd.ready):
-            m.d.sync += [
-                self.o.valid.eq(1),
-                self.sent.eq(self.sent + 1),
-                self.o.p.qpn.eq(self.cmd.p.qpn),
-                self.o.p.avoid_ev_valid.eq(0),
-                self.o.p.avoid_ev.eq(0),
-                self.o.p.probe.eq(1),
-                self.o.p.ev.eq(self.cmd.p.ev),
-                self.o.p.context.probe_id.eq(self.cmd.p.probe_id),
-                self.o.p.context.tx_ts.eq(self.now_ns),
-            ]
-
-        # -- receive --------------------------------------------------------------------------
+        # -- receive, stage 1: the answer's table entry is read ------------------------------
+        # A received beat is registered (r1) while its entry is read; stage 2 (the cycle after)
+        # decides. The read is transparent to the write port, so an answer freeing an entry
+        # is seen by the next answer read in the same cycle.
         header = self.rx.p.header
-        mprh = header.mprh
-        is_response = ((header.kind == PacketKind.PROBE)
-                       & (header.bth.opcode == P.Opcode.PROBE_RESPONSE))
-        known = (header.bth.dqpn < config.qps) & (mprh.ev_index < config.evs_per_profile)
-        timed = self.rx.p.first & is_response & known
+        r1_valid = Signal()
+        r1_first = Signal()
+        r1_response = Signal()
+        r1_id = Signal(P.ENDPOINT_ID_BITS)
+        r1_rtt = Signal(32)             # the RTT as of the cycle the answer is taken
+        is_response = ((header.kind == PacketKind.EP_RESPONSE)
+                       & (header.bth.opcode == P.Opcode.ENDPOINT_RESPONSE)
+                       & (header.ctl.eeth.op == P.EndpointOp.EV_PROBE))
+        entry = Signal(entry_layout)
+        m.d.comb += entry.eq(rp.data)
+        known = entry.valid & (entry.id == r1_id)
+        timed = r1_valid & r1_first & r1_response & known
 
+        # -- receive, stage 2: time the answer, free its entry, tell path selection -----------
         can_load = ~self.feedback.valid | self.feedback.ready
-        m.d.comb += self.rx.ready.eq(~timed | can_load)
+        r1_advance = ~timed | can_load
+        m.d.comb += [
+            self.rx.ready.eq(~r1_valid | r1_advance),
+            rp.addr.eq(header.bth.psn[:PROBE_TABLE_BITS]),
+            rp.en.eq(self.rx.ready),
+        ]
+        with m.If(self.rx.ready):
+            m.d.sync += [
+                r1_valid.eq(self.rx.valid),
+                r1_first.eq(self.rx.p.first),
+                r1_response.eq(is_response),
+                r1_id.eq(header.bth.psn[:P.ENDPOINT_ID_BITS]),
+                r1_rtt.eq(((_wire_timestamp(self.now_ns) - header.ctl.eeth.tx_timestamp)
+                           [:P.TIMESTAMP_BITS]) << P.TIMESTAMP_SHIFT),
+            ]
         with m.If(self.feedback.ready):
             m.d.sync += self.feedback.valid.eq(0)
 
-        rtt = Signal(32)
-        service = Signal(32)
-        m.d.comb += [
-            rtt.eq(self.now_ns - mprh.tx_ts),
-            service.eq(Mux(mprh.flags & P.ProbeFlags.SERVICE_TIME, mprh.svc_time, 0)),
-        ]
-        qpn = header.bth.dqpn[:config.qpn_bits]
-        ev = mprh.ev_index[:config.ev_index_bits]
-        # The result goes straight into the FIFO in the cycle the response is taken (or is
+        rtt = r1_rtt
+        # The result goes straight into the FIFO in the cycle the answer is decided (or is
         # dropped and counted when the FIFO is full).
         result = Signal(result_layout)
         m.d.comb += [
-            result.qpn.eq(qpn), result.ev.eq(ev), result.probe_id.eq(mprh.probe_id),
-            result.rtt_ns.eq(rtt), result.svc_time.eq(service),
-            result.rtt_adjusted_ns.eq(Mux(service > rtt, 0, rtt - service)),
+            result.qpn.eq(entry.qpn), result.ev.eq(entry.ev), result.probe_id.eq(entry.probe_id),
+            result.rtt_ns.eq(rtt), result.svc_time.eq(0), result.rtt_adjusted_ns.eq(rtt),
             results.w_data.eq(result),
         ]
-        with m.If(self.rx.valid & self.rx.ready & self.rx.p.first):
+        free = Signal()
+        with m.If(r1_valid & r1_advance & r1_first):
             with m.If(timed):
-                m.d.comb += results.w_en.eq(1)
+                m.d.comb += [results.w_en.eq(1), free.eq(1)]
                 with m.If(~results.w_rdy):
                     m.d.sync += self.results_dropped.eq(self.results_dropped + 1)
                 m.d.sync += [
                     self.feedback.valid.eq(1),
                     self.answered.eq(self.answered + 1),
-                    self.feedback.p.qpn.eq(qpn),
-                    self.feedback.p.ev.eq(ev),
+                    self.feedback.p.qpn.eq(entry.qpn),
+                    self.feedback.p.ev.eq(entry.ev),
                     self.feedback.p.kind.eq(P.FeedbackKind.PROBE_OK),
                 ]
+            with m.Elif(r1_response):
+                m.d.sync += self.unknown_ids.eq(self.unknown_ids + 1)
             with m.Else():
                 m.d.sync += self.rx_dropped.eq(self.rx_dropped + 1)
+
+        # -- send: one table write port, shared; freeing an answered entry goes first ---------
+        m.d.comb += self.cmd.ready.eq(~free & (~self.o.valid | self.o.ready))
+        with m.If(self.o.ready):
+            m.d.sync += self.o.valid.eq(0)
+        send = self.cmd.valid & self.cmd.ready
+        with m.If(free):
+            m.d.comb += [wp.addr.eq(r1_id[:PROBE_TABLE_BITS]), wp.en.eq(1), wp.data.eq(0)]
+        with m.Elif(send):
+            m.d.comb += [
+                wp.addr.eq(next_id[:PROBE_TABLE_BITS]), wp.en.eq(1),
+                wp.data.valid.eq(1), wp.data.id.eq(next_id), wp.data.qpn.eq(self.cmd.p.qpn),
+                wp.data.ev.eq(self.cmd.p.ev), wp.data.probe_id.eq(self.cmd.p.probe_id),
+            ]
+        with m.If(send):
+            m.d.sync += [
+                self.o.valid.eq(1),
+                self.sent.eq(self.sent + 1),
+                next_id.eq(next_id + 1),
+                self.o.p.qpn.eq(self.cmd.p.qpn),
+                self.o.p.avoid_ev_valid.eq(0),
+                self.o.p.avoid_ev.eq(0),
+                self.o.p.probe.eq(1),
+                self.o.p.ev.eq(self.cmd.p.ev),
+                self.o.p.context.probe_id.eq(next_id),
+                self.o.p.context.tx_ts.eq(_wire_timestamp(self.now_ns)),
+            ]
         return m

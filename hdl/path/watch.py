@@ -1,12 +1,14 @@
 """Port watch: finds a dead plane from the ACKs that stop coming back on it.
 
 Every reply answers one data packet and leaves by the port (plane) that packet arrived on,
-echoing its transmit time (MACKETH ``ts_echo``, ``docs/responder.md``). So the requester's
-ACKs on port p tell which of its sends on p got through. :class:`PortWatch` keeps, per port,
-the transmit times of the data packets sent on it that no ACK on the port has covered yet (a
-FIFO), and the newest transmit time any ACK on any port has echoed (``newest``). When a
-port's oldest uncovered send is more than ``window`` older than ``newest`` (a packet sent a
-window later on another plane made the round trip, this one's plane answered nothing since),
+echoing its transmit time (the data packet's TSETH ``tx_timestamp`` comes back as the SACK's
+CC_STATE ``tx_timestamp`` or the NACK's NETH ``tx_timestamp``, ``docs/responder.md``). So the
+requester's ACKs on port p tell which of its sends on p got through. :class:`PortWatch`
+keeps, per port, the transmit times of the data packets sent on it that no ACK on the port has
+covered yet (a FIFO), and the newest transmit time any ACK on any port has echoed
+(``newest``). When a port's oldest uncovered send is more than ``window`` older than
+``newest`` (a packet sent a window later on another plane made the round trip, this one's
+plane answered nothing since),
 and no ACK at all has come back on the port for ``quiet`` (a congested plane whose queue
 makes its round trip longer than the others' still answers every few microseconds; a dead
 one answers nothing), the port is reported *down* once: path selection sweeps it as port
@@ -23,15 +25,18 @@ next send, so a port that stays in use (the floor kept some EV on it) is reporte
 window later, not every cycle.
 
 Times are kept as 16-bit *stamps* of 64 ns (bits 6-21 of the ns time: the transmit times
-of the data packets' ``tx_ts``, the echoes, ``newest``) and ACK arrivals as 16-bit counts of
+of the data packets, the echoes, ``newest``) and ACK arrivals as 16-bit counts of
 1.024 us (bits 10-25), each compared as a difference modulo 2**16: lags up to 2**15 stamps
 (2.1 ms) are told apart, and a port silent for 2**15 units (33.5 ms) or more counts as silent
 until its count wraps (then it looks as if it had just heard for the next 33.5 ms; a dead port
 is reported long before that). Full 32-bit ns times cost half as much logic again for nothing:
 the window is a whole number of 1.024 us units. Two sends on one port within one stamp would
 be covered together by an echo of the first (the port looks younger, never older); data
-packets on one port are further apart than that. An echo from the future (later than
-``now_ns``: not one of ours) is ignored.
+packets on one port are further apart than that. An echo is a 16-bit wire timestamp (8 ns
+units, :func:`hdl.protocol.wire_timestamp`): it is turned back into a ns time as ``now_ns``
+minus its :func:`~hdl.protocol.timestamp_age_ns`, the low three bits set (the latest ns the
+timestamp stands for, so an echo never looks older than the send it answers: both fall in the
+same 64 ns stamp). Echoes are trusted to be younger than the wire timestamp's wrap (524 us).
 
 Stale times. ``newest`` is only a reference while it is recent: once it is 2**14 stamps
 (1.05 ms) old (no ACK for that long: after reset, or a NIC idle for a while) it is marked stale,
@@ -48,10 +53,11 @@ from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from ..packet.headers import PORT_BITS
+from ..protocol import TIMESTAMP_BITS, TIMESTAMP_SHIFT, timestamp_age_ns
 from ..util import validating
 from .select import EV_PORT_BITS
 
-__all__ = ["PortWatch", "WATCH_WINDOW_BITS", "WATCH_UNIT_SHIFT", "WATCH_DEPTH",
+__all__ = ["PortWatch", "echo_time_ns", "WATCH_WINDOW_BITS", "WATCH_UNIT_SHIFT", "WATCH_DEPTH",
            "WATCH_STAMP_SHIFT", "WATCH_STAMP_BITS", "WATCH_STALE_STAMPS"]
 
 #: Width of the ``window`` setting (units of 1.024 us; 0 turns the watch off).
@@ -72,6 +78,20 @@ WATCH_STALE_STAMPS = 1 << (WATCH_STAMP_BITS - 2)
 def _not_before(a, b):
     """``a`` is not earlier than ``b`` (stamps or units modulo 2**WATCH_STAMP_BITS)."""
     return ~(a - b)[WATCH_STAMP_BITS - 1]
+
+
+def echo_ns(now_ns, echo):
+    """The ns time (32 bits) a wire timestamp ``echo`` received at ``now_ns`` stands for: ``now``
+    minus its age, the low three bits set (:func:`echo_time_ns` as logic)."""
+    units = now_ns[TIMESTAMP_SHIFT:]
+    age = (units[:TIMESTAMP_BITS] - echo)[:TIMESTAMP_BITS]
+    return Cat(C((1 << TIMESTAMP_SHIFT) - 1, TIMESTAMP_SHIFT), (units - age)[:32 - TIMESTAMP_SHIFT])
+
+
+def echo_time_ns(now_ns, echo):
+    """The ns time (modulo 2**32) wire timestamp ``echo`` received at ``now_ns`` stands for."""
+    return ((now_ns - timestamp_age_ns(now_ns, echo)) | ((1 << TIMESTAMP_SHIFT) - 1)) \
+        & 0xFFFF_FFFF
 
 
 def _stamp(ns):
@@ -103,7 +123,8 @@ class PortWatch(wiring.Component):
     sent_valid, sent_port, sent_ts : ``In``
         A data packet left for port ``sent_port`` (0-based) stamped ``sent_ts``.
     ack_valid, ack_port, ack_echo : ``In``
-        An ACK or NAK arrived on port ``ack_port`` (0-based) echoing ``ack_echo``.
+        A SACK or NACK arrived on port ``ack_port`` (0-based) echoing the 16-bit wire timestamp
+        ``ack_echo``.
     down_valid, down_port : ``Out``
         One-cycle report: port ``down_port`` (1..P, as EV entries number ports) is down.
     downs : ``Out(32)``
@@ -130,7 +151,7 @@ class PortWatch(wiring.Component):
             "sent_ts": In(32),
             "ack_valid": In(1),
             "ack_port": In(PORT_BITS),
-            "ack_echo": In(32),
+            "ack_echo": In(TIMESTAMP_BITS),
             "down_valid": Out(1),
             "down_port": Out(EV_PORT_BITS),
             "downs": Out(32),
@@ -150,7 +171,7 @@ class PortWatch(wiring.Component):
         m.d.comb += [now.eq(_stamp(self.now_ns)),
                      now_units.eq(self.now_ns[WATCH_UNIT_SHIFT:WATCH_UNIT_SHIFT + bits]),
                      sent.eq(_stamp(self.sent_ts)),
-                     echo.eq(_stamp(self.ack_echo))]
+                     echo.eq(_stamp(echo_ns(self.now_ns, self.ack_echo)))]
 
         newest = Signal(bits)           # newest echo of any ACK on any port ...
         fresh = Signal()                # ... while it is recent (module docstring)

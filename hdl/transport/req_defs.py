@@ -19,7 +19,7 @@ __all__ = [
     "bitmap_psns", "slot_depth", "wr_refusal", "wr_packets", "FATAL_NAK_STATUS",
     "QP_WRITE_STATES", "WalkKind", "walk_layout", "retry_expiry", "RetryExpiry",
     "RETRY_EXPONENT_MAX", "RETRY_COUNT_BITS", "INFER_K_BITS", "INFER_K_DEFAULT",
-    "REO_WND_BITS",
+    "REO_WND_BITS", "MSN_BITS", "NACK_COUNTERS",
     "YOUNG_CAP_LOG2", "timer_page", "cc_page", "CC_MIN_WINDOW", "CC_DECREASE_SHIFT",
     "CC_INCREASE_SHIFT", "CC_MAX_STEPS", "CWND_BITS",
 ]
@@ -33,6 +33,8 @@ MAX_WR_PACKETS = 1 << 22
 TIME_SHIFT = 10
 TIME_BITS = 16
 ACKREQ_EVERY_BITS = 16
+#: METH msn and rqmsn: message counts modulo 2**16.
+MSN_BITS = 16
 
 #: The retry wait never exceeds 2**RETRY_EXPONENT_MAX units (18 minutes): the 32-bit time
 #: difference the timer compares stays far from its wrap (*project choice*).
@@ -198,7 +200,9 @@ def send_context_layout(config):
 
     ``va`` is the remote address of this packet's first byte (every MRC data packet carries a
     RETH), ``local_addr`` where its ``dma_len`` payload bytes are fetched from. ``imm`` is 0
-    unless the opcode carries immediate data.
+    unless the opcode carries immediate data. ``retransmission`` becomes BTH.rtx; ``msn`` and
+    ``rqmsn`` the METH: the messages (and the WRITE WITH IMMEDIATE messages) the QP started
+    before this packet's message, modulo 2**16.
     """
     return data.StructLayout({
         "psn": unsigned(P.PSN_BITS),
@@ -210,6 +214,8 @@ def send_context_layout(config):
         "imm": unsigned(32),
         "local_addr": unsigned(64),
         "retransmission": unsigned(1),
+        "msn": unsigned(MSN_BITS),
+        "rqmsn": unsigned(MSN_BITS),
     })
 
 
@@ -251,12 +257,16 @@ REQUESTER_COUNTERS = (
     "reorder_expiries",
 )
 
+#: The counter of each AETH NAK code (fatal) ...
 NAK_COUNTERS = {
-    P.NakCode.PSN_OUT_OF_WINDOW: "nak_psn_out_of_window",
     P.NakCode.INVALID_REQUEST: "nak_invalid_request",
     P.NakCode.REMOTE_ACCESS: "nak_remote_access",
     P.NakCode.REMOTE_OPERATIONAL: "nak_remote_operational",
-    P.NakCode.TRIMMED: "nak_trimmed",
+}
+#: ... and of each NETH nack_reason the requester acts on (any other reason is a bad ACK).
+NACK_COUNTERS = {
+    P.NackReason.PSN_OOR_WINDOW: "nak_psn_out_of_window",
+    P.NackReason.TRIMMED: "nak_trimmed",
 }
 
 

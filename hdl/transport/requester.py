@@ -1,4 +1,4 @@
-"""The requester: work requests in, data-packet send requests out, ACK/SACK/NAK in, completions
+"""The requester: work requests in, data-packet send requests out, SACK/NACK/NAK in, completions
 out. Per-QP send state, per-PSN metadata and WR slots live in block RAM.
 
 Five engines share the tables, each the only writer of its own ones, so every table has one
@@ -10,8 +10,9 @@ write port and the engines run at the same time without arbitration:
   window (``next_psn - una < mpr * 128``) and its metadata written per PSN;
 * **retransmitter** (R0-R2) rebuilds a PSN's packet from its metadata and WR slot; it has
   priority over new packets on ``send``;
-* **ACK processing** (A1) applies one ACK/NAK per cycle: cumulative advance, SACK merge into
-  the acked bitmap, TRIM -> retransmit queue, fatal NAK -> QP ERROR;
+* **ACK processing** (A1) applies one MRC 1.0 SACK, NACK or AETH NAK per cycle: cumulative
+  advance, SACK bitmap merge (any ``sack_psn_offset``) into the acked bitmap, feedback for the
+  EV the named PSN went out on, NACK TRIMMED -> retransmit queue, fatal NAK -> QP ERROR;
 * **completion engine** walks a QP's WR ring from the oldest slot and completes WRs in order;
 * **timer scanner** visits one QP per cycle and expires its retransmit timer
   (``docs/recovery.md``);
@@ -51,6 +52,9 @@ from .req_defs import (
     INFER_K_BITS,
     INFER_K_DEFAULT,
     MAX_WR_PACKETS,
+    MSN_BITS,
+    NACK_COUNTERS,
+    NAK_COUNTERS,
     REO_WND_BITS,
     REQUESTER_COUNTERS,
     RETRY_COUNT_BITS,
@@ -93,7 +97,9 @@ def requester_tables(config):
     return {
         "cfg": (data.StructLayout({"state": 3, "mpr": 4, "max_wimm": 8, "timeout": 5,
                                    "retry_linear": 3, "retry_exp": 5}), qps, 5),
-        "sq": (data.StructLayout({"tail": count_bits, "wimm": _WIMM_BITS}), qps, 3),
+        # Messages (and WRITE_IMM messages) the QP started, modulo 2**16: the METH numbers.
+        "sq": (data.StructLayout({"tail": count_bits, "wimm": _WIMM_BITS, "msgs": MSN_BITS,
+                                  "imm_msgs": MSN_BITS}), qps, 3),
         "next_psn": (unsigned(_PSN), qps, 5),
         "ack": (data.StructLayout({"una": _PSN, "error": 1, "err_status": P.CompletionStatus,
                                    "err_psn": _PSN}), qps, 7),
@@ -106,11 +112,14 @@ def requester_tables(config):
         "trig_seen": (unsigned(1), qps, 1),
         "meta": (data.StructLayout({"slot": _log2(slots), "time": TIME_BITS, "retx": 1}),
                  qps * window, 1),
-        "ev": (unsigned(config.ev_index_bits), qps * window, 1),
+        # The EV each PSN last went out on: read by the retransmitter (LOST feedback) and by
+        # ACK processing (the EV a SACK or NACK names by its PSN).
+        "ev": (unsigned(config.ev_index_bits), qps * window, 2),
         "wr_done": (data.StructLayout({"wr_id": 64, "end": _PSN, "length": 32, "is_imm": 1,
                                        "refused": P.CompletionStatus}), qps * slots, 1),
         "wr_send": (data.StructLayout({"va": 64, "local": 64, "rkey": 32, "imm": 32,
-                                       "first": _PSN, "length": 32, "is_imm": 1}),
+                                       "first": _PSN, "length": 32, "is_imm": 1,
+                                       "msn": MSN_BITS, "rqmsn": MSN_BITS}),
                     qps * slots, 1),
         # Loss recovery: the timer scanner's own table: armed, start time, una at its last visit,
         # retries since the last progress.
@@ -205,7 +214,7 @@ class Requester(wiring.Component):
     one per cycle for the same QP.
 
     Bad input never hangs the block: a WR it will not send completes with an error status;
-    an ACK/NAK it cannot apply is dropped and counted in ``bad_acks``; a retransmit request
+    a SACK/NACK/NAK it cannot apply is dropped and counted in ``bad_acks``; a retransmit request
     for a PSN no longer outstanding is dropped and counted in ``retx_ignored``; feedback that
     finds its output full is dropped and counted in ``feedback_dropped``. ``docs/requester.md``
     has every rule.
@@ -232,9 +241,10 @@ class Requester(wiring.Component):
     sent : ``In(stream.Signature(sent_layout(config)))``
         The EV each PSN went out on. Always ready.
     rx : ``In(stream.Signature(packet_beat_layout(config)))``
-        Received ACK/NAK packets (single beats).
+        Received SACKs, NACKs and AETH NAKs (single beats).
     feedback : ``Out(stream.Signature(feedback_layout(config)))``
-        Path feedback per applied ACK (ACKED or ECN), TRIM NAK (TRIMMED) and PSN resent for a
+        Path feedback per applied SACK (ACKED, ECN for SKIP_ONCE, LOST for ALWAYS_SKIP; none for a
+        probe answer), NACK TRIMMED (TRIMMED) and PSN resent for a
         timeout or an inferred loss (LOST); dropped, not stalled, when full.
     retx : ``In(stream.Signature(retx_layout(config)))``
         Requests to retransmit a PSN (the retransmit timer).
@@ -295,7 +305,7 @@ class Requester(wiring.Component):
         slots = slot_depth(cfg)
         sb = _log2(slots)
         mtu_bits = _log2(cfg.mtu)
-        sack_bits = cfg.sack_bits
+        bitmap_bits = P.SACK_BITMAP_BITS
         tables = requester_tables(cfg)
 
         # -- tables -------------------------------------------------------------------------
@@ -474,6 +484,8 @@ class Requester(wiring.Component):
             wps["wr_send"].data.first.eq(s1_next_psn),
             wps["wr_send"].data.length.eq(s1.length),
             wps["wr_send"].data.is_imm.eq(s1_is_imm),
+            wps["wr_send"].data.msn.eq(s1_sq.msgs),
+            wps["wr_send"].data.rqmsn.eq(s1_sq.imm_msgs),
             wr_triggers.w_data.eq(s1.qpn),
             wr_triggers.w_en.eq(s1_accept & (s1_refused != 0)),
         ]
@@ -487,6 +499,8 @@ class Requester(wiring.Component):
                 wps["sq"].en.eq(s1_accept),
                 wps["sq"].data.tail.eq(s1_sq.tail + 1),
                 wps["sq"].data.wimm.eq(s1_sq.wimm + (s1_is_imm & (s1_refused == 0))),
+                wps["sq"].data.msgs.eq(s1_sq.msgs + (s1_refused == 0)),
+                wps["sq"].data.imm_msgs.eq(s1_sq.imm_msgs + (s1_is_imm & (s1_refused == 0))),
             ]
 
         # == segmenter (S2) =================================================================
@@ -500,6 +514,8 @@ class Requester(wiring.Component):
         s2_rkey = Signal(32)
         s2_imm = Signal(32)
         s2_is_imm = Signal()
+        s2_msn = Signal(MSN_BITS)
+        s2_rqmsn = Signal(MSN_BITS)
         s2_first = Signal()
         s2_mpr = Signal(4)
         s2_una = Signal(_PSN)           # una at hand-off, until the table read below is valid
@@ -547,6 +563,7 @@ class Requester(wiring.Component):
                 s2_slot.eq(s1_sq.tail[:sb]), s2_remaining.eq(s1.length),
                 s2_va.eq(s1.remote_addr), s2_local.eq(s1.local_addr), s2_rkey.eq(s1.rkey),
                 s2_imm.eq(s1.imm), s2_is_imm.eq(s1_is_imm), s2_first.eq(1),
+                s2_msn.eq(s1_sq.msgs), s2_rqmsn.eq(s1_sq.imm_msgs),
                 s2_mpr.eq(s1_cfg.mpr), s2_una.eq(s1_ack.una), s2_fresh.eq(0),
                 s2_ackcnt.eq(0),
                 fwd_valid.eq(1), fwd_qpn.eq(s1.qpn), fwd_end.eq(s1_end),
@@ -711,6 +728,7 @@ class Requester(wiring.Component):
                 ctx.ackreq.eq(1), ctx.va.eq(slot.va + r2_offset), ctx.rkey.eq(slot.rkey),
                 ctx.dma_len.eq(r2_dma_len), ctx.imm.eq(Mux(r2_imm, slot.imm, 0)),
                 ctx.local_addr.eq(slot.local + r2_offset), ctx.retransmission.eq(1),
+                ctx.msn.eq(slot.msn), ctx.rqmsn.eq(slot.rqmsn),
             ]
             m.d.comb += [meta_wp.addr.eq(psn_addr(r2_qpn, r2_psn)), meta_wp.en.eq(1),
                          meta_wp.data.slot.eq(r2_slot), meta_wp.data.time.eq(time_now),
@@ -725,6 +743,7 @@ class Requester(wiring.Component):
                 ctx.ackreq.eq(s2_ackreq), ctx.va.eq(s2_va), ctx.rkey.eq(s2_rkey),
                 ctx.dma_len.eq(s2_dma_len), ctx.imm.eq(Mux(s2_imm_now, s2_imm, 0)),
                 ctx.local_addr.eq(s2_local), ctx.retransmission.eq(0),
+                ctx.msn.eq(s2_msn), ctx.rqmsn.eq(s2_rqmsn),
             ]
             m.d.comb += [meta_wp.addr.eq(psn_addr(s2_qpn, s2_psn)), meta_wp.en.eq(1),
                          meta_wp.data.slot.eq(s2_slot), meta_wp.data.time.eq(time_now),
@@ -747,6 +766,16 @@ class Requester(wiring.Component):
             return fifo.level <= depth - 2      # one more may be in A1 already
 
         rx_header = self.rx.payload.header
+        rx_seth = rx_header.ctl.sack.seth
+        rx_is_sack = rx_header.kind == PacketKind.SACK
+        rx_is_nack = rx_header.kind == PacketKind.NACK
+        rx_is_aeth = rx_header.kind == PacketKind.AETH
+        # The PSN the packet is about: a SACK's ack_psn (cack_psn + ack_psn_offset; a probe
+        # answer's offset is a probe id, so its own PSN is its cack_psn), a NACK's nack_psn,
+        # a NAK's PSN. Its EV is the one the PSN last went out on (the `ev` table).
+        rx_psn = Mux(rx_is_sack & ~rx_seth.pr,
+                     (rx_header.bth.psn + rx_seth.ack_psn_offset.as_signed())[:_PSN],
+                     rx_header.bth.psn)
         rx_take = Signal()
         # A QP whose retries are exhausted takes the place of an rx beat.
         a0_room = (~hold & room(trim_queue, self.TRIM_QUEUE_DEPTH)
@@ -762,62 +791,76 @@ class Requester(wiring.Component):
         for port in a_ports.values():
             m.d.comb += [port.addr.eq(Mux(x_take, exceed_fifo.r_data, rx_header.bth.dqpn[:qb])),
                          port.en.eq(rx_take | x_take)]
+        a_ev_port = rport("ev")
+        m.d.comb += [a_ev_port.addr.eq(psn_addr(rx_header.bth.dqpn[:qb], rx_psn)),
+                     a_ev_port.en.eq(rx_take)]
         a1_valid = Signal()
         a1_exceed = Signal()            # retries exhausted for QP a1_qpn (not a packet)
-        a1_known = Signal()             # an ACK packet for a QP that exists
+        a1_known = Signal()             # a SACK/NACK/NAK for a QP that exists
         a1_qpn = Signal(qb)
+        a1_kind = Signal(PacketKind)
         a1_syndrome = Signal(8)
+        a1_reason = Signal(8)
         a1_psn = Signal(_PSN)
-        a1_ev = Signal(cfg.ev_index_bits)
-        a1_flags = Signal(8)
+        a1_pr = Signal()
+        a1_mark = Signal(P.SackMark)
         a1_cum = Signal(_PSN)
-        a1_sack = Signal(sack_bits)
+        a1_base = Signal(_PSN)          # PSN of SACK bitmap bit 0
+        a1_sack = Signal(bitmap_bits)
         m.d.sync += [a1_valid.eq(rx_take | x_take), a1_exceed.eq(x_take)]
         with m.If(x_take):
             m.d.sync += [a1_known.eq(0), a1_qpn.eq(exceed_fifo.r_data), a1_sack.eq(0)]
         with m.Elif(rx_take):
             m.d.sync += [
-                a1_known.eq((rx_header.kind == PacketKind.ACK) & (rx_header.bth.dqpn < cfg.qps)),
+                # A SACK whose SETH cack_psn is not its BTH PSN is malformed: a bad ACK.
+                a1_known.eq((rx_is_sack & (rx_seth.cack_psn == rx_header.bth.psn)
+                             | rx_is_nack | rx_is_aeth) & (rx_header.bth.dqpn < cfg.qps)),
                 a1_qpn.eq(rx_header.bth.dqpn[:qb]),
+                a1_kind.eq(rx_header.kind),
                 a1_syndrome.eq(rx_header.aeth.syndrome),
-                a1_psn.eq(rx_header.bth.psn),
-                a1_ev.eq(rx_header.macketh.ev_index[:cfg.ev_index_bits]),
-                a1_flags.eq(rx_header.macketh.flags),
-                a1_cum.eq(rx_header.macketh.cum_psn),
-                a1_sack.eq(rx_header.sack),
+                a1_reason.eq(rx_header.ctl.neth.nack_reason),
+                a1_psn.eq(rx_psn),
+                a1_pr.eq(rx_seth.pr),
+                a1_mark.eq(rx_seth.m),
+                a1_cum.eq(rx_header.bth.psn),
+                a1_base.eq((rx_header.bth.psn + rx_seth.sack_psn_offset.as_signed())[:_PSN]),
+                a1_sack.eq(Mux(rx_is_sack, rx_seth.sack_bitmap, 0)),
             ]
         a_ack = a_ports["ack"].data
         a_next = a_ports["next_psn"].data
         a_old_bitmap = a_ports["acked"].data
         a_una = a_ack.una
-        is_ack = a1_syndrome[5:7] == 0
-        is_nak = a1_syndrome[5:7] == 3
+        a1_ev = a_ev_port.data
+        is_ack = a1_kind == PacketKind.SACK
+        is_nack = a1_kind == PacketKind.NACK
+        is_nak = (a1_kind == PacketKind.AETH) & (a1_syndrome[5:7] == 3)
         code = a1_syndrome[:5]
-        code_known = Signal()
-        with m.Switch(code):
-            with m.Case(*(int(c) for c in P.NakCode)):
-                m.d.comb += code_known.eq(1)
         fatal = is_nak & ((code == P.NakCode.INVALID_REQUEST) | (code == P.NakCode.REMOTE_ACCESS)
                           | (code == P.NakCode.REMOTE_OPERATIONAL))
-        trim = is_nak & (code == P.NakCode.TRIMMED)
-        cand = (a1_cum + 1)[:_PSN]
+        trim = is_nack & (a1_reason == P.NackReason.TRIMMED)
+        out_of_window = is_nack & (a1_reason == P.NackReason.PSN_OOR_WINDOW)
+        # Only a SACK moves the cumulative PSN.
+        cand = Mux(is_ack, (a1_cum + 1)[:_PSN], a_una)
         advance = _psn_gt(cand, a_una)
         beyond = advance & ~_psn_ge(a_next, cand)
         new_una = Mux(advance, cand, a_una)
         outstanding = _psn_ge(a1_psn, new_una) & _psn_gt(a_next, a1_psn)
+        # The PSN the packet names was sent and its EV entry still holds it.
+        psn_sent = _psn_gt(a_next, a1_psn) & (_psn_sub(a_next, a1_psn) <= window)
         a_live = (a_ports["cfg"].data.state == P.QpState.RTS) & ~a_ack.error
-        a_drop = (~a1_known | ~a_live
-                  | ~(is_ack | (is_nak & code_known)) | beyond | (fatal & ~outstanding))
+        a_drop = (~a1_known | ~a_live | ~(is_ack | fatal | trim | out_of_window) | beyond
+                  | (fatal & ~outstanding))
         a_apply = a1_valid & ~a1_exceed & ~a_drop
         # Exhausted retries: like a fatal NAK for the oldest PSN, if the QP is still live.
         x_apply = a1_valid & a1_exceed & a_live
 
-        # SACK bit i is PSN cand + i; keep the bits for PSNs in [max(una, cand), next_psn).
-        lo = _clamp(_psn_sub(new_una, cand), sack_bits)
-        hi = _clamp(_psn_sub(a_next, cand), sack_bits)
-        sack_mask = _ones(hi, sack_bits) & ~_ones(lo, sack_bits)
-        sack_rot = _rotate_left(Cat(a1_sack & sack_mask, C(0, window - sack_bits)),
-                                cand[:wb], window)
+        # SACK bit i is PSN base + i (any sack_psn_offset); keep the bits for PSNs in
+        # [max(una, base), next_psn): a bitmap that does not overlap the window adds nothing.
+        lo = _clamp(_psn_sub(new_una, a1_base), bitmap_bits)
+        hi = _clamp(_psn_sub(a_next, a1_base), bitmap_bits)
+        sack_mask = _ones(hi, bitmap_bits) & ~_ones(lo, bitmap_bits)
+        sack_rot = _rotate_left(Cat(a1_sack & sack_mask, C(0, window - bitmap_bits)),
+                                a1_base[:wb], window)
         clear_len = Mux(advance, _psn_sub(cand, a_una)[:wb + 1], 0)
         clear = _rotate_left(_ones(clear_len, window), a_una[:wb], window)
         new_bitmap = Signal(window)
@@ -871,7 +914,8 @@ class Requester(wiring.Component):
         cc_base = Mux(cc_window < a_cc.cwnd, cc_window[:CWND_BITS], a_cc.cwnd)
         cc_step = cc_base >> CC_DECREASE_SHIFT
         cc_cut = (cc_base - Mux(cc_step == 0, 1, cc_step))[:CWND_BITS]
-        cc_marked = (a1_flags & int(P.AckFlags.ECN_ECHO)).any()
+        # SETH m = SKIP_ONCE: the trigger arrived with CE (a probe answer carries no mark).
+        cc_marked = (a1_mark == P.SackMark.SKIP_ONCE) & ~a1_pr
         cc_decrease = cc_marked & _psn_ge(a1_psn, a_cc.recover)
         cc_write = Signal.like(a_cc)
         m.d.comb += cc_write.eq(a_cc)
@@ -928,12 +972,22 @@ class Requester(wiring.Component):
         ]
         count("retry_exceeded", x_apply)
         feedback_value = Signal(fb_layout)
-        feedback_push = a_apply & (is_ack | trim)
+        # Feedback for the EV the named PSN went out on: SACK m NONE -> ACKED, SKIP_ONCE -> ECN,
+        # ALWAYS_SKIP -> LOST (a bad path); NACK TRIMMED -> TRIMMED. A probe answer (pr = 1)
+        # gives none, nor a PSN whose EV entry no longer holds it.
+        feedback_push = a_apply & psn_sent & ((is_ack & ~a1_pr) | trim)
+        fb_kind = Signal(P.FeedbackKind)
+        with m.If(trim):
+            m.d.comb += fb_kind.eq(P.FeedbackKind.TRIMMED)
+        with m.Elif(a1_mark == P.SackMark.SKIP_ONCE):
+            m.d.comb += fb_kind.eq(P.FeedbackKind.ECN)
+        with m.Elif(a1_mark == P.SackMark.ALWAYS_SKIP):
+            m.d.comb += fb_kind.eq(P.FeedbackKind.LOST)
+        with m.Else():
+            m.d.comb += fb_kind.eq(P.FeedbackKind.ACKED)
         m.d.comb += [
             feedback_value.qpn.eq(a1_qpn), feedback_value.ev.eq(a1_ev),
-            feedback_value.kind.eq(Mux(trim, P.FeedbackKind.TRIMMED,
-                                       Mux(a1_flags & int(P.AckFlags.ECN_ECHO), P.FeedbackKind.ECN,
-                                           P.FeedbackKind.ACKED))),
+            feedback_value.kind.eq(fb_kind),
             feedback_fifo.w_data.eq(feedback_value),
             feedback_fifo.w_en.eq(feedback_push),
         ]
@@ -942,13 +996,10 @@ class Requester(wiring.Component):
         count("bad_acks", a1_valid & ~a1_exceed & a_drop)
         count("acks", a_apply & is_ack)
         count("duplicate_acks", a_apply & is_ack & ~advance & ~new_bits)
-        for nak_code, name in (
-                (P.NakCode.PSN_OUT_OF_WINDOW, "nak_psn_out_of_window"),
-                (P.NakCode.INVALID_REQUEST, "nak_invalid_request"),
-                (P.NakCode.REMOTE_ACCESS, "nak_remote_access"),
-                (P.NakCode.REMOTE_OPERATIONAL, "nak_remote_operational"),
-                (P.NakCode.TRIMMED, "nak_trimmed")):
+        for nak_code, name in NAK_COUNTERS.items():
             count(name, a_apply & is_nak & (code == nak_code))
+        for reason, name in NACK_COUNTERS.items():
+            count(name, a_apply & is_nack & (a1_reason == reason))
 
         # == inference unit (I0 count, I1 group, I2 bit + table read, I3 apply) ===========
         # Count rule: the K-th highest SACKed PSN of an applied ACK bounds the region whose
@@ -957,7 +1008,7 @@ class Requester(wiring.Component):
         # [max(to, una), the later of the two ends). Off the ACK path, one ACK per cycle,
         # never stalls; a walk that finds its queue full is dropped (counted) and the table
         # entry stays, so a later ACK infers the same holes again.
-        groups = sack_bits // 8
+        groups = bitmap_bits // 8
         count_cap = 16                  # counts saturate: K is at most 15
         i0_valid, i1_valid, i2_valid, i3_valid = (Signal(name=f"i{n}_valid") for n in range(4))
 
@@ -969,7 +1020,7 @@ class Requester(wiring.Component):
                     "poll": Signal(name=f"i{stage}_poll")}
 
         i0, i1, i2, i3 = (carried(n) for n in range(4))
-        i0_sack = Signal(sack_bits)
+        i0_sack = Signal(bitmap_bits)
         a_sack = a1_sack & sack_mask
         # A reorder-window poll from the timer scanner (driven below): the QP it visits, with
         # its una and next_psn, and no SACK bits. An ACK in the same cycle takes I0 and the
@@ -981,13 +1032,13 @@ class Requester(wiring.Component):
                                  & (a_sack != 0))
         m.d.sync += i0_valid.eq(ack_infer | poll_valid)
         with m.If(ack_infer):
-            m.d.sync += [i0["qpn"].eq(a1_qpn), i0["cand"].eq(cand), i0["una"].eq(new_una),
+            m.d.sync += [i0["qpn"].eq(a1_qpn), i0["cand"].eq(a1_base), i0["una"].eq(new_una),
                          i0["next"].eq(a_next), i0["poll"].eq(0), i0_sack.eq(a_sack)]
         with m.Else():
             m.d.sync += [i0["qpn"].eq(poll_qpn), i0["cand"].eq(poll_una), i0["una"].eq(poll_una),
                          i0["next"].eq(poll_next), i0["poll"].eq(1), i0_sack.eq(0)]
         # I0: SACKed PSNs per 8-bit group and at or above each group (saturating).
-        i1_sack = Signal(sack_bits)
+        i1_sack = Signal(bitmap_bits)
         i1_above = [Signal(5, name=f"i1_above{g}") for g in range(groups + 1)]
         suffix = [Signal(5, name=f"i0_above{g}") for g in range(groups + 1)]
         for g in reversed(range(groups)):
@@ -1043,6 +1094,13 @@ class Requester(wiring.Component):
             return Mux(use_to, _psn_gt(value, entry.to), _psn_gt(value, una3))
 
         i3_lower = Mux(use_to, entry.to, una3)
+        # A SACK infers (and arms the reorder window) only when its bitmap starts at or below
+        # `lower`: then every hole of the region is one the SACK itself reports. A bitmap
+        # placed higher (the responder's block around a late trigger) says nothing about the
+        # PSNs below its base, which may well have arrived.
+        base_ok = Mux(use_to, _psn_ge(entry.to, i3["cand"]), _psn_ge(una3, i3["cand"]))
+        found = Signal()
+        m.d.comb += found.eq(i3_found & base_ok)
         reo_running = Signal()
         reo_expired = Signal()
         m.d.comb += [
@@ -1052,16 +1110,16 @@ class Requester(wiring.Component):
         ]
         # The time rule's end wins when it lies beyond the count rule's (or there is none).
         use_reo = Signal()
-        m.d.comb += use_reo.eq(reo_expired & (~i3_found | _psn_gt(entry.reo_end, i3_end)))
+        m.d.comb += use_reo.eq(reo_expired & (~found | _psn_gt(entry.reo_end, i3_end)))
         region_end = Signal(_PSN)       # == lower when nothing is inferred
-        m.d.comb += region_end.eq(Mux(use_reo, entry.reo_end, Mux(i3_found, i3_end, i3_lower)))
+        m.d.comb += region_end.eq(Mux(use_reo, entry.reo_end, Mux(found, i3_end, i3_lower)))
         count_push = Signal()           # the count rule alone finds holes
-        m.d.comb += count_push.eq(i3_found & above_lower(i3_end))
+        m.d.comb += count_push.eq(found & above_lower(i3_end))
         i3_push = use_reo | count_push
         # top > the region's end (== lower when nothing is pushed), picked the same way.
         top_above_end = Mux(use_reo, _psn_gt(i3_top, entry.reo_end),
                             Mux(count_push, _psn_gt(i3_top, i3_end), above_lower(i3_top)))
-        reo_arm = ((reo_wnd != 0) & (reo_expired | ~reo_running) & top_above_end
+        reo_arm = ((reo_wnd != 0) & (reo_expired | ~reo_running) & top_above_end & base_ok
                    & ~i3["poll"])          # a poll has no SACKed PSN to arm with
         i3_write = i3_valid & (~i3_push | infer_walks.w_rdy)
         infer_walk = Signal(wl)

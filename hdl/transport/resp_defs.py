@@ -11,17 +11,23 @@ from .. import protocol as P
 
 __all__ = [
     "ResponderVerdict", "ResponderCommand", "PD_BITS", "ACK_TCLASS", "ACK_HOP_LIMIT",
-    "DEFAULT_ACK_EVERY", "DEFAULT_ACK_DELAY", "DEFAULT_NAK_INTERVAL", "VERDICT_NAK",
+    "DEFAULT_ACK_EVERY", "DEFAULT_ACK_DELAY", "DEFAULT_NAK_INTERVAL", "VERDICT_NAK", "VERDICT_NACK",
+    "OOO_COUNT_MAX", "RCVD_BYTES_BITS",
     "responder_command_layout", "responder_response_layout", "RESPONDER_COUNTERS",
 ]
 
 #: Width of a protection-domain number in the QP and MR tables (*project choice*).
 PD_BITS = 16
-#: Traffic class of ACKs and NACKs: DSCP 0, ECN ECT(0). Never the trim code point, so an ACK
-#: cannot be mistaken for a trimmed packet (*project choice*).
+#: Traffic class of SACKs, NACKs and NAKs: DSCP 0, ECN ECT(0). Never the trim code point, so an
+#: acknowledgement cannot be mistaken for a trimmed packet (*project choice*).
 ACK_TCLASS = 0b10
-#: IP hop limit / TTL of ACKs and NACKs, as ``sim.packets`` builds them.
+#: IP hop limit / TTL of SACKs, NACKs and NAKs, as ``sim.packets`` builds them.
 ACK_HOP_LIMIT = 64
+#: CC_STATE ``ooo_count`` (15 bits) saturates here: the PSNs the QP holds received above its
+#: expected PSN (every one waits for a hole below it to fill).
+OOO_COUNT_MAX = (1 << 15) - 1
+#: CC_STATE ``rcvd_bytes``: payload bytes the QP placed, modulo 2**24.
+RCVD_BYTES_BITS = 24
 
 # Reset values of the CONFIG registers (*project choice*).
 DEFAULT_ACK_EVERY = 4           #: ACK every 4 in-order packets ...
@@ -33,27 +39,31 @@ GAP_DEPTH_BITS = 4              #: CONFIG gap_depth: 0 (off, reset) .. 15
 class ResponderVerdict(enum.Enum, shape=4):
     """What the responder did with a received data packet, in the order the checks run."""
     PLACED = 0          #: new, in window, valid: written to memory and marked received
-    BAD_QP = 1          #: QPN >= qps: NAK REMOTE_OPERATIONAL
-    BAD_STATE = 2       #: QP not in RTR or RTS: NAK REMOTE_OPERATIONAL
+    BAD_QP = 1          #: QPN >= qps: AETH NAK REMOTE_OPERATIONAL
+    BAD_STATE = 2       #: QP not in RTR or RTS: AETH NAK REMOTE_OPERATIONAL
     BAD_SEQUENCE = 3    #: not a data opcode, or a FIRST/MIDDLE not exactly one MTU: NAK INVALID
-    DUPLICATE = 4       #: PSN below the cumulative PSN or already received: re-ACKed
-    OUT_OF_WINDOW = 5   #: PSN at or beyond expected + MPR: NAK PSN_OUT_OF_WINDOW, rate limited
-    TRIMMED = 6         #: payload trimmed by a switch: TRIM NAK if the QP has TRIM_NACK
+    DUPLICATE = 4       #: PSN below the cumulative PSN or already received: SACKed again
+    OUT_OF_WINDOW = 5   #: PSN at or beyond expected + MPR: NACK PSN_OOR_WINDOW, rate limited
+    TRIMMED = 6         #: payload trimmed by a switch: NACK TRIMMED if the QP has TRIM_NACK
     BAD_RKEY = 7        #: no valid MR with this rkey in the QP's PD: NAK REMOTE_ACCESS
     OUT_OF_BOUNDS = 8   #: the write leaves the MR: NAK REMOTE_ACCESS
     WIMM_OVERFLOW = 9   #: a WRITE_IMM beyond the QP's max_wimm pending: NAK INVALID_REQUEST
 
 
-#: The NAK code each refusing verdict answers with (TRIMMED: only with the TRIM_NACK capability).
+#: The AETH NAK code each fatal verdict answers with (RoCE's fatal errors, on ACKNOWLEDGE).
 VERDICT_NAK = {
     ResponderVerdict.BAD_QP: P.NakCode.REMOTE_OPERATIONAL,
     ResponderVerdict.BAD_STATE: P.NakCode.REMOTE_OPERATIONAL,
     ResponderVerdict.BAD_SEQUENCE: P.NakCode.INVALID_REQUEST,
-    ResponderVerdict.OUT_OF_WINDOW: P.NakCode.PSN_OUT_OF_WINDOW,
-    ResponderVerdict.TRIMMED: P.NakCode.TRIMMED,
     ResponderVerdict.BAD_RKEY: P.NakCode.REMOTE_ACCESS,
     ResponderVerdict.OUT_OF_BOUNDS: P.NakCode.REMOTE_ACCESS,
     ResponderVerdict.WIMM_OVERFLOW: P.NakCode.INVALID_REQUEST,
+}
+#: The NETH nack_reason each recoverable refusal answers with (TRIMMED: only with the
+#: TRIM_NACK capability).
+VERDICT_NACK = {
+    ResponderVerdict.OUT_OF_WINDOW: P.NackReason.PSN_OOR_WINDOW,
+    ResponderVerdict.TRIMMED: P.NackReason.TRIMMED,
 }
 
 
@@ -111,5 +121,5 @@ def responder_response_layout(config):
 RESPONDER_COUNTERS = (
     "placed", "duplicate", "out_of_window", "bad_qp", "bad_state", "bad_rkey", "out_of_bounds",
     "bad_sequence", "wimm_overflow", "trimmed", "acks", "naks", "naks_suppressed",
-    "completions",
+    "completions", "probes", "probes_dropped",
 )

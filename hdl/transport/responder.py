@@ -1,4 +1,4 @@
-"""The responder: receive window, validation, placement, ACK/NACK generation, completions.
+"""The responder: receive window, validation, placement, SACK/NACK/NAK generation, completions.
 
 One :class:`Responder` serves every QP of the NIC. Per-QP state lives in block RAM tables
 indexed by the QP number; a two-stage pipeline (issue: the tables are read; execute: the
@@ -27,8 +27,11 @@ from .resp_defs import (
     DEFAULT_ACK_EVERY,
     DEFAULT_NAK_INTERVAL,
     GAP_DEPTH_BITS,
+    OOO_COUNT_MAX,
     PD_BITS,
+    RCVD_BYTES_BITS,
     RESPONDER_COUNTERS,
+    VERDICT_NACK,
     VERDICT_NAK,
     ResponderCommand,
     ResponderVerdict,
@@ -53,6 +56,7 @@ def _layouts(config, mr_slots):
         "epos": pos_bits,           # where epsn sits in the circular bitmaps
         "msn": 24, "ack_count": 8, "nak_armed": 1, "last_nak": 32,
         "above": range(window + 1),  # PSNs received above the expected one (set rcv bits)
+        "rcvd_bytes": RCVD_BYTES_BITS,  # payload bytes placed, modulo 2**24 (CC_STATE)
     })
     bitmaps = data.StructLayout({"rcv": window, "last": window, "wimm": window})
     wimm_entry = data.StructLayout({"valid": 1, "pos": pos_bits, "imm": 32})
@@ -61,7 +65,7 @@ def _layouts(config, mr_slots):
     template = data.StructLayout({
         "port": PORT_BITS, "eth_src": 48, "eth_dst": 48, "vlan_valid": 1, "vlan_tci": 16,
         "ipv6": 1, "ip_src": 128, "ip_dst": 128, "flow_label": 20, "udp_sport": 16,
-        "psn": 24, "ev_index": 16, "tx_ts": 32, "ce": 1, "retrans": 1, "arrival": 32,
+        "psn": 24, "tx_ts": P.TIMESTAMP_BITS, "ce": 1,
     })
     timer = data.StructLayout({"deadline": 32, "qpn": config.qpn_bits, "template": template})
     return qp, bitmaps, wimm_row, mr, template, timer
@@ -129,20 +133,23 @@ def _lowest_set(m, bits, name):
 
 class Responder(wiring.Component):
     """The responder of every QP: classifies each received data packet, writes accepted
-    payloads to memory, answers with ACKs and NACKs and releases WRITE WITH IMMEDIATE
-    completions in message order.
+    payloads to memory, answers with MRC 1.0 SACKs (SETH + CC_STATE), NETH NACKs (trimmed, PSN
+    out of the window) and AETH NAKs (fatal errors), answers reliability probes (PETH) with
+    pr = 1 SACKs, and releases WRITE WITH IMMEDIATE completions in message order.
 
     Throughput: one packet per cycle (II = 1) in the steady state, back-to-back packets of the
     same QP included, and one beat per cycle for payload. A packet's header is classified in
     the cycle after its first beat is taken (latency: first beat in -> first place beat,
-    ACK or NACK registered: 2 cycles). Cycles are taken from the packet stream only by
+    SACK, NACK or NAK registered: 2 cycles). Cycles are taken from the packet stream only by
     control commands, ACK-delay timers that fire, and the cumulative advance across more than
     one completed WRITE WITH IMMEDIATE (one extra cycle per further completion, the rate the
     completion output runs at anyway).
 
     Backpressure, never a drop: when ``place``, ``ack``, ``completion`` or ``ctl_resp`` is not
     ready for what a packet needs, the pipeline waits (``i.ready`` low). Bad packets are
-    never written: each gets a :class:`ResponderVerdict`, a counter and (mostly) a NAK.
+    never written: each gets a :class:`ResponderVerdict`, a counter and (mostly) a NACK or
+    NAK. A probe of an unknown or not responding QP is dropped and counted
+    (``probes_dropped``).
 
     Parameters
     ----------
@@ -159,15 +166,16 @@ class Responder(wiring.Component):
     Members
     -------
     i : ``In(stream.Signature(packet_beat_layout(config)))``
-        Received data packets (kind DATA, trimmed ones included).
+        Received data packets (kind DATA, trimmed ones included) and reliability probes
+        (kind RPROBE).
     place : ``Out(stream.Signature(place_beat_layout(config)))``
         Memory writes of accepted packets.
     ack : ``Out(stream.Signature(packet_beat_layout(config)))``
-        ACK and NACK packets for the header builder: one beat, ``keep`` 0.
+        SACK, NACK and NAK packets for the header builder: one beat, ``keep`` 0.
     completion : ``Out(stream.Signature(completion_layout(config)))``
         WRITE WITH IMMEDIATE completions, per QP in message order.
     now_ns : ``In(32)``
-        Time, for the service time of ACKs.
+        Unused (replies echo the sender's timestamps); kept so the NIC's wiring holds.
     ctl : ``In(stream.Signature(responder_command_layout(config)))``
     ctl_resp : ``Out(stream.Signature(responder_response_layout(config)))``
         One response per command, in order.
@@ -267,7 +275,6 @@ class Responder(wiring.Component):
         e_kind = Signal(range(5))
         e_beat = Signal(packet_beat_layout(config))
         e_qpn = Signal(config.qpn_bits)
-        e_arrival = Signal(32)
         e_cmd = Signal(cmd_layout)
         e_timer = Signal(timer_layout)
         e_ack_want = Signal()           # a continued packet owes an ACK at its last step
@@ -318,7 +325,7 @@ class Responder(wiring.Component):
                          e_beat.eq(self.i.payload)]
             m.d.sync += in_packet.eq(~self.i.payload.last)
         with m.If(take_first):
-            m.d.sync += [e_qpn.eq(issue_qpn), e_arrival.eq(self.now_ns)]
+            m.d.sync += e_qpn.eq(issue_qpn)
         with m.If(take_ctl):
             m.d.sync += [e_valid.eq(1), e_kind.eq(CTL), e_cmd.eq(self.ctl.payload),
                          e_qpn.eq(issue_qpn)]
@@ -328,7 +335,11 @@ class Responder(wiring.Component):
 
         # --- Execute stage: classify -----------------------------------------------------------
 
-        is_first = e_valid & (e_kind == FIRST)
+        is_packet = e_valid & (e_kind == FIRST)
+        # A reliability probe (PETH) is a one-beat packet that consumes no PSN: it is answered
+        # with a pr = 1 SACK and changes nothing.
+        is_probe = is_packet & (e_beat.header.kind == PacketKind.RPROBE)
+        is_first = is_packet & ~is_probe
         is_beat = e_valid & (e_kind == BEAT)
         is_cont = e_valid & (e_kind == CONT)
         is_timer = e_valid & (e_kind == TIMER)
@@ -439,8 +450,6 @@ class Responder(wiring.Component):
             wimm_msn.eq(qp.msn + _popcount(
                 last1 & below_mask(m, wimm_at + 1, window, name="upto_wimm"))),
         ]
-        sack = Signal(config.sack_bits)
-        m.d.comb += sack.eq(shift_right(m, rcv1, advance, name="sack")[:config.sack_bits])
         new_bm = Signal(bm_layout)
         m.d.comb += [
             new_bm.rcv.eq(unrotate(rcv1 & ~passed, qp.epos)),
@@ -493,6 +502,12 @@ class Responder(wiring.Component):
             for v, code in VERDICT_NAK.items():
                 with m.Case(v):
                     m.d.comb += nak_code.eq(int(code))
+        nack_reason = Signal(8)
+        is_nack = Signal()              # a recoverable refusal: NETH NACK (else AETH NAK)
+        with m.Switch(verdict):
+            for v, reason in VERDICT_NACK.items():
+                with m.Case(v):
+                    m.d.comb += [nack_reason.eq(int(reason)), is_nack.eq(1)]
         suppressed = is_first & (verdict == V.OUT_OF_WINDOW) & nak_quiet
         send_nak = is_first & (verdict != V.PLACED) & (verdict != V.DUPLICATE) & ~suppressed & \
             ((verdict != V.TRIMMED) | (qp.caps & int(P.QpCapability.TRIM_NACK)).any())
@@ -501,6 +516,8 @@ class Responder(wiring.Component):
                                 (is_cont & e_ack_want & ~e_cont) |
                                 (is_first & (verdict == V.DUPLICATE)) |
                                 (is_timer & (qp.ack_count != 0)))
+        # A probe of a QP that exists and responds is answered; any other is dropped (counted).
+        send_probe_ack = is_probe & known & responding
 
         # The packet the reply answers: this one, or for a timer the one that started it.
         tmpl = Signal(tmpl_layout)
@@ -512,39 +529,85 @@ class Responder(wiring.Component):
                 tmpl.vlan_valid.eq(h.vlan_valid), tmpl.vlan_tci.eq(h.vlan_tci),
                 tmpl.ipv6.eq(h.ipv6), tmpl.ip_src.eq(h.ip_src), tmpl.ip_dst.eq(h.ip_dst),
                 tmpl.flow_label.eq(h.flow_label), tmpl.udp_sport.eq(h.udp_sport),
-                tmpl.psn.eq(psn), tmpl.ev_index.eq(h.mdeth.ev_index),
-                tmpl.tx_ts.eq(h.mdeth.tx_ts), tmpl.ce.eq(ce),
-                tmpl.retrans.eq((h.mdeth.flags & int(P.DataFlags.RETRANSMISSION)).any()),
-                tmpl.arrival.eq(e_arrival),
+                tmpl.psn.eq(psn),
+                tmpl.tx_ts.eq(Mux(is_probe, h.ctl.peth.tx_timestamp, h.tseth.tx_timestamp)),
+                tmpl.ce.eq(ce & ~is_probe),
             ]
 
+        # SACK bitmap: 64 PSNs from cack_psn + 1, or, when the trigger lies more than 64 PSNs
+        # above cack_psn, from the start of the trigger's 64-aligned block (so a SACK reports
+        # the holes around a late arrival anywhere in the window). In the rotated view bit i
+        # is PSN epsn + i (before this step's advance).
+        bitmap_bits = P.SACK_BITMAP_BITS
+        cack = Signal(24)
+        trig_dist = Signal(24)          # trigger - cack_psn
+        aligned = Signal()
+        aligned_base = Signal(24)
+        m.d.comb += [
+            cack.eq(new_epsn - 1),
+            trig_dist.eq(tmpl.psn - cack),
+            aligned.eq(~is_probe & ~trig_dist[23] & (trig_dist > bitmap_bits)),
+            aligned_base.eq(Cat(C(0, 6), tmpl.psn[6:])),
+        ]
+        shift_bits = ceil_log2(window + 1)
+        sack_shift = Signal(shift_bits)
+        m.d.comb += sack_shift.eq(Mux(aligned, (aligned_base - qp.epsn)[:shift_bits], advance))
+        sack_bitmap = Signal(bitmap_bits)
+        m.d.comb += sack_bitmap.eq(shift_right(m, rcv1, sack_shift, name="sack")[:bitmap_bits])
+        new_above = Signal.like(qp.above)
+        m.d.comb += new_above.eq(Mux(placed | is_cont, qp.above + placed - advance, qp.above))
+        new_rcvd = Signal(RCVD_BYTES_BITS)
+        m.d.comb += new_rcvd.eq(qp.rcvd_bytes + Mux(placed, dma_len, 0))
+
         bad_qp = is_first & ~known
-        svc = ~bad_qp & (qp.caps & int(P.QpCapability.SVC_TIME)).any()
         reply = Signal(packet_beat_layout(config))
         r = reply.header
+        seth, cc_state, neth = r.ctl.sack.seth, r.ctl.sack.cc_state, r.ctl.neth
+        # The EV the trigger arrived with: UDP source port, IPv6 flow label (low 16 bits).
+        entropy = Cat(tmpl.udp_sport, Mux(tmpl.ipv6, tmpl.flow_label[:16], 0))
         m.d.comb += [
             reply.first.eq(1), reply.last.eq(1),
-            r.kind.eq(PacketKind.ACK), r.port.eq(tmpl.port),
+            r.port.eq(tmpl.port),
             r.eth_dst.eq(tmpl.eth_src), r.eth_src.eq(tmpl.eth_dst),
             r.vlan_valid.eq(tmpl.vlan_valid), r.vlan_tci.eq(tmpl.vlan_tci),
             r.ipv6.eq(tmpl.ipv6), r.ip_src.eq(tmpl.ip_dst), r.ip_dst.eq(tmpl.ip_src),
             r.tclass.eq(ACK_TCLASS), r.flow_label.eq(tmpl.flow_label),
             r.hop_limit.eq(ACK_HOP_LIMIT), r.udp_sport.eq(tmpl.udp_sport),
-            r.bth.opcode.eq(int(P.Opcode.ACKNOWLEDGE)), r.bth.pkey.eq(P.BTH_DEFAULT_PKEY),
-            r.bth.psn.eq(tmpl.psn),
-            r.aeth.syndrome.eq(Mux(send_nak, P.AETH_NAK_BASE | nak_code, P.AETH_ACK)),
-            r.macketh.ev_index.eq(tmpl.ev_index),
-            r.macketh.flags.eq(Cat(tmpl.ce, svc, tmpl.retrans)),
-            r.macketh.sack_bytes.eq(config.sack_bytes),
-            r.macketh.ts_echo.eq(tmpl.tx_ts),
-            r.macketh.svc_time.eq(Mux(svc, self.now_ns - tmpl.arrival, 0)),
+            r.bth.pkey.eq(P.BTH_DEFAULT_PKEY),
+            r.bth.dqpn.eq(Mux(bad_qp, h.bth.dqpn, qp.remote_qpn)),
         ]
-        with m.If(bad_qp):
-            m.d.comb += [r.bth.dqpn.eq(h.bth.dqpn), r.macketh.cum_psn.eq(psn - 1)]
+        with m.If(send_nak & is_nack):
+            m.d.comb += [
+                r.kind.eq(PacketKind.NACK),
+                r.bth.opcode.eq(int(P.Opcode.RELIABILITY_NACK)),
+                r.bth.psn.eq(tmpl.psn),
+                neth.nack_reason.eq(nack_reason), neth.entropy.eq(entropy),
+                neth.nack_psn.eq(tmpl.psn), neth.tx_timestamp.eq(tmpl.tx_ts),
+            ]
+        with m.Elif(send_nak):
+            m.d.comb += [
+                r.kind.eq(PacketKind.AETH),
+                r.bth.opcode.eq(int(P.Opcode.ACKNOWLEDGE)),
+                r.bth.psn.eq(tmpl.psn),
+                r.aeth.syndrome.eq(P.AETH_NAK_BASE | nak_code),
+                r.aeth.msn.eq(Mux(bad_qp, 0, new_msn)),
+            ]
         with m.Else():
             m.d.comb += [
-                r.bth.dqpn.eq(qp.remote_qpn), r.macketh.cum_psn.eq(new_epsn - 1),
-                r.aeth.msn.eq(new_msn), r.sack.eq(sack),
+                r.kind.eq(PacketKind.SACK),
+                r.bth.opcode.eq(int(P.Opcode.RELIABILITY_SACK)),
+                r.bth.psn.eq(cack),
+                seth.m.eq(Mux(tmpl.ce, P.SackMark.SKIP_ONCE, P.SackMark.NONE)),
+                seth.pr.eq(is_probe),
+                seth.ack_psn_offset.eq(Mux(is_probe, h.ctl.peth.probe_id, trig_dist[:16])),
+                seth.entropy.eq(entropy),
+                seth.cack_psn.eq(cack),
+                seth.mpr.eq(qp.mpr),
+                seth.sack_psn_offset.eq(Mux(aligned, (aligned_base - cack)[:16], 1)),
+                seth.sack_bitmap.eq(sack_bitmap),
+                cc_state.tx_timestamp.eq(tmpl.tx_ts),
+                cc_state.ooo_count.eq(Mux(new_above > OOO_COUNT_MAX, OOO_COUNT_MAX, new_above)),
+                cc_state.rcvd_bytes.eq(new_rcvd),
             ]
 
         # --- Execute stage: control commands -----------------------------------------------------
@@ -596,7 +659,7 @@ class Responder(wiring.Component):
         # --- Execute stage: outputs and table writes ---------------------------------------------
 
         need_place = (placed | (is_beat & pkt_place)) & (e_beat.keep != 0)
-        need_ack = send_ack | send_nak
+        need_ack = send_ack | send_nak | send_probe_ack
         need_completion = (placed | is_cont) & stop
         need_timer = start_timer
 
@@ -659,7 +722,7 @@ class Responder(wiring.Component):
         new_qp = Signal(qp_layout)
         m.d.comb += [
             new_qp.eq(qp), new_qp.epsn.eq(new_epsn), new_qp.epos.eq(new_epos),
-            new_qp.msn.eq(new_msn),
+            new_qp.msn.eq(new_msn), new_qp.rcvd_bytes.eq(new_rcvd),
         ]
         with m.If(placed):
             m.d.comb += new_qp.ack_count.eq(Mux(ack_now, 0, count_next))
@@ -680,7 +743,7 @@ class Responder(wiring.Component):
                 m.d.comb += [
                     new_qp.epsn.eq(cmd.psn), new_qp.epos.eq(0), new_qp.msn.eq(0),
                     new_qp.ack_count.eq(0), new_qp.nak_armed.eq(0), new_qp.last_nak.eq(0),
-                    new_qp.above.eq(0),
+                    new_qp.above.eq(0), new_qp.rcvd_bytes.eq(0),
                 ]
         rx_write = placed | is_cont | set_rx
         m.d.comb += [
@@ -699,6 +762,7 @@ class Responder(wiring.Component):
         for v in ResponderVerdict:
             counts[v.name.lower()] = is_first & (verdict == v)
         counts.update(acks=send_ack, naks=send_nak, naks_suppressed=suppressed,
+                      probes=send_probe_ack, probes_dropped=is_probe & ~send_probe_ack,
                       completions=need_completion)
         with m.If(e_fire):
             for name, event in counts.items():

@@ -2,7 +2,11 @@
 
 Requests reach the former after path selection (``hdl/path/select.py``): each carries the
 chosen EV, its port and expanded header fields, and a context from the block that asked for
-the packet: the requester (a data packet) or the probe requester (a probe). The former adds
+the packet: the requester (a data packet) or the probe requester (an EV probe). A data packet
+gets MRC 1.0's METH (the requester's message numbers), BTH.ts = 1 with a TSETH stamped with
+the send time, BTH.rtx on a retransmission, RETH and ImmDt; an EV probe is an ENDPOINT_REQUEST
+with an ERTH. The EV itself rides only where EV expansion put it (UDP source port, flow
+label, SRv6). The former adds
 what is per connection (destination QPN, MAC and IP, from a table indexed by QP) and per NIC
 (source MAC and IP), fetches the payload from host memory, and streams header plus payload
 to the header builder.
@@ -72,7 +76,7 @@ class TxFormer(wiring.Component):
     send_context, probe_context : data.StructLayout
         Context layouts of the requester's and the probe requester's path requests. The send
         context has ``psn, opcode, ackreq, va, rkey, dma_len, imm, local_addr,
-        retransmission``; the probe context ``probe_id, tx_ts``.
+        retransmission, msn, rqmsn``; the probe context ``probe_id, tx_ts`` (16 bits each).
 
     Members
     -------
@@ -81,7 +85,8 @@ class TxFormer(wiring.Component):
     fetch_req : ``Out(stream.Signature(fetch_request_layout(config)))``
     fetch : ``In(stream.Signature(fetch_beat_layout(config)))``
     sent : ``Out(stream.Signature({qpn, psn, ev}))``: the EV each data PSN went out on.
-    sent_port, sent_ts : ``Out``, with ``sent``: its port (0-based) and MDETH ``tx_ts``.
+    sent_port, sent_ts : ``Out``, with ``sent``: its port (0-based) and its send time in ns
+        (the TSETH ``tx_timestamp`` is this time's :func:`~hdl.protocol.wire_timestamp`).
     ctl : ``In(stream.Signature(...))``, ctl_resp : ``Out(stream.Signature({errno}))``
     now_ns : ``In(32)``
     no_path : ``Out(32)``
@@ -156,6 +161,8 @@ class TxFormer(wiring.Component):
         probe = b.context.probe_ctx
         entry = conn_rd.data
         f = b.fields
+        # The 16-bit wire timestamp of now (TSETH): P.wire_timestamp as logic.
+        wire_timestamp = self.now_ns[P.TIMESTAMP_SHIFT:P.TIMESTAMP_SHIFT + P.TIMESTAMP_BITS]
         m.d.comb += [
             header.port.eq(b.port),
             header.eth_dst.eq(entry.eth),
@@ -176,13 +183,15 @@ class TxFormer(wiring.Component):
             header.bth.dqpn.eq(entry.dqpn),
         ]
         with m.If(is_probe):
+            # An EV probe: ENDPOINT_REQUEST to the endpoint QP, its id in BTH.psn[15:0].
             m.d.comb += [
-                header.kind.eq(PacketKind.PROBE),
-                header.bth.opcode.eq(P.Opcode.PROBE_REQUEST),
-                header.mprh.probe_id.eq(probe.probe_id),
-                header.mprh.ev_index.eq(b.ev),
-                header.mprh.src_qpn.eq(b.qpn),
-                header.mprh.tx_ts.eq(probe.tx_ts),
+                header.kind.eq(PacketKind.EP_REQUEST),
+                header.bth.opcode.eq(P.Opcode.ENDPOINT_REQUEST),
+                header.bth.dqpn.eq(P.ENDPOINT_QPN),
+                header.bth.psn.eq(probe.probe_id),
+                header.ctl.erth.op.eq(P.EndpointOp.EV_PROBE),
+                header.ctl.erth.tx_timestamp.eq(probe.tx_ts),
+                header.ctl.erth.ftype.eq(P.Ftype.TIMESTAMP),
             ]
         with m.Else():
             m.d.comb += [
@@ -190,14 +199,17 @@ class TxFormer(wiring.Component):
                 header.payload_len.eq(send.dma_len),
                 header.bth.opcode.eq(send.opcode),
                 header.bth.ackreq.eq(send.ackreq),
+                header.bth.rtx.eq(send.retransmission),
+                header.bth.ts.eq(1),
                 header.bth.psn.eq(send.psn),
+                header.meth.msn.eq(send.msn),
+                header.meth.rqmsn.eq(send.rqmsn),
+                header.tseth.tx_timestamp.eq(wire_timestamp),
+                header.tseth.ftype.eq(P.Ftype.TIMESTAMP),
                 header.reth.va.eq(send.va),
                 header.reth.rkey.eq(send.rkey),
                 header.reth.dma_len.eq(send.dma_len),
                 header.immdt.imm.eq(send.imm),
-                header.mdeth.ev_index.eq(b.ev),
-                header.mdeth.flags.eq(Mux(send.retransmission, P.DataFlags.RETRANSMISSION, 0)),
-                header.mdeth.tx_ts.eq(self.now_ns),
                 has_payload.eq(send.dma_len != 0),
             ]
 

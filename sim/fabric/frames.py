@@ -27,9 +27,13 @@ _IPV4_SRC = L.IPV4.byte_offset("src")
 _UDP_BYTES = L.UDP.size
 _UDP_DPORT = L.UDP.byte_offset("dport")
 _BTH_BYTES = L.BTH.size
-_RETH_BYTES = L.RETH.size
-_IMMDT_BYTES = L.IMMDT.size
-_MDETH_BYTES = L.MDETH.size
+_BTH_TS_BYTE = L.BTH.byte_offset("ts")
+_BTH_TS_MASK = 0x80 >> (L.BTH.bit_offset("ts") % 8)
+# Bytes of a data packet's headers after the BTH: (immediate, ts) -> METH [TSETH] RETH [ImmDt].
+_DATA_HEADER_BYTES = {
+    (imm, ts): L.headers_size(L.data_headers(
+        P.Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE if imm else P.Opcode.RDMA_WRITE_ONLY, ts=ts))
+    for imm in (False, True) for ts in (False, True)}
 _DATA_OPCODES = frozenset(int(op) for op in P.DATA_OPCODES)
 _IMMEDIATE_OPCODES = frozenset(int(op) for op in P.IMMEDIATE_OPCODES)
 
@@ -145,7 +149,7 @@ def roce_payload_bytes(frame, info):
     """RDMA payload bytes a data packet carries (0 for any other frame, and when trimmed)."""
     if not info.is_data:
         return 0
-    headers = _BTH_BYTES + _RETH_BYTES + _MDETH_BYTES
-    if info.opcode in _IMMEDIATE_OPCODES:
-        headers += _IMMDT_BYTES
+    ts_at = info.bth_offset + _BTH_TS_BYTE
+    ts = ts_at < len(frame) and bool(frame[ts_at] & _BTH_TS_MASK)
+    headers = _BTH_BYTES + _DATA_HEADER_BYTES[info.opcode in _IMMEDIATE_OPCODES, ts]
     return max(0, len(frame) - info.bth_offset - headers - P.ICRC_BYTES)

@@ -8,13 +8,16 @@ NIC puts there: data headers are formed field by field as
 :class:`hdl.transport.txformer.TxFormer` forms them, and every frame is serialized by
 :func:`sim.rtlpackets.packet_from_header` (the frame :class:`hdl.packet.builder.HeaderBuilder`
 emits). Received frames go through the parser's checks (drop reasons of
-:class:`hdl.packet.headers.DropReason`), then to the responder (DATA) or the requester (ACK).
+:class:`hdl.packet.headers.DropReason`), then to the responder (DATA, reliability probes) or
+the requester (SACK, NACK, AETH NAK); EV probes (ENDPOINT_REQUEST/RESPONSE) are counted and
+ignored (the network simulations model probes at the pair level).
 
 Time is simulated nanoseconds, given by the caller and never going back. The NIC's pipeline
 latency is not modelled (a received frame is handled at its arrival time); the one shared
 transmit engine is: a frame occupies ``ceil(len / (data_width / 8))`` clock cycles of it, ACKs
 go before data (the RTL's transmit arbiter gives the responder priority), and a data packet is
-decided (path selection, ``tx_ts``) when the engine starts it. ``docs/model.md`` has the rest.
+decided (path selection, the TSETH timestamp) when the engine starts it. ``docs/model.md`` has
+the rest.
 """
 
 import heapq
@@ -338,7 +341,11 @@ class ModelNic:
             return
         header, payload = parsed
         kind = header["kind"] = PacketKind(header["kind"])   # the models compare enums
-        if kind == PacketKind.DATA:
+        if kind == PacketKind.RPROBE:
+            reply = self.responder.probe(header)
+            if reply is not None:
+                self._acks.append(reply)
+        elif kind == PacketKind.DATA:
             cycles = self._cycles(now_ns)
             pending = self.responder.timers_pending
             result = self.responder.receive(header, payload, now_ns=int(now_ns),
@@ -348,8 +355,13 @@ class ModelNic:
             self._acks.extend(result.replies)
             for completion in result.completions:
                 self._complete(completion, now_ns)
-        elif kind == PacketKind.ACK:
-            self._port_watch(self.watch.ack(plane, header["macketh"]["ts_echo"], now_ns))
+        elif kind in (PacketKind.SACK, PacketKind.NACK, PacketKind.AETH):
+            if kind == PacketKind.SACK:
+                echo = header["ctl"]["sack"]["cc_state"]["tx_timestamp"]
+                self._port_watch(self.watch.ack(plane, echo, now_ns))
+            elif kind == PacketKind.NACK:
+                echo = header["ctl"]["neth"]["tx_timestamp"]
+                self._port_watch(self.watch.ack(plane, echo, now_ns))
             self.requester.receive(header, self._units(now_ns))
             self._timer_dirty = True
             self._collect_requester()
@@ -463,7 +475,7 @@ class ModelNic:
                     self.counters["model"]["fetch_unmapped"] += 1
                     payload = bytes(send["dma_len"])
             header = self.data_header(decision, send, when)
-            self.watch.sent(decision.port, header["mdeth"]["tx_ts"])
+            self.watch.sent(decision.port, int(when))
             self._emit(when, decision.port, raw(packet_from_header(header, payload,
                                                                    self.config)))
             return
@@ -493,13 +505,12 @@ class ModelNic:
             "srv6_dst": fields["srv6_dst"], "srh_valid": fields["srh_valid"],
             "srh_segment": fields["srh_segment"], "udp_sport": fields["udp_sport"],
             "bth": {"opcode": send["opcode"], "pkey": P.BTH_DEFAULT_PKEY, "dqpn": dqpn,
-                    "ackreq": send["ackreq"], "psn": send["psn"]},
+                    "ackreq": send["ackreq"], "rtx": send["retransmission"], "ts": 1,
+                    "psn": send["psn"]},
+            "meth": {"msn": send["msn"], "rqmsn": send["rqmsn"]},
+            "tseth": {"tx_timestamp": P.wire_timestamp(int(now_ns)), "ftype": P.Ftype.TIMESTAMP},
             "reth": {"va": send["va"], "rkey": send["rkey"], "dma_len": send["dma_len"]},
             "immdt": {"imm": send["imm"]},
-            "mdeth": {"ev_index": decision.ev,
-                      "flags": int(P.DataFlags.RETRANSMISSION) if send["retransmission"]
-                      else 0,
-                      "tx_ts": int(now_ns) & 0xFFFF_FFFF},
         }, self.config)
 
     # -- internals: the retransmit timer -------------------------------------------------------
@@ -619,7 +630,7 @@ class ModelNic:
             return self._drop(DropReason.RUNT)
         payload = b""
         if header["kind"] == PacketKind.DATA:
-            payload = bytes(pkt[pk.MDETH].payload)
+            payload = pk.transport_payload(pkt)
             if len(payload) > config.mtu:
                 return self._drop(DropReason.OVERSIZE)
             if header["trimmed"]:

@@ -132,7 +132,7 @@ class DelayNetwork:
             return
         if plane == self.trim_plane:
             packet = pk.Ether(frame)
-            if pk.MDETH in packet:
+            if pk.METH in packet:
                 self._data_on_trim_plane += 1
                 if self._data_on_trim_plane % self.trim_every == 0:
                     frame = bytes(pk.trim(packet))

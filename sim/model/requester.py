@@ -1,8 +1,9 @@
-"""Reference model of the MRC requester: segmentation, send state, ACK/SACK/NAK, completions.
+"""Reference model of the MRC requester: segmentation, send state, SACK/NACK/NAK, completions.
 
 Packet level and pure Python. Post work requests, pull the packets to send (path-select
 request dicts, exactly as the gateware's ``send`` stream carries them), report the EV each
-packet went out on, feed received ACK/NAK headers (:func:`hdl.packet.headers.packet_header_layout`
+packet went out on, feed received SACK, NACK and AETH NAK headers
+(:func:`hdl.packet.headers.packet_header_layout`
 dicts, as :class:`sim.model.responder.ResponderModel` produces them), and read back
 completions, path feedback, QP error events and counters. The gateware
 (:class:`hdl.transport.requester.Requester`) is checked against it; the model NIC of the
@@ -32,6 +33,8 @@ from hdl.transport.req_defs import (
     CC_MIN_WINDOW,
     FATAL_NAK_STATUS,
     INFER_K_DEFAULT,
+    MSN_BITS,
+    NACK_COUNTERS,
     NAK_COUNTERS,
     QP_WRITE_STATES,
     REQUESTER_COUNTERS,
@@ -80,6 +83,8 @@ class _Slot:
     end: int                    #: PSN after the last one
     refused: int | None         #: refusal status, or None for a WR that is sent
     is_imm: bool
+    msn: int = 0                #: METH msn: messages the QP started before this one
+    rqmsn: int = 0              #: METH rqmsn: WRITE_IMM messages the QP started before it
 
 
 @dataclass
@@ -95,6 +100,8 @@ class _Qp:
     err_status: int = 0
     err_done: bool = False      #: the error status has been given to its WR
     wimm_in_flight: int = 0
+    msgs: int = 0               #: messages started, modulo 2**16 (METH msn)
+    imm_msgs: int = 0           #: WRITE_IMM messages started, modulo 2**16 (METH rqmsn)
     slots: deque = field(default_factory=deque)
     acked: set = field(default_factory=set)       #: SACKed PSNs in [una, next_psn)
     timeout: int = 0            #: t: base timeout 1.024 us x 2**t
@@ -367,74 +374,104 @@ class RequesterModel:
     # -- received ACKs and NAKs --------------------------------------------------------------
 
     def receive(self, header, now_units=None):
-        """Apply one received ACK/NAK (a packet header dict) at time ``now_units`` (default:
-        the time already set). Returns ``"applied"`` or ``"dropped"``."""
+        """Apply one received SACK, NACK or AETH NAK (a packet header dict) at time
+        ``now_units`` (default: the time already set). Returns ``"applied"`` or
+        ``"dropped"``.
+
+        A SACK acknowledges every PSN up to its ``cack_psn`` and the PSNs its bitmap marks (bit
+        i: PSN ``cack_psn + sack_psn_offset + i``, applied wherever it overlaps the window);
+        the PSN it names (``cack_psn + ack_psn_offset``; a probe answer, ``pr = 1``, names
+        none) gives path feedback for the EV that PSN last went out on. A NACK refuses one
+        PSN (TRIMMED: resend it; PSN_OOR_WINDOW: counted); an AETH NAK is fatal."""
         if now_units is not None:
             self.now_units = now_units
         h = header
-        bth, aeth, mack = h["bth"], h["aeth"], h["macketh"]
+        bth = h["bth"]
         qpn = bth["dqpn"]
-        if h.get("kind", PacketKind.ACK) != PacketKind.ACK or qpn >= self.config.qps:
+        kind = PacketKind(h.get("kind", PacketKind.DATA))
+        if kind not in (PacketKind.SACK, PacketKind.NACK, PacketKind.AETH) \
+                or qpn >= self.config.qps:
             return self._bad()
         qp = self._qps[qpn]
         if qp.state != P.QpState.RTS or qp.error:
             return self._bad()
-        syndrome = aeth["syndrome"]
-        kind = (syndrome >> 5) & 3
-        if kind == 0:
-            code = None
-        elif kind == 3 and (syndrome & 0x1F) in NAK_COUNTERS:
-            code = P.NakCode(syndrome & 0x1F)
+        code = reason = None
+        probe_answer, mark, base, bitmap = False, P.SackMark.NONE, qp.una, 0
+        if kind == PacketKind.SACK:
+            seth = h["ctl"]["sack"]["seth"]
+            if seth["cack_psn"] != bth["psn"]:
+                return self._bad()              # malformed: the two cack_psn differ
+            probe_answer = bool(seth["pr"])
+            mark = P.SackMark(seth["m"]) if seth["m"] in set(P.SackMark) else P.SackMark.NONE
+            psn = bth["psn"] if probe_answer else P.psn_add(bth["psn"], seth["ack_psn_offset"])
+            base = P.psn_add(bth["psn"], seth["sack_psn_offset"])
+            bitmap = seth["sack_bitmap"]
+            cand = P.psn_add(bth["psn"], 1)
+        elif kind == PacketKind.NACK:
+            reason = h["ctl"]["neth"]["nack_reason"]
+            if reason not in NACK_COUNTERS:
+                return self._bad()
+            psn, cand = bth["psn"], qp.una
         else:
-            return self._bad()
-        cand = P.psn_add(mack["cum_psn"], 1)
+            syndrome = h["aeth"]["syndrome"]
+            if (syndrome >> 5) & 3 != 3 or (syndrome & 0x1F) not in NAK_COUNTERS:
+                return self._bad()              # MRC acknowledges with SACKs
+            code = P.NakCode(syndrome & 0x1F)
+            psn, cand = bth["psn"], qp.una
         advance = P.psn_diff(cand, qp.una) > 0
         if advance and P.psn_diff(qp.next_psn, cand) < 0:
             return self._bad()                  # acknowledges PSNs never sent
         new_una = cand if advance else qp.una
-        advanced = P.psn_diff(new_una, qp.una)    # PSNs this ACK acknowledges cumulatively
+        advanced = P.psn_diff(new_una, qp.una)    # PSNs this SACK acknowledges cumulatively
         flight = P.psn_diff(qp.next_psn, qp.una)  # PSNs in flight before it
-        psn = bth["psn"]
         psn_outstanding = (P.psn_diff(psn, new_una) >= 0
                            and P.psn_diff(qp.next_psn, psn) > 0)
-        fatal = code in FATAL_NAK_STATUS
+        # The PSN was sent and its EV entry still holds it (the window of the `ev` table).
+        psn_sent = 0 < P.psn_diff(qp.next_psn, psn) <= self.window
+        fatal = code is not None
         if fatal and not psn_outstanding:
             return self._bad()
-        # Cumulative part, then SACK bits for PSNs in [max(una, cand), next_psn).
+        # Cumulative part, then bitmap bits for PSNs in [max(una, base), next_psn).
         if advance:
             qp.acked = {p for p in qp.acked if P.psn_diff(p, new_una) >= 0}
             qp.una = new_una
             qp.start, qp.retries = self.now_units, 0        # progress restarts the timer
-        sack, new_bits = h.get("sack", 0), False
-        lo = max(0, P.psn_diff(qp.una, cand))
-        hi = min(self.config.sack_bits, max(0, P.psn_diff(qp.next_psn, cand)))
-        sacked = [i for i in range(lo, hi) if sack >> i & 1]
-        if sacked and not fatal and (self.infer_k or self.reo_wnd):
-            self._infer(qpn, cand, sacked)
-        for i in range(lo, hi):
-            if sack >> i & 1:
-                p = P.psn_add(cand, i)
-                if p not in qp.acked:
-                    qp.acked.add(p)
-                    new_bits = True
-        ev = mack["ev_index"] & ((1 << self.config.ev_index_bits) - 1)
-        if code is None:
+        new_bits = False
+        width = P.SACK_BITMAP_BITS
+        lo = min(width, max(0, P.psn_diff(qp.una, base)))
+        hi = min(width, max(0, P.psn_diff(qp.next_psn, base)))
+        sacked = [i for i in range(lo, hi) if bitmap >> i & 1]
+        if sacked and (self.infer_k or self.reo_wnd):
+            self._infer(qpn, base, sacked)
+        for i in sacked:
+            p = P.psn_add(base, i)
+            if p not in qp.acked:
+                qp.acked.add(p)
+                new_bits = True
+        ev = self._ev.get((qpn, psn % self.window), 0)
+        if kind == PacketKind.SACK:
             self.counters["acks"] += 1
             if not advance and not new_bits:
                 self.counters["duplicate_acks"] += 1
-            ecn = mack["flags"] & P.AckFlags.ECN_ECHO
+            ecn = mark == P.SackMark.SKIP_ONCE and not probe_answer
             self._congestion(qp, psn, ecn, advanced, flight)
-            self.feedback.append({"qpn": qpn, "ev": ev, "kind": P.FeedbackKind.ECN if ecn
-                                  else P.FeedbackKind.ACKED})
-        else:
-            self.counters[NAK_COUNTERS[code]] += 1
-            if code == P.NakCode.TRIMMED:
-                self.feedback.append({"qpn": qpn, "ev": ev, "kind": P.FeedbackKind.TRIMMED})
+            if psn_sent and not probe_answer:
+                feedback = {P.SackMark.SKIP_ONCE: P.FeedbackKind.ECN,
+                            P.SackMark.ALWAYS_SKIP: P.FeedbackKind.LOST}.get(
+                                mark, P.FeedbackKind.ACKED)
+                self.feedback.append({"qpn": qpn, "ev": ev, "kind": feedback})
+        elif kind == PacketKind.NACK:
+            self.counters[NACK_COUNTERS[reason]] += 1
+            if reason == P.NackReason.TRIMMED:
+                if psn_sent:
+                    self.feedback.append({"qpn": qpn, "ev": ev,
+                                          "kind": P.FeedbackKind.TRIMMED})
                 if psn_outstanding and psn not in qp.acked:
                     self._retx.append((qpn, psn))
-            elif fatal:
-                qp.error, qp.err_psn, qp.err_status = True, psn, FATAL_NAK_STATUS[code]
-                self.qp_errors.append({"qpn": qpn, "status": qp.err_status})
+        else:
+            self.counters[NAK_COUNTERS[code]] += 1
+            qp.error, qp.err_psn, qp.err_status = True, psn, FATAL_NAK_STATUS[code]
+            self.qp_errors.append({"qpn": qpn, "status": qp.err_status})
         if advance or fatal:
             self._complete(qpn)
         self._admit()
@@ -495,8 +532,11 @@ class RequesterModel:
         from now for the holes below the highest SACKed PSN, unless it still runs."""
         qp = self._qps[qpn]
         lower, running, expired = self._reorder_window(qp)
+        # Only a bitmap that starts at or below `lower` reports every hole of the region (one
+        # placed higher says nothing about the PSNs below its base).
+        base_ok = P.psn_diff(lower, cand) >= 0
         end = lower
-        if self.infer_k and len(sacked) >= self.infer_k:
+        if self.infer_k and len(sacked) >= self.infer_k and base_ok:
             end = P.psn_add(cand, sacked[-self.infer_k])
         kind = WalkKind.INFER if P.psn_diff(end, lower) > 0 else WalkKind.REORDER
         if expired:
@@ -507,7 +547,7 @@ class RequesterModel:
             self._walks.append([kind, qpn, lower, P.psn_diff(end, lower), True])
             qp.infer_to = lower = end
         top = P.psn_add(cand, sacked[-1] + 1)
-        if self.reo_wnd and (expired or not running) and P.psn_diff(top, lower) > 0:
+        if self.reo_wnd and base_ok and (expired or not running) and P.psn_diff(top, lower) > 0:
             qp.reo_armed, qp.reo_end, qp.reo_at = True, top, self._time()
         else:
             qp.reo_armed = running and not expired
@@ -603,7 +643,9 @@ class RequesterModel:
                 return
             first = qp.alloc_psn
             qp.alloc_psn = P.psn_add(first, wr_packets(self.config, wr.length))
-            slot = _Slot(wr, first, qp.alloc_psn, None, is_imm)
+            slot = _Slot(wr, first, qp.alloc_psn, None, is_imm, qp.msgs, qp.imm_msgs)
+            qp.msgs = (qp.msgs + 1) % (1 << MSN_BITS)
+            qp.imm_msgs = (qp.imm_msgs + is_imm) % (1 << MSN_BITS)
             qp.slots.append(slot)
             qp.wimm_in_flight += is_imm
             self._current = [wr.qpn, slot, first, wr.length, 0]
@@ -626,6 +668,7 @@ class RequesterModel:
                 "dma_len": min(mtu, remaining), "imm": wr.imm if immediate else 0,
                 "local_addr": (wr.local_addr + offset) % (1 << 64),
                 "retransmission": int(retransmission),
+                "msn": slot.msn, "rqmsn": slot.rqmsn,
             },
         }
 

@@ -4,7 +4,8 @@ Packet level and pure Python: feed one received data packet (its header as the
 :func:`hdl.packet.headers.packet_header_layout` dict that :func:`sim.rtlpackets.header_from_scapy`
 returns, plus its payload) and get back what the responder does with it: a
 :class:`ResponderVerdict`, the memory writes, the ACK/NACK headers to send (dicts of the same
-layout, ready for :func:`sim.rtlpackets.packet_from_header`) and the completions released.
+layout, ready for :func:`sim.rtlpackets.packet_from_header`: MRC 1.0 SACKs, NACKs and AETH
+NAKs) and the completions released; :meth:`ResponderModel.probe` answers a reliability probe.
 The gateware (:class:`hdl.transport.responder.Responder`) is checked against it packet by
 packet; the model NIC of the network simulations uses it as its responder.
 
@@ -28,7 +29,10 @@ from hdl.transport.resp_defs import (
     DEFAULT_ACK_EVERY,
     DEFAULT_NAK_INTERVAL,
     GAP_DEPTH_BITS,
+    OOO_COUNT_MAX,
+    RCVD_BYTES_BITS,
     RESPONDER_COUNTERS,
+    VERDICT_NACK,
     VERDICT_NAK,
     ResponderCommand,
     ResponderVerdict,
@@ -36,25 +40,49 @@ from hdl.transport.resp_defs import (
 
 from .memory import Memory
 
-__all__ = ["ResponderModel", "ResponderResult", "zero_header", "full_header", "DEFAULT_TIMERS"]
+__all__ = ["ResponderModel", "ResponderResult", "zero_header", "full_header", "canonical_header",
+           "DEFAULT_TIMERS", "CTL_MEMBERS", "signed16"]
 
 DEFAULT_TIMERS = 16             #: ACK-delay timer entries (the gateware's ``timers``)
 _RESPONDING_STATES = (P.QpState.RTR, P.QpState.RTS)
 
 
+#: The ``ctl`` union member each control packet kind fills (the other kinds fill none).
+CTL_MEMBERS = {PacketKind.SACK: "sack", PacketKind.NACK: "neth", PacketKind.RPROBE: "peth",
+               PacketKind.EP_REQUEST: "erth", PacketKind.EP_RESPONSE: "eeth"}
+
+
+def signed16(value):
+    """``value`` modulo 2**16 as a two's complement 16-bit number (SETH offsets)."""
+    value &= 0xFFFF
+    return value - (1 << 16) if value & 0x8000 else value
+
+
 def _zero(layout):
     if isinstance(layout, data.StructLayout):
         return {name: _zero(member.shape) for name, member in layout}
+    if isinstance(layout, data.UnionLayout):
+        return {}                   # filled with the kind's member by full_header
     return 0
 
 
 def zero_header(config):
-    """A :func:`~hdl.packet.headers.packet_header_layout` dict with every field 0."""
+    """A :func:`~hdl.packet.headers.packet_header_layout` dict with every field 0 (``ctl``
+    empty: a DATA packet's)."""
     return _zero(packet_header_layout(config))
 
 
+def _ctl_zero(config, kind):
+    member = CTL_MEMBERS.get(PacketKind(kind))
+    if member is None:
+        return {}
+    union = packet_header_layout(config)["ctl"].shape
+    return {member: _zero(union[member].shape)}
+
+
 def full_header(header, config):
-    """``header`` with every missing field of the layout filled with 0 (nested dicts)."""
+    """``header`` with every missing field of the layout filled with 0 (nested dicts); ``ctl``
+    holds the member of the header's kind only (:data:`CTL_MEMBERS`)."""
     def merge(base, values):
         out = dict(base)
         for key, value in values.items():
@@ -65,7 +93,19 @@ def full_header(header, config):
             else:
                 out[key] = int(getattr(value, "value", value))
         return out
-    return merge(zero_header(config), header)
+    base = zero_header(config)
+    base["ctl"] = _ctl_zero(config, header.get("kind", PacketKind.DATA))
+    return merge(base, header)
+
+
+def canonical_header(header):
+    """A header dict with every ``ctl`` union member but the kind's removed: the view to
+    compare a gateware header (all members of the union) with a model one."""
+    out = dict(header)
+    member = CTL_MEMBERS.get(PacketKind(header["kind"]))
+    ctl = header.get("ctl", {})
+    out["ctl"] = {} if member is None else {member: ctl[member]}
+    return out
 
 
 @dataclass
@@ -90,7 +130,8 @@ class _Qp:
     msn: int = 0
     ack_count: int = 0              #: placed packets not yet ACKed
     nak_armed: bool = False
-    last_nak: int = 0               #: cycle of the last out-of-window NAK
+    last_nak: int = 0               #: cycle of the last out-of-window NACK
+    rcvd_bytes: int = 0             #: payload bytes placed, modulo 2**24 (CC_STATE)
     received: set = field(default_factory=set)      #: PSNs received above epsn
     last: set = field(default_factory=set)          #: ... that end a message
     wimm: dict = field(default_factory=dict)        #: ... that end a WRITE_IMM: psn -> imm
@@ -151,7 +192,7 @@ class ResponderModel:
         qp.state, qp.remote_qpn, qp.pd, qp.mpr, qp.caps, qp.max_wimm = \
             P.QpState(state), remote_qpn, pd, mpr, caps, max_wimm
         if set_psn:
-            qp.epsn, qp.msn, qp.ack_count, qp.nak_armed = psn, 0, 0, False
+            qp.epsn, qp.msn, qp.ack_count, qp.nak_armed, qp.rcvd_bytes = psn, 0, 0, False, 0
             qp.received, qp.last, qp.wimm = set(), set(), {}
         return P.Errno.OK
 
@@ -217,11 +258,11 @@ class ResponderModel:
         self.counters[name] += 1
 
         if verdict == ResponderVerdict.BAD_QP:
-            self._nak(result, h, None, VERDICT_NAK[verdict], dqpn=bth["dqpn"], now_ns=now_ns)
+            self._nak(result, h, None, verdict)
             return result
         if verdict == ResponderVerdict.DUPLICATE:
             qp.ack_count = 0
-            result.replies.append(self._reply(h, qp, P.AETH_ACK, now_ns, now_ns))
+            result.replies.append(self._sack(h, qp))
             self.counters["acks"] += 1
             return result
         if verdict == ResponderVerdict.OUT_OF_WINDOW:
@@ -231,14 +272,14 @@ class ResponderModel:
                 self.counters["naks_suppressed"] += 1
                 return result
             qp.nak_armed, qp.last_nak = True, now_cycles % (1 << 32)
-            self._nak(result, h, qp, VERDICT_NAK[verdict], now_ns=now_ns)
+            self._nak(result, h, qp, verdict)
             return result
         if verdict == ResponderVerdict.TRIMMED:
             if qp.caps & P.QpCapability.TRIM_NACK:
-                self._nak(result, h, qp, VERDICT_NAK[verdict], now_ns=now_ns)
+                self._nak(result, h, qp, verdict)
             return result
         if verdict != ResponderVerdict.PLACED:
-            self._nak(result, h, qp, VERDICT_NAK[verdict], now_ns=now_ns)
+            self._nak(result, h, qp, verdict)
             return result
 
         # Placed: write, mark, advance the cumulative PSN, release completions, maybe ACK.
@@ -247,6 +288,7 @@ class ResponderModel:
         if payload:
             self.memory.write(h["reth"]["va"], payload)
             result.writes.append((h["reth"]["va"], payload))
+        qp.rcvd_bytes = (qp.rcvd_bytes + h["reth"]["dma_len"]) % (1 << RCVD_BYTES_BITS)
         qp.received.add(psn)
         distance = (psn - qp.epsn) % P.PSN_MODULUS
         # Placed above a hole as the gap_depth-th (or later) PSN received above it.
@@ -269,7 +311,7 @@ class ResponderModel:
                 immediate = True
         if immediate:
             qp.ack_count = 0
-            result.replies.append(self._reply(h, qp, P.AETH_ACK, now_ns, now_ns))
+            result.replies.append(self._sack(h, qp))
             self.counters["acks"] += 1
         else:
             if qp.ack_count == 0:
@@ -293,7 +335,7 @@ class ResponderModel:
             qp = self.qps[qpn]
             if qp.ack_count:
                 qp.ack_count = 0
-                replies.append(self._reply(h, qp, P.AETH_ACK, now_ns, arrival))
+                replies.append(self._sack(h, qp))
                 self.counters["acks"] += 1
         return replies
 
@@ -357,45 +399,78 @@ class ResponderModel:
         qp.epsn = P.psn_add(qp.epsn, advance)
         return advance, more
 
-    def _sack(self, qp):
-        return sum(1 << i for i in range(self.config.sack_bits)
-                   if P.psn_add(qp.epsn, i) in qp.received)
+    def _sack(self, h, qp, *, probe_id=None):
+        """The SACK answering packet header ``h`` (the trigger) with QP ``qp``'s current state,
+        or, with ``probe_id``, the pr = 1 SACK answering reliability probe ``h``."""
+        cack = P.psn_add(qp.epsn, -1)
+        trigger = h["bth"]["psn"]
+        distance = P.psn_diff(trigger, cack)
+        if probe_id is None and distance > P.SACK_BITMAP_BITS:
+            # The trigger's 64-aligned block: the holes around a late arrival.
+            base = trigger & ~(P.SACK_BITMAP_BITS - 1)
+        else:
+            base = P.psn_add(cack, 1)
+        bitmap = sum(1 << i for i in range(P.SACK_BITMAP_BITS)
+                     if P.psn_add(base, i) in qp.received)
+        if probe_id is None:
+            mark = P.SackMark.SKIP_ONCE if (h["tclass"] & 3) == P.ECN_CE else P.SackMark.NONE
+            tx_timestamp = h["tseth"]["tx_timestamp"]
+        else:
+            mark, tx_timestamp = P.SackMark.NONE, h["ctl"]["peth"]["tx_timestamp"]
+        return self._header(h, P.Opcode.RELIABILITY_SACK, qp.remote_qpn, cack, ctl={"sack": {
+            "seth": {"m": mark, "pr": int(probe_id is not None),
+                     "ack_psn_offset": signed16(distance if probe_id is None else probe_id),
+                     "entropy": _entropy(h), "cack_psn": cack, "mpr": qp.mpr,
+                     "sack_psn_offset": signed16(P.psn_diff(base, cack)),
+                     "sack_bitmap": bitmap},
+            "cc_state": {"tx_timestamp": tx_timestamp,
+                         "ooo_count": min(len(qp.received), OOO_COUNT_MAX),
+                         "rcvd_bytes": qp.rcvd_bytes}}})
 
-    def _nak(self, result, h, qp, code, *, now_ns, dqpn=None):
-        result.replies.append(self._reply(h, qp, P.nak_syndrome(code), now_ns, now_ns,
-                                          dqpn=dqpn))
+    def probe(self, header):
+        """Answer one reliability probe (PETH): the pr = 1 SACK header, or ``None`` when its QP
+        does not exist or does not respond (dropped, counted in ``probes_dropped``). A probe
+        consumes no PSN and changes nothing."""
+        h = full_header(header, self.config)
+        qpn = h["bth"]["dqpn"]
+        if qpn >= self.config.qps or self.qps[qpn].state not in _RESPONDING_STATES:
+            self.counters["probes_dropped"] += 1
+            return None
+        self.counters["probes"] += 1
+        return self._sack(h, self.qps[qpn], probe_id=h["ctl"]["peth"]["probe_id"])
+
+    def _nak(self, result, h, qp, verdict):
+        """A NETH NACK (trimmed, out of window) or an AETH NAK (fatal) refusing ``h`` (``qp``
+        None: unknown QP, echo its ``dqpn``, MSN 0)."""
+        psn = h["bth"]["psn"]
+        if verdict in VERDICT_NACK:
+            reply = self._header(h, P.Opcode.RELIABILITY_NACK, qp.remote_qpn, psn, ctl={"neth": {
+                "nack_reason": VERDICT_NACK[verdict], "entropy": _entropy(h), "nack_psn": psn,
+                "tx_timestamp": h["tseth"]["tx_timestamp"]}})
+        else:
+            dqpn, msn = (h["bth"]["dqpn"], 0) if qp is None else (qp.remote_qpn, qp.msn)
+            reply = self._header(h, P.Opcode.ACKNOWLEDGE, dqpn, psn, aeth={
+                "syndrome": P.nak_syndrome(VERDICT_NAK[verdict]), "msn": msn})
+        result.replies.append(reply)
         self.counters["naks"] += 1
 
-    def _reply(self, h, qp, syndrome, now_ns, arrival_ns, *, dqpn=None):
-        """The ACK/NACK answering packet header ``h`` with QP ``qp``'s current state (``qp``
-        None: unknown QP, echo ``dqpn``, nothing received)."""
-        bth = h["bth"]
-        flags = 0
-        if (h["tclass"] & 3) == P.ECN_CE:
-            flags |= P.AckFlags.ECN_ECHO
-        if h["mdeth"]["flags"] & P.DataFlags.RETRANSMISSION:
-            flags |= P.AckFlags.TRIGGER_RETRANSMISSION
-        svc_time = 0
-        if qp is not None and qp.caps & P.QpCapability.SVC_TIME:
-            flags |= P.AckFlags.SERVICE_TIME
-            svc_time = (now_ns - arrival_ns) % (1 << 32)
-        if qp is None:
-            cum_psn, msn, sack, dqpn = P.psn_add(bth["psn"], -1), 0, 0, dqpn
-        else:
-            cum_psn, msn, sack, dqpn = P.psn_add(qp.epsn, -1), qp.msn, self._sack(qp), \
-                qp.remote_qpn
+    def _header(self, h, opcode, dqpn, psn, **transport):
+        """A reply to ``h``: back to where it came from, on the port and EV it arrived on."""
+        kinds = {P.Opcode.RELIABILITY_SACK: PacketKind.SACK,
+                 P.Opcode.RELIABILITY_NACK: PacketKind.NACK,
+                 P.Opcode.ACKNOWLEDGE: PacketKind.AETH}
         return full_header({
-            "kind": PacketKind.ACK, "port": h["port"], "payload_len": 0,
+            "kind": kinds[opcode], "port": h["port"], "payload_len": 0,
             "eth_dst": h["eth_src"], "eth_src": h["eth_dst"],
             "vlan_valid": h["vlan_valid"], "vlan_tci": h["vlan_tci"],
             "ipv6": h["ipv6"], "ip_src": h["ip_dst"], "ip_dst": h["ip_src"],
             "tclass": ACK_TCLASS, "flow_label": h["flow_label"], "hop_limit": ACK_HOP_LIMIT,
             "udp_sport": h["udp_sport"],
-            "bth": {"opcode": P.Opcode.ACKNOWLEDGE, "pkey": P.BTH_DEFAULT_PKEY, "dqpn": dqpn,
-                    "psn": bth["psn"]},
-            "aeth": {"syndrome": syndrome, "msn": msn},
-            "macketh": {"ev_index": h["mdeth"]["ev_index"], "flags": int(flags),
-                        "sack_bytes": self.config.sack_bytes, "cum_psn": cum_psn,
-                        "ts_echo": h["mdeth"]["tx_ts"], "svc_time": svc_time},
-            "sack": sack,
+            "bth": {"opcode": opcode, "pkey": P.BTH_DEFAULT_PKEY, "dqpn": dqpn, "psn": psn},
+            **transport,
         }, self.config)
+
+
+def _entropy(h):
+    """The EV packet ``h`` arrived with: UDP source port, IPv6 flow label's low 16 bits."""
+    return h["udp_sport"] | ((h["flow_label"] & 0xFFFF) << 16 if h["ipv6"] else 0)

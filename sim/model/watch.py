@@ -9,6 +9,7 @@ from hdl.path.watch import (
     WATCH_STAMP_BITS,
     WATCH_STAMP_SHIFT,
     WATCH_UNIT_SHIFT,
+    echo_time_ns,
 )
 
 __all__ = ["PortWatchModel"]
@@ -73,9 +74,9 @@ class PortWatchModel:
         self.sends[port].append(_stamp(tx_ts))
 
     def ack(self, port, echo, now_ns):
-        """An ACK or NAK arrived on ``port`` (0-based) echoing ``echo``: the ports (1-based)
-        now found down."""
-        echo = _stamp(echo)
+        """A SACK or NACK arrived on ``port`` (0-based) echoing the 16-bit wire timestamp
+        ``echo``: the ports (1-based) now found down."""
+        echo = _stamp(echo_time_ns(int(now_ns), echo))
         if not 0 <= port < self.ports or not _not_before(_stamp(now_ns), echo):
             return []
         self.heard[port] = _units(now_ns)

@@ -20,7 +20,7 @@ from hdl.config import NicConfig
 from hdl.packet.headers import net_beat_layout, packet_beat_layout
 from hdl.protocol import DEFAULT_TRIM_DSCP
 from sim import packets as pk
-from sim.rtlpackets import header_from_scapy
+from sim.rtlpackets import header_from_scapy, payload_from_scapy
 from sim.tb.cocotb_nic import packet_beats
 from sim.tb.streams import StreamSink, StreamSource, frame_to_beats
 
@@ -88,7 +88,7 @@ async def bench(dut):
                                                COUNT)
 
     builder_meter = Meter(dut, "tx__0")
-    beats = [packet_beats(header_from_scapy(p, CONFIG), bytes(p[pk.MDETH].payload))
+    beats = [packet_beats(header_from_scapy(p, CONFIG), payload_from_scapy(p))
              for p in packets]
     builder_cycles, builder_wall = await measure(dut, tx_packets, beats, builder_meter, tx,
                                                  COUNT)
