@@ -66,7 +66,10 @@ class Selector(wiring.Component):
     on consecutive cycles. Latency: the decision is on ``o`` seven cycles after the request
     is accepted (``SELECT_LATENCY``). S0..S5 never stall: ``i.ready`` is a free place in the
     output queue (``QUEUE_DEPTH`` credits, enough for full rate) and not ``hold``; ``o``
-    backpressure stalls only the output stage.
+    backpressure stalls only the output stage. Decisions are made late: while ``o`` is
+    stalled (it was not ready in the previous cycle) a request is accepted only when no
+    decision is in S0..S5 or the queue, so at most two decisions wait for a busy consumer and
+    neither goes out long after the EV states it was made against changed.
 
     Hazards: a request's binding read (S0) misses the pointer write-backs (S5) of the up to
     five requests ahead of it; S3 and S4 forward their pointer masks (newest first), so
@@ -165,11 +168,21 @@ class Selector(wiring.Component):
         # S0..S5 never stall: a request is accepted only with a place for its decision in
         # the queue (a credit), so backpressure on ``o`` stops at the queue and the output
         # stage instead of fanning out to every pipeline register.
+        # Decide late while ``o`` waits: a decision is made against the EV states of the cycle
+        # it is decided in, and one that waits in the queue for a busy consumer (a transmitter
+        # streaming a frame) goes out with states that may have changed since (an EV taken out
+        # by a LOST or a port sweep). So the queue fills only while ``o`` flows (it took, or
+        # could take, a decision in the previous cycle): then one request per cycle needs the
+        # credits. While ``o`` is stalled a request is accepted only when no decision is in
+        # S0..S5 or in the queue, so at most two wait for the consumer (S6 and one behind).
         m.submodules.queue = queue = fifo.SyncFIFO(width=queued.size, depth=QUEUE_DEPTH)
         credits = Signal(range(QUEUE_DEPTH + 1), init=QUEUE_DEPTH)
+        flowing = Signal(init=1)
+        m.d.sync += flowing.eq(self.o.ready)
         take = Signal()
         m.d.comb += [
-            self.i.ready.eq((credits != 0) & ~self.hold),
+            self.i.ready.eq((credits != 0) & (flowing | (credits == QUEUE_DEPTH))
+                            & ~self.hold),
             # S6 has written its pointer back already: it may wait for ``o``.
             self.idle.eq(~Cat(s1.valid, s2.valid, s3.valid, s4.valid, s5.valid,
                               *(h.valid for h in history)).any()),
