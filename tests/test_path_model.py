@@ -171,7 +171,79 @@ def test_adaptive_skips_high_penalty_evs_until_they_decay():
     assert model.entry(0, 1).penalty >= PENALTY_HIGH
     assert 1 not in {model.select(1).ev for _ in range(12)}
     model.decay_tick()
+    # The trims marked it SKIP too: two recovery sweeps end the mark.
+    assert 1 not in {model.select(1).ev for _ in range(12)}
+    model.skip_tick()
+    model.skip_tick()
     assert 1 in {model.select(1).ev for _ in range(12)}
+
+
+def test_ecn_or_a_trim_marks_a_good_ev_skip_for_one_to_two_recovery_sweeps():
+    """MRC 1.0's SKIP: ECN (a SACK's m = SKIP_ONCE) or a trim on a GOOD EV marks it SKIP; an
+    adaptive profile passes it over, ENTRY_READ reports it (bit 24), and time-based recovery
+    ends it: the second recovery sweep after the mark clears it, not the first. A LOST
+    that takes the EV out clears the mark (it is ASSUMED_BAD now, not SKIP)."""
+    model = make_model()
+    run(model, bring_up_commands(0, 4, ports=4, adaptive=1, min_active=1, qpns=(1,)))
+    model.feedback(1, 2, FeedbackKind.ECN)
+    model.feedback(1, 3, FeedbackKind.TRIMMED)
+    assert model.entry(0, 2).skip and model.entry(0, 3).skip
+    assert model.entry(0, 2).penalty < PENALTY_HIGH            # not the penalty's doing
+    errno, data = model.command(command(PathCommand.ENTRY_READ, profile=0, index=2))
+    assert errno == Errno.OK and data >> 24 & 1 == 1
+    assert {model.select(1).ev for _ in range(12)} == {0, 1}
+    model.skip_tick()
+    assert {model.select(1).ev for _ in range(12)} == {0, 1}
+    model.feedback(1, 3, FeedbackKind.ECN)                      # renewed: two more sweeps
+    model.skip_tick()
+    assert {model.select(1).ev for _ in range(12)} == {0, 1, 2}
+    assert model.counters["skips"] == 2                         # a renewal is not a new mark
+    assert model.counters["skip_recoveries"] == 1
+    model.feedback(1, 3, FeedbackKind.LOST)
+    assert not model.entry(0, 3).skip and model.entry(0, 3).state == EvState.ASSUMED_BAD
+    model.feedback(1, 3, FeedbackKind.ECN)                      # not GOOD: no mark
+    assert not model.entry(0, 3).skip
+    errno, data = model.command(command(PathCommand.ENTRY_READ, profile=0, index=2))
+    assert data >> 24 & 1 == 0
+
+
+def test_skip_is_honoured_without_adaptive_but_not_by_auto_profiles():
+    """SKIP is MRC 1.0's, not the penalties': a profile without ``adaptive`` passes SKIP EVs
+    over too (while at least half the usable EVs are unmarked), an AUTO profile keeps each QP
+    on its hashed EV (the single-path baseline)."""
+    model = make_model()
+    run(model, bring_up_commands(0, 4, ports=4, min_active=1, qpns=(1,)))
+    model.feedback(1, 1, FeedbackKind.ECN)
+    assert {model.select(1).ev for _ in range(12)} == {0, 2, 3}
+    for ev in (0, 2):
+        model.feedback(1, ev, FeedbackKind.ECN)
+    assert {model.select(1).ev for _ in range(12)} == {0, 1, 2, 3}      # 1 of 4 unmarked
+    auto = make_model()
+    run(auto, bring_up_commands(0, 4, ports=4, mode=EvMode.AUTO, min_active=1, qpns=(1,)))
+    hashed = auto.select(1).ev
+    auto.feedback(1, hashed, FeedbackKind.ECN)
+    assert auto.entry(0, hashed).skip
+    assert {auto.select(1).ev for _ in range(6)} == {hashed}
+
+
+def test_skip_recovery_follows_the_clock_with_advance_to():
+    """``advance_to(cycle)`` applies the recovery sweeps the hardware starts every
+    ``2**skip_shift`` cycles, however far the clock jumps."""
+    model = make_model()
+    run(model, bring_up_commands(0, 4, ports=4, adaptive=1, min_active=1, qpns=(1,)))
+    period = 1 << model.skip_shift
+    model.advance_to(5 * period + 3)
+    model.feedback(1, 2, FeedbackKind.ECN)
+    model.advance_to(6 * period)                # one sweep: still marked
+    assert model.entry(0, 2).skip
+    model.advance_to(7 * period - 1)
+    assert model.entry(0, 2).skip
+    model.advance_to(7 * period)                # the second: cleared
+    assert not model.entry(0, 2).skip
+    model.feedback(1, 2, FeedbackKind.ECN)
+    model.advance_to(1000 * period + 1)         # a long jump clears it too
+    assert not model.entry(0, 2).skip
+    assert model.counters["skip_recoveries"] == 2
 
 
 def test_adaptive_uses_high_penalty_evs_when_too_few_low_ones_remain():
@@ -258,7 +330,8 @@ def test_profile_read_and_entry_read():
     model.bindings[0] = [0, 0]
     model.feedback(0, 3, FeedbackKind.TRIMMED)
     errno, word = model.command(command(PathCommand.ENTRY_READ, profile=0, index=3))
-    assert errno == Errno.OK and word == EvState.GOOD | 4 << 8 | PENALTY_TRIMMED << 16
+    # The trim marked the GOOD EV SKIP too (bit 24).
+    assert errno == Errno.OK and word == EvState.GOOD | 4 << 8 | PENALTY_TRIMMED << 16 | 1 << 24
     errno, word = model.command(command(PathCommand.PROFILE_READ, profile=0))
     assert word & 3 == ProfileState.ONLINE and (word >> 4) & 1 == 1 and (word >> 6) & 1 == 1
     assert (word >> 16) & 0xFFFF == 4 and (word >> 32) & 0xFFFF == 1

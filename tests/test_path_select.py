@@ -71,6 +71,9 @@ class Bench:
                  event_ready=True, context=CONTEXT, **params):
         profiles = profiles or {0: udp_profile(), 1: udp_profile(EvMode.GENERATED)}
         self.config = config
+        # The SKIP recovery sweep runs on a timer the model follows only through explicit
+        # ticks: off unless a test asks for it.
+        params.setdefault("skip_shift", None)
         self.dut = PathSelect(config=config, context=context, **params)
         model_params = {k: v for k, v in params.items() if k != "decay_shift"}
         self.model = PathModel(config=config, expander=ReferenceExpander(profiles),
@@ -750,21 +753,23 @@ def test_controller_probe_recovery_and_auto_recovery():
 
 
 def test_penalties_steer_adaptive_picks_and_decay_restores_them():
-    bench = Bench(SMALL, seed=13, decay_shift=8)
+    # The trims mark EV 1 SKIP as well: the recovery sweep, on the decay's period here, ends
+    # that before the second round.
+    bench = Bench(SMALL, seed=13, decay_shift=8, skip_shift=8)
 
     async def script(bench, ctx):
         await bench.commands(ctx, bring_up_commands(0, 4, ports=4, adaptive=1, min_active=2,
                                                     qpns=(0,)))
         await bench.feedback(ctx, [(0, 1, FeedbackKind.TRIMMED)] * 3)
         read = command(PathCommand.ENTRY_READ, profile=0, index=1)
-        bench.penalties = [(await bench.command(ctx, read))[1] >> 16]
+        bench.penalties = [(await bench.command(ctx, read))[1] >> 16 & 0xFF]
         bench.requests_in.send([{"qpn": 0, "avoid_ev_valid": 0, "avoid_ev": 0, "probe": 0,
                                  "ev": 0, "context": 0}] * 8)
         await bench.decisions.wait(ctx, 8)
         bench.early = {d["ev"] for d in bench.decisions.as_dicts()}
         for _ in range(3 * 256 + 64):
             await ctx.tick()
-        bench.penalties.append((await bench.command(ctx, read))[1] >> 16)
+        bench.penalties.append((await bench.command(ctx, read))[1] >> 16 & 0xFF)
         bench.requests_in.send([{"qpn": 0, "avoid_ev_valid": 0, "avoid_ev": 0, "probe": 0,
                                  "ev": 0, "context": 0}] * 8)
         await bench.decisions.wait(ctx, 16)
@@ -803,11 +808,53 @@ def test_adaptive_skips_high_penalty_evs_only_while_half_the_usable_are_low():
     assert picks["one_low"] == {0, 1, 2, 3}     # 1 of 4 low: below half, every GOOD EV
 
 
+@pytest.mark.parametrize("adaptive", [0, 1])
+def test_ecn_and_trims_mark_good_evs_skip_until_the_second_recovery_sweep(adaptive):
+    """MRC 1.0's SKIP state: ECN (a SACK's m = SKIP_ONCE) or a trim on a GOOD EV marks it
+    SKIP; an adaptive profile passes SKIP EVs over, ENTRY_READ reports the mark (bit 24), and
+    the recovery sweep that starts every ``2**skip_shift`` cycles ends it one to two periods
+    later. RTL and model agree on every decision, response and counter (the model's sweeps
+    are ticked where the RTL's have run). With or without ``adaptive``: SKIP is the
+    protocol's, not the penalties'."""
+    skip_shift = 8
+    bench = Bench(SMALL, seed=23, decay_shift=None, skip_shift=skip_shift)
+    request = {"qpn": 0, "avoid_ev_valid": 0, "avoid_ev": 0, "probe": 0, "ev": 0}
+    read = command(PathCommand.ENTRY_READ, profile=0, index=2)
+    seen = {}
+
+    async def script(bench, ctx):
+        await bench.commands(ctx, bring_up_commands(0, 4, ports=4, adaptive=adaptive,
+                                                    min_active=1, qpns=(0,)))
+        start = bench.cycle
+        await bench.feedback(ctx, [(0, 2, FeedbackKind.ECN), (0, 3, FeedbackKind.TRIMMED)])
+        seen["marked"] = (await bench.command(ctx, read))[1] >> 24 & 1
+        await bench.requests(ctx, [dict(request, context=n) for n in range(12)])
+        seen["while_marked"] = {d["ev"] for d in bench.decisions.as_dicts()[-12:]}
+        # The whole first round ran within one sweep period of the marks.
+        seen["first_round_cycles"] = bench.cycle - start
+        for _ in range(3 << skip_shift):
+            await ctx.tick()
+        bench.model.skip_tick()
+        bench.model.skip_tick()
+        seen["recovered"] = (await bench.command(ctx, read))[1] >> 24 & 1
+        await bench.requests(ctx, [dict(request, context=n) for n in range(12)])
+        seen["after"] = {d["ev"] for d in bench.decisions.as_dicts()[-12:]}
+
+    bench.run(script)
+    bench.check()
+    assert seen["first_round_cycles"] < 1 << skip_shift
+    assert seen["marked"] == 1 and seen["recovered"] == 0
+    assert seen["while_marked"] == {0, 1}
+    assert seen["after"] == {0, 1, 2, 3}
+    assert bench.counters["skips"] == 2 and bench.counters["skip_recoveries"] == 2
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(config=None), "Config must be a NicConfig, not None"),
     (dict(config=SMALL, event_depth=0), "Event depth must be an integer from 1 to 1024, not 0"),
     (dict(config=SMALL, hash_seed=-1), "Hash seed must be an integer from 0 to 65535, not -1"),
     (dict(config=SMALL, decay_shift=4), "Decay shift must be None or an integer from 8 to 30"),
+    (dict(config=SMALL, skip_shift=5), "Skip shift must be None or an integer from 6 to 30"),
     (dict(config=SMALL, modify_online=1), "modify_online must be a bool, not 1"),
 ])
 def test_bad_parameters_are_refused(kwargs, message):

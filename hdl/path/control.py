@@ -83,7 +83,7 @@ class PathControl(wiring.Component):
     set_en, set_profile, set_params, state_en, state_profile, state_value, clear_en,
     clear_profile : ``Out``, to the profile table
     ctl_busy : ``Out(1)``; ctl_op : ``Out(stream.Signature(entry_op_layout, always_ready=True))``
-    engine_busy, result_valid, result : ``In``, from the entry update
+    engine_busy, result_valid, result, result_skip : ``In``, from the entry update
     fields_wr : the fields RAM's write port
     binding_wr : ``Out``, the binding RAM's write port (QP_PROFILE); sel_hold : ``Out(1)``
     selector_idle : ``In(1)``
@@ -124,6 +124,7 @@ class PathControl(wiring.Component):
             "engine_busy": In(1),
             "result_valid": In(1),
             "result": In(entry_word_layout(config)),
+            "result_skip": In(1),
             "fields_wr": Out(WritePort.Signature(addr_width=addr_bits,
                                                  shape=fields_word_layout(config))),
             "binding_wr": Out(WritePort.Signature(addr_width=config.qpn_bits,
@@ -388,7 +389,7 @@ class PathControl(wiring.Component):
                 with m.If(self.result_valid):
                     respond(Errno.OK, Mux(cmd.cmd == PathCommand.ENTRY_READ,
                                           Cat(entry_state, C(0, 5), self.result.port, C(0, 3),
-                                              self.result.penalty), 0))
+                                              self.result.penalty, self.result_skip), 0))
 
             with m.State("QP_WAIT"):
                 m.d.comb += self.sel_hold.eq(1)

@@ -49,12 +49,12 @@ __all__ = ["EntrySources", "EntryUpdate", "ENTRY_COUNTERS"]
 #: The counters :class:`EntryUpdate` keeps.
 ENTRY_COUNTERS = ("feedback_acked", "feedback_ecn", "feedback_trimmed", "feedback_lost",
                   "feedback_probe_ok", "feedback_ignored", "state_changes", "events_dropped",
-                  "fate_marked")
+                  "fate_marked", "skips", "skip_recoveries")
 
 
 #: The operation flags e2 decodes for e3.
 _KINDS = ("acked", "ecn", "trimmed", "lost", "probe_ok", "decay", "write", "set_state",
-          "bad_kind", "fate", "feedback", "control")
+          "bad_kind", "fate", "recover", "feedback", "control")
 
 
 def _is_hold_op(op):
@@ -64,7 +64,7 @@ def _is_hold_op(op):
 
 class EntrySources(wiring.Component):
     """Issue one entry operation per cycle: the control's, else a feedback, else a fate-sweep
-    visit, else a decay-sweep visit.
+    visit, else a SKIP-recovery-sweep visit, else a decay-sweep visit.
 
     Latency: a feedback accepted in cycle t is issued on ``o`` (registered) in cycle t + 3 when
     nothing of higher priority is pending. Throughput: one feedback per cycle while the control
@@ -75,6 +75,12 @@ class EntrySources(wiring.Component):
     Port fate sharing: ``fate_trigger`` (from the entry update) and ``port_down`` mark a port
     pending; pending ports are swept one after the other, one entry per free slot (a FATE
     operation carries its sweep's port in ``port``).
+
+    SKIP recovery: every ``2**skip_shift`` cycles a sweep starts (once the previous one is
+    done) by advancing ``skip_epoch`` (2 bits), then visits every entry (RECOVER), one per
+    free slot. A mark set in epoch e ends in epoch e + 2 (modulo 4): the sweep of that epoch
+    clears it, so a mark lasts from one to two sweep periods (more while feedback keeps the
+    slots busy).
 
     Hazards: ``hold`` is set while a LOST is in f1, f2 or ``o`` and while a fate sweep is
     pending or running: selection must not decide a request before they are applied.
@@ -88,14 +94,16 @@ class EntrySources(wiring.Component):
     fate_trigger_valid, fate_trigger_port, port_down_valid, port_down_port : ``In``
     hold : ``Out(1)``
     fate_sweeps : ``Out(32)``
+    skip_epoch : ``Out(2)``, the SKIP recovery epoch (to the entry update)
     """
 
-    def __init__(self, *, config, decay_shift=16):
+    def __init__(self, *, config, decay_shift=16, skip_shift=10):
         with validating(self):
             if not isinstance(config, NicConfig):
                 raise TypeError(f"Config must be a NicConfig, not {config!r}")
         self._config = config
         self._decay_shift = decay_shift
+        self._skip_shift = skip_shift
         super().__init__({
             "feedback": In(stream.Signature(feedback_layout(config))),
             "binding_rd": Out(ReadPort.Signature(addr_width=config.qpn_bits,
@@ -109,6 +117,7 @@ class EntrySources(wiring.Component):
             "port_down_port": In(EV_PORT_BITS),
             "hold": Out(1),
             "fate_sweeps": Out(32),
+            "skip_epoch": Out(2),
         })
 
     def elaborate(self, platform):
@@ -148,6 +157,25 @@ class EntrySources(wiring.Component):
             with m.If(timer == (1 << self._decay_shift) - 1):
                 m.d.sync += sweep_active.eq(1)
 
+        # -- SKIP recovery sweep: every 2**skip_shift cycles, the next epoch and a visit of
+        # every entry (the visit clears the SKIP marks that end in this epoch) ---------------
+        recover_active = Signal()
+        recover_pending = Signal()
+        recover_index = Signal(range(words))
+        recover_grant = Signal()
+        if self._skip_shift is not None:
+            recover_timer = Signal(self._skip_shift)
+            m.d.sync += recover_timer.eq(recover_timer + 1)
+            with m.If(recover_timer == (1 << self._skip_shift) - 1):
+                m.d.sync += recover_pending.eq(1)
+            with m.If(recover_grant):
+                m.d.sync += recover_index.eq(recover_index + 1)
+                with m.If(recover_index == words - 1):
+                    m.d.sync += [recover_active.eq(0), recover_index.eq(0)]
+            with m.If(recover_pending & ~recover_active):
+                m.d.sync += [recover_active.eq(1), recover_pending.eq(0),
+                             self.skip_epoch.eq(self.skip_epoch + 1)]
+
         # -- port fate sharing: pending ports, one sweep at a time ----------------------------
         fate_ports = cfg.ports + 1             # ports count from 1 (bit 0 stays clear)
         fate_pending = Signal(fate_ports)
@@ -173,7 +201,7 @@ class EntrySources(wiring.Component):
             | Mux(self.port_down_valid & (self.port_down_port != 0),
                   (C(1, fate_ports) << self.port_down_port)[:fate_ports], 0))
 
-        # -- arbitration: command > feedback > fate sweep > decay sweep ----------------------
+        # -- arbitration: command > feedback > fate sweep > SKIP recovery > decay sweep ------
         op = Signal(entry_op_layout(cfg))
         op_valid = Signal()
         with m.If(self.ctl_busy):
@@ -190,6 +218,11 @@ class EntrySources(wiring.Component):
                 fate_grant.eq(1), op_valid.eq(1), op.op.eq(EntryOp.FATE), op.bound.eq(1),
                 op.port.eq(fate_port),
                 op.profile.eq(fate_index[index_bits:]), op.index.eq(fate_index[:index_bits]),
+            ]
+        with m.Elif(recover_active):
+            m.d.comb += [
+                recover_grant.eq(1), op_valid.eq(1), op.op.eq(EntryOp.RECOVER),
+                op.profile.eq(recover_index[index_bits:]), op.index.eq(recover_index[:index_bits]),
             ]
         with m.Elif(sweep_active):
             m.d.comb += [
@@ -230,12 +263,13 @@ class EntryUpdate(wiring.Component):
     -------
     i : ``In(stream.Signature(entry_op_layout(config), always_ready=True))``
     entry_rd, entry_wr : the entry RAM's ports
-    state, params, good, written, denied, high, good_count : ``In``, the profile table
+    state, params, good, written, denied, high, skip, good_count : ``In``, the profile table
+    skip_epoch : ``In(2)``, the SKIP recovery epoch (from the sources)
     commit : ``Out(entry_commit_layout(config))``, to the profile table
     events : ``Out(stream.Signature(path_event_layout(config)))``
     fate_trigger_valid, fate_trigger_port : ``Out``, a LOST's second strike on a port
-    result : ``Out(entry_word_layout(config))``, result_valid : ``Out(1)``
-        The entry of a control operation in the deciding stage.
+    result : ``Out(entry_word_layout(config))``, result_skip, result_valid : ``Out(1)``
+        The entry of a control operation in the deciding stage, and its SKIP mark.
     hold, busy : ``Out(1)``
     feedback_acked, ..., fate_marked : ``Out(32)`` counters (``ENTRY_COUNTERS``)
     """
@@ -260,12 +294,15 @@ class EntryUpdate(wiring.Component):
             "written": In(data.ArrayLayout(unsigned(evs), n)),
             "denied": In(data.ArrayLayout(unsigned(evs), n)),
             "high": In(data.ArrayLayout(unsigned(evs), n)),
+            "skip": In(data.ArrayLayout(unsigned(evs), n)),
+            "skip_epoch": In(2),
             "good_count": In(data.ArrayLayout(unsigned(COUNT_BITS), n)),
             "commit": Out(entry_commit_layout(config)),
             "events": Out(stream.Signature(path_event_layout(config))),
             "fate_trigger_valid": Out(1),
             "fate_trigger_port": Out(EV_PORT_BITS),
             "result": Out(entry_word_layout(config)),
+            "result_skip": Out(1),
             "result_valid": Out(1),
             "hold": Out(1),
             "busy": Out(1),
@@ -279,8 +316,8 @@ class EntryUpdate(wiring.Component):
         n_profiles = cfg.ev_profiles
         profile_bits, index_bits = cfg.profile_bits, cfg.ev_index_bits
         record = data.StructLayout({
-            "good": 1, "denied": 1, "written": 1, "high": 1,
-            "port": EV_PORT_BITS, "penalty": PENALTY_BITS})
+            "good": 1, "denied": 1, "written": 1, "high": 1, "skip": 1,
+            "port": EV_PORT_BITS, "penalty": PENALTY_BITS, "skip_epoch": 2})
         key = {"profile": profile_bits, "index": index_bits}
         history = data.StructLayout({"valid": 1, **key, "record": record})
         # The operation decoded in e2, so that e3 only combines registered flags with the
@@ -319,7 +356,7 @@ class EntryUpdate(wiring.Component):
         profile, index, op = e2.op.profile, e2.op.index, e2.op.op
         bits = {name: choose(m, [getattr(self, name)[p] for p in range(n_profiles)], profile,
                              f"e2_{name}").bit_select(index, 1)
-                for name in ("good", "denied", "written", "high")}
+                for name in ("good", "denied", "written", "high", "skip")}
         state = choose(m, [self.state[p] for p in range(n_profiles)], profile, "e2_state")
         num_evs = choose(m, [self.params[p].num_evs for p in range(n_profiles)], profile,
                          "e2_num_evs")
@@ -348,6 +385,7 @@ class EntryUpdate(wiring.Component):
             "probe_ok": op == EntryOp.PROBE_OK, "decay": op == EntryOp.DECAY,
             "write": op == EntryOp.WRITE, "set_state": op == EntryOp.SET_STATE,
             "bad_kind": op == EntryOp.BAD_KIND, "fate": op == EntryOp.FATE,
+            "recover": op == EntryOp.RECOVER,
             "feedback": op <= EntryOp.PROBE_OK,
             "control": (op >= EntryOp.WRITE) & (op <= EntryOp.READ),
         }
@@ -355,6 +393,7 @@ class EntryUpdate(wiring.Component):
             e3.valid.eq(e2.valid), e3.op.eq(e2.op),
             e3.stored.port.eq(self.entry_rd.data.port),
             e3.stored.penalty.eq(self.entry_rd.data.penalty),
+            e3.stored.skip_epoch.eq(self.entry_rd.data.skip_epoch),
             *(getattr(e3.stored, name).eq(bit) for name, bit in bits.items()),
             e3.from_prev.eq(e3.valid & (e3.op.profile == profile) & (e3.op.index == index)),
             e3.from_prev2.eq(prev.valid & (prev.profile == profile) & (prev.index == index)),
@@ -388,12 +427,17 @@ class EntryUpdate(wiring.Component):
             self.entry_wr.addr.eq(Cat(e3.op.index, e3.op.profile)),
             self.entry_wr.data.penalty.eq(new.penalty),
             self.entry_wr.data.port.eq(new.port),
+            self.entry_wr.data.skip_epoch.eq(new.skip_epoch),
             self.commit.valid.eq(commit), self.commit.profile.eq(e3.op.profile),
             self.commit.index.eq(e3.op.index),
             self.commit.good.eq(new.good), self.commit.denied.eq(new.denied),
             self.commit.written.eq(new.written), self.commit.high.eq(new.high),
-            self.commit.was_good.eq(cur.good), self.commit.was_low.eq(cur.good & ~cur.high),
+            self.commit.skip.eq(new.skip),
+            self.commit.was_good.eq(cur.good),
+            self.commit.was_fresh.eq(cur.good & ~cur.skip),
+            self.commit.was_low.eq(cur.good & ~cur.high & ~cur.skip),
             self.result.port.eq(cur.port), self.result.penalty.eq(cur.penalty),
+            self.result.skip_epoch.eq(cur.skip_epoch), self.result_skip.eq(cur.skip),
             self.result_valid.eq(e3.valid & e3.kind.control),
         ]
         m.d.sync += [prev.valid.eq(e3.valid), prev.profile.eq(e3.op.profile),
@@ -437,6 +481,8 @@ class EntryUpdate(wiring.Component):
         fate_takes = Signal()           # the fate sweep turns a GOOD EV of its port bad
         probe_answered = Signal()       # a PROBE_OK on an ASSUMED_BAD EV
         recovers = Signal()             # ... that brings it back (AUTO recovery)
+        skip_marks = Signal()           # ECN or a trim on a GOOD EV: SKIP (MRC 1.0)
+        skip_ends = Signal()            # the recovery sweep clears a mark that ends now
         stores = kind.write | kind.set_state
         m.d.comb += [
             lost_takes.eq(valid & kind.lost & applies & cur.good & above_floor),
@@ -445,9 +491,11 @@ class EntryUpdate(wiring.Component):
                           & (cur.port == e3.op.port) & above_floor),
             probe_answered.eq(valid & kind.probe_ok & applies & assumed_bad),
             recovers.eq(probe_answered & auto_recovery),
+            skip_marks.eq(valid & (kind.ecn | kind.trimmed) & applies & cur.good),
+            skip_ends.eq(valid & kind.recover & cur.skip & (cur.skip_epoch == self.skip_epoch)),
             commit.eq(valid & (((kind.acked | kind.ecn | kind.trimmed) & applies)
                                | (kind.lost & applies & cur.good) | fate_takes | recovers
-                               | kind.decay | stores)),
+                               | kind.decay | stores) | skip_ends),
         ]
 
         # The penalty: a saturating add (ECN, TRIMMED, a LOST the floor keeps), a saturating
@@ -469,6 +517,12 @@ class EntryUpdate(wiring.Component):
                             Mux(lost_takes | fate_takes, 0, Mux(recovers, 1, cur.good)))),
             # Only a commit changes the table: otherwise the record forwarded is the one read.
             new.high.eq(Mux(commit, new.penalty >= PENALTY_HIGH, cur.high)),
+            # SKIP is a mark on a GOOD EV: set by ECN or a trim (to end two epochs on), cleared
+            # by the recovery sweep of that epoch and whenever the EV's state is written or it
+            # leaves GOOD.
+            new.skip.eq(Mux(stores | lost_takes | fate_takes | skip_ends, 0,
+                            Mux(skip_marks, 1, cur.skip))),
+            new.skip_epoch.eq(Mux(skip_marks, (self.skip_epoch + 2)[:2], cur.skip_epoch)),
         ]
 
         m.d.comb += [
@@ -508,6 +562,8 @@ class EntryUpdate(wiring.Component):
             ("feedback_ignored", valid & ((kind.feedback & ~applies) | kind.bad_kind)),
             ("fate_marked", fate_takes),
             ("state_changes", state_changed),
+            ("skips", skip_marks & ~cur.skip),
+            ("skip_recoveries", skip_ends),
         ]
         for name, pulse in pulses:
             counter = getattr(self, name)

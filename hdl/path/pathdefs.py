@@ -30,7 +30,7 @@ class PathCommand(enum.IntEnum, shape=4):
     PROFILE_STATE = 1           #: INIT <-> OFFLINE <-> ONLINE
     ENTRY_WRITE = 2             #: write one EV (value, port, GOOD|DENIED), not while ONLINE
     ENTRY_STATE = 3             #: set one EV's state (GOOD/ASSUMED_BAD/DENIED), floor kept
-    ENTRY_READ = 4              #: read one EV's state, port and penalty
+    ENTRY_READ = 4              #: read one EV's state, port, penalty and SKIP mark
     QP_PROFILE = 5              #: bind a QP to a profile, reset its rotation pointer
     PROFILE_READ = 6            #: read a profile's state, mode, size, floor and usable count
 
@@ -68,9 +68,10 @@ def auto_index(qpn, num_evs, seed=0):
     return (h * num_evs) >> 16
 
 
-def entry_read_data(*, state, port, penalty):
-    """The ``data`` word of an ENTRY_READ response."""
-    return int(state) | port << 8 | penalty << 16
+def entry_read_data(*, state, port, penalty, skip=0):
+    """The ``data`` word of an ENTRY_READ response: ``skip`` is the SKIP mark of a GOOD EV
+    (MRC 1.0's SKIP state, ``docs/path-select.md``)."""
+    return int(state) | port << 8 | penalty << 16 | int(skip) << 24
 
 
 def profile_read_data(*, state, mode, adaptive, recovery, populated, num_evs, min_active,
@@ -140,11 +141,12 @@ class EntryOp(enum.IntEnum, shape=4):
     READ = 8                    #: ENTRY_READ: read only
     BAD_KIND = 9                #: feedback of a kind outside FeedbackKind: counted, ignored
     FATE = 10                   #: the port fate-sharing sweep visits one EV
+    RECOVER = 11                #: the SKIP recovery sweep visits one EV
 
 
 COUNTERS = ("decisions", "no_path", "feedback_acked", "feedback_ecn", "feedback_trimmed",
             "feedback_lost", "feedback_probe_ok", "feedback_ignored", "state_changes",
-            "events_dropped", "fate_sweeps", "fate_marked")
+            "events_dropped", "fate_sweeps", "fate_marked", "skips", "skip_recoveries")
 
 
 def first_set(vector, width):
@@ -186,9 +188,12 @@ def fields_word_layout(config):
 
 
 def entry_word_layout(config):
-    """A word of the entry RAM: an EV's port (1..P) and penalty."""
+    """A word of the entry RAM: an EV's port (1..P), penalty and the SKIP recovery epoch in
+    which its SKIP mark ends (the mark itself is a bit of the profile table's ``skip``
+    bitmap)."""
     return data.StructLayout({
-        "port": unsigned(EV_PORT_BITS), "penalty": unsigned(PENALTY_BITS)})
+        "port": unsigned(EV_PORT_BITS), "penalty": unsigned(PENALTY_BITS),
+        "skip_epoch": unsigned(2)})
 
 
 def entry_words(config):
@@ -216,9 +221,10 @@ def entry_op_layout(config):
 
 def entry_commit_layout(config):
     """An entry's new state bits as the entry update writes them into the profile table,
-    with the old ``good`` and ``low`` (good and not high) bits for the usable counts."""
+    with the old ``good``, ``fresh`` (good, not SKIP) and ``low`` (good, not high, not SKIP)
+    bits for the profile's counts."""
     return data.StructLayout({
         "valid": unsigned(1), "profile": unsigned(config.profile_bits),
         "index": unsigned(config.ev_index_bits),
         "good": unsigned(1), "denied": unsigned(1), "written": unsigned(1), "high": unsigned(1),
-        "was_good": unsigned(1), "was_low": unsigned(1)})
+        "skip": unsigned(1), "was_fresh": unsigned(1), "was_good": unsigned(1), "was_low": unsigned(1)})

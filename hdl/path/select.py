@@ -120,6 +120,10 @@ class PathSelect(wiring.Component):
         16-bit seed of the AUTO mode's per-QP hash.
     decay_shift : int or None
         Penalties halve every ``2**decay_shift`` cycles (8 to 30); ``None``: no decay.
+    skip_shift : int or None
+        SKIP recovery: a SKIP mark (set by ECN or a trim on a GOOD EV) is cleared by the
+        recovery sweep that starts every ``2**skip_shift`` cycles, one to two periods after it
+        was set (6 to 30); ``None``: marks are never cleared by time (only by a state change).
 
     Members
     -------
@@ -135,11 +139,12 @@ class PathSelect(wiring.Component):
         Port ``port_down_port`` (1..P) is down (:class:`~hdl.path.watch.PortWatch`): sweep it
         as a second fate-sharing strike does. Port 0 and ports above P are ignored.
     decisions, no_path, feedback_acked, feedback_ecn, feedback_trimmed, feedback_lost,
-    feedback_probe_ok, feedback_ignored, state_changes, events_dropped : ``Out(32)`` counters
+    feedback_probe_ok, feedback_ignored, state_changes, events_dropped, fate_sweeps,
+    fate_marked, skips, skip_recoveries : ``Out(32)`` counters
     """
 
     def __init__(self, *, config, context=None, event_depth=16, modify_online=False,
-                 hash_seed=0, decay_shift=16):
+                 hash_seed=0, decay_shift=16, skip_shift=10):
         with validating(self):
             if not isinstance(config, NicConfig):
                 raise TypeError(f"Config must be a NicConfig, not {config!r}")
@@ -160,12 +165,18 @@ class PathSelect(wiring.Component):
                     or not 8 <= decay_shift <= 30):
                 raise ValueError(f"Decay shift must be None or an integer from 8 to 30, "
                                  f"not {decay_shift!r}")
+            if skip_shift is not None and (
+                    not isinstance(skip_shift, int) or isinstance(skip_shift, bool)
+                    or not 6 <= skip_shift <= 30):
+                raise ValueError(f"Skip shift must be None or an integer from 6 to 30, "
+                                 f"not {skip_shift!r}")
         self._config = config
         self._context = context
         self._event_depth = event_depth
         self._modify_online = modify_online
         self._hash_seed = hash_seed
         self._decay_shift = decay_shift
+        self._skip_shift = skip_shift
         members = {
             "i": In(stream.Signature(path_request_layout(config, context))),
             "o": Out(stream.Signature(path_decision_layout(config, context))),
@@ -205,6 +216,10 @@ class PathSelect(wiring.Component):
         return self._decay_shift
 
     @property
+    def skip_shift(self):
+        return self._skip_shift
+
+    @property
     def entry_words(self):
         """Words of each EV table RAM: ``ev_profiles * 2**ev_index_bits``."""
         return entry_words(self._config)
@@ -214,7 +229,7 @@ class PathSelect(wiring.Component):
         cfg = self._config
         return [
             ("fields", ev_fields_layout(cfg).size + EV_PORT_BITS, self.entry_words),
-            ("entry", EV_PORT_BITS + PENALTY_BITS, self.entry_words),
+            ("entry", entry_word_layout(cfg).size, self.entry_words),
             ("qp_binding", 1 + cfg.profile_bits + cfg.ev_index_bits, cfg.qps),
             ("qp_binding_feedback_copy", 1 + cfg.profile_bits + cfg.ev_index_bits, cfg.qps),
         ]
@@ -234,7 +249,8 @@ class PathSelect(wiring.Component):
         # -- components ----------------------------------------------------------------------
         m.submodules.profiles = profiles = ProfileTable(config=cfg)
         m.submodules.selector = selector = Selector(config=cfg, context=self._context)
-        m.submodules.sources = sources = EntrySources(config=cfg, decay_shift=self._decay_shift)
+        m.submodules.sources = sources = EntrySources(config=cfg, decay_shift=self._decay_shift,
+                                                      skip_shift=self._skip_shift)
         m.submodules.update = update = EntryUpdate(config=cfg, event_depth=self._event_depth)
         m.submodules.control = control = PathControl(config=cfg,
                                                      modify_online=self._modify_online,
@@ -257,7 +273,7 @@ class PathSelect(wiring.Component):
         for reader, names in (
                 (selector, ("state", "params", "written", "denied", "candidates",
                             "candidates_any")),
-                (update, ("state", "params", "good", "written", "denied", "high",
+                (update, ("state", "params", "good", "written", "denied", "high", "skip",
                           "good_count")),
                 (control, ("state", "params", "good", "written", "denied", "good_count"))):
             m.d.comb += [getattr(reader, name).eq(getattr(profiles, name)) for name in names]
@@ -288,6 +304,8 @@ class PathSelect(wiring.Component):
             control.engine_busy.eq(update.busy),
             control.result_valid.eq(update.result_valid),
             control.result.eq(update.result),
+            control.result_skip.eq(update.result_skip),
+            update.skip_epoch.eq(sources.skip_epoch),
             control.selector_idle.eq(selector.idle),
             sources.fate_trigger_valid.eq(update.fate_trigger_valid),
             sources.fate_trigger_port.eq(update.fate_trigger_port),

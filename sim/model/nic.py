@@ -436,6 +436,7 @@ class ModelNic:
 
     def _port_watch(self, down):
         """Sweep the ports (1-based) the port watch found down."""
+        self.path.advance_to(self._cycles(self._time))
         for port in down:
             self.path.port_down(port)
         self._collect_events()
@@ -454,6 +455,7 @@ class ModelNic:
             header = self._acks.popleft()
             self._emit(when, header["port"], raw(packet_from_header(header, b"", self.config)))
             return
+        self.path.advance_to(self._cycles(when))
         while (request := self.requester.pull(self._units(when))) is not None:
             self._timer_dirty = True
             # A resend's LOST feedback reaches path select before the resend does (RTL).
@@ -563,6 +565,7 @@ class ModelNic:
             self._complete(done[self._req_completions], self._time)
             self._req_completions += 1
         feedback = self.requester.feedback
+        self.path.advance_to(self._cycles(self._time))
         while self._req_feedback < len(feedback):
             item = feedback[self._req_feedback]
             self._req_feedback += 1
@@ -580,6 +583,7 @@ class ModelNic:
         feedback, as the RTL's probe requester gives it (the model has no probe frames)."""
         self._run_until(now_ns, inclusive=False)
         self._time = max(self._time, now_ns)
+        self.path.advance_to(self._cycles(self._time))
         self.path.feedback(qpn, ev, P.FeedbackKind.PROBE_OK)
         self._collect_events()
         self._idle = False

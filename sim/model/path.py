@@ -4,8 +4,9 @@ The model holds the same state as the hardware (profiles, EV entries, QP binding
 pointers, the event queue, counters) and applies the same rules in the same order, so an RTL
 test can compare every decision, response and event with it, and network simulations can run
 model NICs. It has no notion of cycles: each call is one request, one feedback, one command
-or one penalty-decay tick, applied completely before the next. (The hardware's decay sweep
-walks the table over many cycles, so tests align decay only qualitatively.)
+or one penalty-decay or SKIP-recovery tick, applied completely before the next. (The hardware's
+sweeps walk the table over many cycles, so tests align them only where nothing else happens
+during a sweep.)
 
 EV expansion and generation are delegated to an *expander*, an object with
 ``expand(profile, value) -> (errno, fields)`` and ``generate(profile, index) -> (errno,
@@ -103,6 +104,8 @@ class _Entry:
     state: EvState = EvState.GOOD
     port: int = 1
     penalty: int = 0
+    skip: bool = False          #: MRC 1.0's SKIP: a GOOD EV passed over until recovery
+    skip_epoch: int = 0
     fields: dict = field(default_factory=lambda: dict(ZERO_FIELDS))
 
     @property
@@ -130,6 +133,7 @@ class _Profile:
         for entry in self.entries:
             entry.written = False
             entry.penalty = 0
+            entry.skip = False
 
     @property
     def usable(self):
@@ -137,7 +141,7 @@ class _Profile:
 
     @property
     def low(self):
-        return sum(entry.good and not entry.high for entry in self.entries)
+        return sum(entry.good and not entry.high and not entry.skip for entry in self.entries)
 
     @property
     def populated(self):
@@ -195,11 +199,13 @@ class PathModel:
     ----------
     config : NicConfig
     expander : object with ``expand`` and ``generate`` (see the module docstring)
-    event_depth, modify_online, hash_seed
-        As :class:`~hdl.path.select.PathSelect`.
+    event_depth, modify_online, hash_seed, skip_shift
+        As :class:`~hdl.path.select.PathSelect`; ``skip_shift`` is used only by
+        :meth:`advance_to` (callers without a clock call :meth:`skip_tick` themselves).
     """
 
-    def __init__(self, *, config, expander, event_depth=16, modify_online=False, hash_seed=0):
+    def __init__(self, *, config, expander, event_depth=16, modify_online=False, hash_seed=0,
+                 skip_shift=10):
         if not isinstance(config, NicConfig):
             raise TypeError(f"Config must be a NicConfig, not {config!r}")
         self.config = config
@@ -212,6 +218,9 @@ class PathModel:
         self.events = deque()
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.strikes = set()        #: ports with one fate-sharing loss standing
+        self.skip_epoch = 0         #: advanced (modulo 4) by each SKIP recovery sweep
+        self.skip_shift = skip_shift
+        self._skip_sweeps = 0       #: recovery sweeps applied by advance_to
 
     # -- events ------------------------------------------------------------------------------
 
@@ -235,6 +244,7 @@ class PathModel:
         if old != state:
             self.counters["state_changes"] += 1
         entry.state = state
+        entry.skip = False
 
     # -- selection ---------------------------------------------------------------------------
 
@@ -242,9 +252,13 @@ class PathModel:
         entries = profile.entries
         good = [i for i, entry in enumerate(entries) if entry.good]
         if profile.adaptive:
-            low = [i for i in good if not entries[i].high]
+            low = [i for i in good if not entries[i].high and not entries[i].skip]
             if low and len(low) >= profile.min_active and len(low) >= (len(good) + 1) // 2:
                 return low
+        if profile.mode != EvMode.AUTO:
+            fresh = [i for i in good if not entries[i].skip]
+            if fresh and len(fresh) >= profile.min_active and len(fresh) >= (len(good) + 1) // 2:
+                return fresh
         return good
 
     def select(self, qpn, *, avoid_ev=None, probe=False, ev=0, context=None):
@@ -300,6 +314,11 @@ class PathModel:
             self.counters["feedback_ignored"] += 1
             return
         entry = profile.entries[ev]
+        if kind in (FeedbackKind.ECN, FeedbackKind.TRIMMED) and entry.good:
+            if not entry.skip:
+                self.counters["skips"] += 1
+            entry.skip = True
+            entry.skip_epoch = (self.skip_epoch + 2) % 4      # the sweep it ends in
         if kind == FeedbackKind.ACKED:
             entry.penalty = max(0, entry.penalty - PENALTY_ACKED)
         elif kind == FeedbackKind.ECN:
@@ -346,6 +365,28 @@ class PathModel:
         does (the strike, if any, stands)."""
         if 1 <= port <= self.config.ports:
             self.fate_sweep(port)
+
+    def advance_to(self, cycle):
+        """Apply the SKIP recovery sweeps the hardware starts up to clock ``cycle`` (one every
+        ``2**skip_shift`` cycles; each takes effect at once here)."""
+        if self.skip_shift is None:
+            return
+        due = int(cycle) >> self.skip_shift
+        pending, self._skip_sweeps = due - self._skip_sweeps, max(due, self._skip_sweeps)
+        for _ in range(min(pending, 2)):
+            self.skip_tick()
+        if pending > 2:                 # no mark is left: only the epoch moves on
+            self.skip_epoch = (self.skip_epoch + pending - 2) % 4
+
+    def skip_tick(self):
+        """One SKIP recovery sweep: the next epoch, then every SKIP mark that ends in it is
+        cleared (a mark set in epoch e ends in e + 2: it lasts from one sweep period to two)."""
+        self.skip_epoch = (self.skip_epoch + 1) % 4
+        for profile in self.profiles:
+            for entry in profile.entries:
+                if entry.skip and entry.skip_epoch == self.skip_epoch:
+                    entry.skip = False
+                    self.counters["skip_recoveries"] += 1
 
     def decay_tick(self):
         """One decay sweep: every penalty halves."""
@@ -435,6 +476,7 @@ class PathModel:
         entry.state = EvState(state)
         entry.port = port
         entry.penalty = 0
+        entry.skip = False
         entry.fields = dict(fields)
 
     def _index_ok(self, cmd, profile):
@@ -484,7 +526,7 @@ class PathModel:
         if not entry.written:
             return Errno.ENOENT
         return Errno.OK, entry_read_data(state=entry.state, port=entry.port,
-                                         penalty=entry.penalty)
+                                         penalty=entry.penalty, skip=entry.skip)
 
     def _qp_profile(self, cmd, profile):
         if profile.state == ProfileState.INIT:
