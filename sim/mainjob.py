@@ -212,19 +212,30 @@ def run_scenario(scn, out, *, log=print, build_dir=None, quick_build=False,
         (out / stale).unlink(missing_ok=True)
     wall0 = time.monotonic()
     if scn.backend == "rtl":
+        from .tb.dpi import DPI_TOP, DpiPair, dpi_key, uses_dpi, verilator_args
         from .tb.pair import NicPair
         from .tb.runner import run_cocotb, source_key
         config = nic_config_for(scn)
         log(f"building two RTL NICs ({config.ports} ports, {config.data_width}-bit, "
             f"{scn.sim}); a cached build is reused")
         waves = _waves_window(scn, out)
-        run_cocotb(lambda: NicPair(config), toplevel="nic_pair",
-                   test_module="sim.tb.cocotb_fabric",
-                   build_dir=build_dir or _build_dir(scn), sim=scn.sim,
-                   waves=waves, log=log, reuse=True, quick_build=quick_build,
-                   export_key=source_key("nic_pair-shared", config.to_dict()),
-                   extra_env={"SCENARIO": json.dumps(scn.to_dict()), "OUT": out.resolve(),
-                              "MRC_SIMULATOR": scn.sim})
+        env = {"SCENARIO": json.dumps(scn.to_dict()), "OUT": out.resolve(),
+               "MRC_SIMULATOR": scn.sim}
+        if uses_dpi(scn):       # the stream agents in C++ (sim/tb/dpi.py)
+            build = Path(build_dir or _build_dir(scn)).with_name(
+                Path(build_dir or _build_dir(scn)).name + "-dpi")
+            run_cocotb(lambda: DpiPair(config), toplevel=DPI_TOP,
+                       test_module="sim.tb.cocotb_fabric", build_dir=build, sim=scn.sim,
+                       waves=waves, log=log, reuse=True, quick_build=quick_build,
+                       export_key=source_key("nic_pair-dpi", config.to_dict(), dpi_key()),
+                       verilator_args=verilator_args(), extra_env={**env, "MRC_DPI": "1"})
+        else:
+            run_cocotb(lambda: NicPair(config), toplevel="nic_pair",
+                       test_module="sim.tb.cocotb_fabric",
+                       build_dir=build_dir or _build_dir(scn), sim=scn.sim,
+                       waves=waves, log=log, reuse=True, quick_build=quick_build,
+                       export_key=source_key("nic_pair-shared", config.to_dict()),
+                       extra_env=env)
         result = json.loads((out / "result.json").read_text())
         if waves and result.get("transfer_start_us") is not None:
             log(f"  the transfer started at {result['transfer_start_us']:g} us of simulated "

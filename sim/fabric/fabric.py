@@ -213,6 +213,15 @@ class Fabric:
         self._next_ns = heap[0][0] / 1000 if heap else math.inf
         return out
 
+    def take_in_flight(self):
+        """Every frame in flight, as ``(arrival_ps, serial, dst, plane, frame)``, taken out of
+        the fabric (a bench that schedules deliveries itself orders them by arrival time, then
+        serial number, as :meth:`deliver` would hand them out)."""
+        out = self._heap
+        self._heap = []
+        self._next_ns = math.inf
+        return out
+
     def plane_up(self, plane, start_ns, end_ns):
         """True when no whole-plane failure (either direction) is down at any instant of
         [start_ns, end_ns]: what a probe round trip on that plane would see."""

@@ -2,10 +2,12 @@
 
 Runs one :class:`sim.scenario.Scenario` (JSON in ``SCENARIO``) and writes its raw result
 (``result.json``) and the fabric's capture into ``OUT``; :mod:`sim.mainjob` turns them into
-the report. Every stream port of both NICs is driven by one per-cycle loop
-(:mod:`sim.tb.harness`). Plane p of the fabric joins port p of NIC ``a`` and port p of NIC
-``b``. Time on the fabric counts from the moment the work is posted (after bring-up), so the
-scenario's failure times are relative to the start of the transfer.
+the report. Every stream port of both NICs is driven either by one per-cycle Python loop
+(:mod:`sim.tb.harness`) or, when the build has them (``MRC_DPI=1``), by the C++ agents of
+:mod:`sim.tb.dpi`, which do the same beat for beat and wake Python per frame. Plane p of
+the fabric joins port p of NIC ``a`` and port p of NIC ``b``. Time on the fabric counts from
+the moment the work is posted (after bring-up), so the scenario's failure times are relative
+to the start of the transfer.
 
 The bench plays the NIC's control software too: it brings both NICs up through the register
 bus (:class:`sim.driver.nic.NicDriver`), polls EV events, and probes every ASSUMED_BAD EV
@@ -13,6 +15,7 @@ periodically so that EVs of a recovered plane come back (probe recovery AUTO).
 """
 
 import json
+import math
 import os
 import random
 import time
@@ -20,7 +23,7 @@ from pathlib import Path
 
 import cocotb
 from cocotb.clock import Clock
-from cocotb.triggers import ClockCycles, RisingEdge, Timer
+from cocotb.triggers import ClockCycles, Event, First, ReadWrite, RisingEdge, Timer
 from cocotb.utils import get_sim_time
 
 from hdl import protocol as P
@@ -59,6 +62,9 @@ BUBBLES = float(SCENARIO.extra.get("bubbles", 0.0))
 BACKPRESSURE = float(SCENARIO.extra.get("backpressure", 0.0))
 POLL_CYCLES = 500
 BACKLOG_CYCLES = 1000
+#: The stream agents run in C++ (sim/tb/dpi.py): the build has them, and the run has no
+#: bubbles or backpressure (the C++ agents have neither).
+DPI = os.environ.get("MRC_DPI", "") == "1"
 
 
 
@@ -93,17 +99,31 @@ def _write_profile(profiler, path, wall_s, cycles):
 class Side:
     """One NIC with its host: memory, work requests, completions, network ports, driver."""
 
-    def __init__(self, dut, name, endpoint, rkey_slot, loop, rng, fabric, clock_of):
+    def __init__(self, dut, name, endpoint, rkey_slot, loop, rng, fabric, clock_of,
+                 dpi=None):
         self.name = name
         self.endpoint = endpoint
+        self.loop = loop
+        self.completions = []
+        self.completion_times = []
+        self.bus = CocotbBus(dut, f"{name}_bus__", dut.clk)
+        self.driver = NicDriver(nic_register_map(CONFIG), self.bus, CONFIG)
+        self.rkey = 0xBEE0 | rkey_slot
+        self.rkey_slot = rkey_slot
+        self.ev_events = []
+        self.assumed_bad = set()
+        self.dpi = dpi
+        if dpi is not None:         # the C++ agents (sim/tb/dpi.py) are this side's ports
+            self.memory = _DpiMemory(dpi, "ab".index(name))
+            self.memory.add(SRC_BASE, max(SCENARIO.bytes, 1) + 4096)
+            self.memory.add(MR_BASE, max(SCENARIO.bytes, 1) + 4096)
+            return
         self.memory = RegionMemory()
         self.memory.add(SRC_BASE, max(SCENARIO.bytes, 1) + 4096)
         self.memory.add(MR_BASE, max(SCENARIO.bytes, 1) + 4096)
         self.mem = MemoryAgent(dut, f"{name}_", CONFIG, self.memory, loop, idle=BUBBLES,
                                backpressure=BACKPRESSURE, seed=rng.randrange(1 << 30))
         self.wr = Source(dut, f"{name}_wr", idle=BUBBLES, seed=rng.randrange(1 << 30))
-        self.completions = []
-        self.completion_times = []
         self.cq = Sink(dut, f"{name}_completion", self._completion,
                        backpressure=BACKPRESSURE, seed=rng.randrange(1 << 30))
         layout = net_beat_layout(W)
@@ -112,16 +132,18 @@ class Side:
         self.tx = [FrameSink(dut, f"{name}_tx__{p}", layout,
                              self._transmit(p, fabric, clock_of), backpressure=BACKPRESSURE,
                              seed=rng.randrange(1 << 30)) for p in range(CONFIG.ports)]
-        self.loop = loop
-        self.bus = CocotbBus(dut, f"{name}_bus__", dut.clk)
-        self.driver = NicDriver(nic_register_map(CONFIG), self.bus, CONFIG)
-        self.rkey = 0xBEE0 | rkey_slot
-        self.rkey_slot = rkey_slot
-        self.ev_events = []
-        self.assumed_bad = set()
 
     def agents(self):
+        if self.dpi is not None:
+            return []
         return [*self.mem.agents(), self.wr, self.cq, *self.rx, *self.tx]
+
+    def post(self, beats):
+        """Hand packed work requests to the NIC."""
+        if self.dpi is not None:
+            self.dpi.send_beats(f"{self.name}_wr", beats)
+        else:
+            self.wr.send(beats)
 
     def _completion(self, bits):
         self.completions.append(bits)
@@ -157,6 +179,42 @@ class Side:
                                retry_exponential=SCENARIO.retry_exponential)
 
 
+class _DpiMemory:
+    """One side's host memory, kept by the C++ agents (the :class:`RegionMemory` calls)."""
+
+    def __init__(self, dpi, side):
+        self.dpi = dpi
+        self.side = side
+
+    def add(self, base, size):
+        self.dpi.add_region(self.side, base, size)
+
+    def write(self, address, data):
+        self.dpi.write(self.side, address, data)
+
+    def read(self, address, length):
+        return self.dpi.read(self.side, address, length)
+
+
+class _TimeLoop:
+    """The cycle count of the C++ agents' runs, from simulated time: at a rising edge (and
+    anywhere in its time step) ``cycle`` is what the Python loop would have counted there."""
+
+    def __init__(self, clock):
+        self.clock = clock
+        self._zero_ps = None
+
+    def begin(self):
+        """Called at the rising edge that counts as cycle 0."""
+        self._zero_ps = get_sim_time("ps")
+
+    @property
+    def cycle(self):
+        if self._zero_ps is None:
+            return 0
+        return round((get_sim_time("ps") - self._zero_ps) / (PERIOD_NS * 1000))
+
+
 async def _edges(clock, count):
     """Wait for the ``count``-th rising edge of ``clock`` from now (called at a rising edge),
     as ``ClockCycles`` would, but with one wake-up instead of one per cycle: a timer to the
@@ -189,12 +247,65 @@ async def control_plane(side, now_us, stop):
             await side.driver.poll_probe_results()
 
 
+async def _finish_dpi(loop, start, ns_at, completion_seen, progress, report_every, all_done,
+                      own_done, check_every):
+    """The end of the run under the C++ agents: the cycle the per-cycle check of the Python
+    loop would stop at, found by waking at completions and at the deadlines they imply
+    instead of at every edge. Returns ``finished``, at that cycle's time step."""
+    period_ps = PERIOD_NS * 1000
+
+    def us_at(cycle):
+        return ns_at(cycle) / 1000
+
+    first = start["cycle"]
+    # The loop's own end: the first cycle at which the time reaches max_us.
+    end = first + max(0, math.ceil(SCENARIO.max_us * 1000 / PERIOD_NS) - 1)
+    while us_at(end) < SCENARIO.max_us:
+        end += 1
+    if us_at(first) >= SCENARIO.max_us:
+        return False
+    settle_at = None        # the cycle the settle rule ends the run at
+    planned = False
+    next_report = first + report_every
+    while True:
+        cycle = loop.cycle
+        completion_seen.clear()
+        if cycle > first:
+            if all_done():
+                return True
+            if not planned and own_done():
+                planned = True
+                settle = -(-cycle // check_every) * check_every      # the next check
+                deadline_us = us_at(settle) + 5.0
+                settle_at = settle
+                while us_at(settle_at) < deadline_us:
+                    settle_at += 1
+            if settle_at is not None and cycle >= settle_at:
+                return True
+            if cycle >= end:
+                return False
+        while cycle >= next_report:
+            next_report += report_every
+            progress()
+        deadline = min(end, next_report, *(() if settle_at is None else (settle_at,)))
+        timer = Timer(round((deadline - cycle - 0.5) * period_ps), unit="ps")
+        if await First(completion_seen.wait(), timer) is timer:
+            await RisingEdge(loop.clock)
+            await ReadWrite()           # the agents have stepped at this edge
+
+
 @cocotb.test()
 async def fabric_run(dut):
     rng = random.Random(SCENARIO.seed)
     Clock(dut.clk, PERIOD_NS, unit="ns").start()
     dut.rst.value = 1
-    loop = CycleLoop(dut.clk)
+    dpi = None
+    if DPI:
+        from sim.tb.dpi import DpiAgents
+        dpi = DpiAgents(CONFIG, first_step_edge=1 << 62, backlog_cycles=BACKLOG_CYCLES)
+        loop = _TimeLoop(dut.clk)
+    else:
+        loop = CycleLoop(dut.clk)
     start = {"cycle": None}
 
     def now_ns():
@@ -202,29 +313,82 @@ async def fabric_run(dut):
             return 0.0
         return (loop.cycle - start["cycle"]) * PERIOD_NS
 
+    def ns_at(cycle):
+        if start["cycle"] is None:
+            return 0.0
+        return (cycle - start["cycle"]) * PERIOD_NS
+
     fabric = Fabric(fabric_config_for(SCENARIO, CONFIG))
-    a = Side(dut, "a", NIC_A, 1, loop, rng, fabric, now_ns)
-    b = Side(dut, "b", NIC_B, 2, loop, rng, fabric, now_ns)
+    a = Side(dut, "a", NIC_A, 1, loop, rng, fabric, now_ns, dpi)
+    b = Side(dut, "b", NIC_B, 2, loop, rng, fabric, now_ns, dpi)
     sides = {"a": a, "b": b}
-    for side in (a, b):
-        loop.add(*side.agents())
+    if not DPI:
+        for side in (a, b):
+            loop.add(*side.agents())
 
     #: Receive backlog: beats delivered by the fabric that a NIC's ports have not yet taken,
     #: sampled every BACKLOG_CYCLES (frames wait there while the NIC's receive path is busy).
     backlog = {"a": [], "b": []}
+    completion_seen = Event()
 
-    def deliver(cycle):
-        for dst, plane, frame in fabric.deliver(now_ns()):
-            sides[dst].rx[plane].send_frame(frame)
-        if start["cycle"] is not None and cycle % BACKLOG_CYCLES == 0:
-            for name, side in sides.items():
-                backlog[name].append((round(now_ns() / 1000, 3),
-                                      [len(source.queue) for source in side.rx]))
-    loop.hooks.append(deliver)
+    if DPI:
+        held = []           # frames in flight before the transfer's start (cycle 0 unknown)
+
+        def release_cycle(arrival_ps):
+            """The cycle whose delivery hook would hand this frame to its port."""
+            cycle = start["cycle"] + max(0, math.ceil(arrival_ps / (PERIOD_NS * 1000)) - 1)
+            while not (ns_at(cycle) >= arrival_ps / 1000
+                       and arrival_ps <= round(ns_at(cycle) * 1000)):
+                cycle += 1
+            return cycle
+
+        def hand_over(in_flight):
+            if start["cycle"] is None:
+                held.extend(in_flight)
+                return
+            for arrival_ps, serial, dst, plane, frame in in_flight:
+                dpi.deliver(dpi.rx[dst][plane], release_cycle(arrival_ps), arrival_ps,
+                            serial, frame)
+
+        def service():
+            """The agents' news: frames into the fabric (and what it delivers back to the
+            agents), completions to their sides."""
+            for event in dpi.drain():
+                if event[0] == "frame":
+                    _, cycle, src, port, frame = event
+                    fabric.send(src, port, frame, ns_at(cycle))
+                    hand_over(fabric.take_in_flight())
+                else:
+                    _, cycle, name, bits = event
+                    sides[name].completions.append(bits)
+                    sides[name].completion_times.append(cycle)
+                    completion_seen.set()
+
+        async def pump():
+            change = dut.attention.value_change
+            while True:
+                await change
+                service()
+        cocotb.start_soon(pump())
+    else:
+        def deliver(cycle):
+            for dst, plane, frame in fabric.deliver(now_ns()):
+                sides[dst].rx[plane].send_frame(frame)
+            if start["cycle"] is not None and cycle % BACKLOG_CYCLES == 0:
+                for name, side in sides.items():
+                    backlog[name].append((round(now_ns() / 1000, 3),
+                                          [len(source.queue) for source in side.rx]))
+        loop.hooks.append(deliver)
 
     await ClockCycles(dut.clk, 3)
     dut.rst.value = 0
-    cocotb.start_soon(loop.run())
+    if DPI:
+        # The Python loop would count the next edge as cycle 1: so do the agents (this edge is
+        # not evaluated yet at this point of the time step).
+        loop.begin()
+        dpi.set_first_step_edge(dpi.edge + 2)
+    else:
+        cocotb.start_soon(loop.run())
     spec = default_profile_spec()
     await a.bring_up(b, spec.profile)
     await b.bring_up(a, spec.profile)
@@ -239,14 +403,22 @@ async def fabric_run(dut):
         for wr in work[side.name]:
             side.memory.write(wr["local_addr"], wr["data"])
     start["cycle"] = loop.cycle
+    if DPI:
+        # The Python loop's count read here lags by one edge: this coroutine resumes before
+        # the loop's step at the edge that ends the bring-up. Cycle 0 of the transfer is that
+        # count under either agents, so that a run's times are the same.
+        start["cycle"] -= 1
+        dpi.set_start(start["cycle"])
+        hand_over(held)
+        held.clear()
     profiler = _profiler()
     # Where the transfer begins on the waves' time axis (simulated time from the start).
     transfer_start_us = get_sim_time("us")
     wall0 = time.monotonic()
     cpu0 = time.process_time()
     for side in (a, b):
-        side.wr.send([pack(wr_layout, {k: v for k, v in wr.items() if k != "data"})
-                      for wr in work[side.name]])
+        side.post([pack(wr_layout, {k: v for k, v in wr.items() if k != "data"})
+                   for wr in work[side.name]])
     stop = {"done": False}
 
     def now_us():
@@ -269,35 +441,45 @@ async def fabric_run(dut):
         return sum(1 for c in side.completions
                    if unpack(cq_layout, c)["side"] == requester_side) >= len(work[side.name])
 
-    finished = False
     want_a, want_b = expected(a), expected(b)
     report_every = max(1, int(20_000 / PERIOD_NS))      # progress every 20 us
-    next_report = report_every
-    settle = None           # every WR completed (some with errors): responder side settles
+
+    def progress():
+        elapsed = time.monotonic() - wall0
+        done = {s.name: f"{len(s.completions)}/{expected(s)}" for s in (a, b)}
+        cocotb.log.info(
+            f"t={now_us():8.1f} us  completions a {done['a']} b {done['b']}  "
+            f"delivered {fabric.delivered_payload_bytes() / 1024:8.1f} KiB  "
+            f"wall {elapsed:6.1f} s ({(loop.cycle - start['cycle']) / max(elapsed, 1e-9):,.0f}"
+            f" cycles/s)")
+
     check_every = 64
-    # A coroutine awaiting every edge, not a hook of the loop: where it runs in a time step
-    # relative to the loop's step (which differs by simulator) decides the cycle the read-out
-    # below starts from, and with it what an unfinished run reports.
-    while now_us() < SCENARIO.max_us:
-        await RisingEdge(dut.clk)
-        if len(a.completions) >= want_a and len(b.completions) >= want_b:
-            finished = True
-            break
-        if loop.cycle % check_every == 0 and settle is None and all(
-                own_done(s) for s in (a, b)):
-            settle = now_us() + 5.0
-        if settle is not None and now_us() >= settle:
-            finished = True         # nothing more will complete: errors explain the rest
-            break
-        if loop.cycle - start["cycle"] >= next_report:
-            next_report += report_every
-            elapsed = time.monotonic() - wall0
-            done = {s.name: f"{len(s.completions)}/{expected(s)}" for s in (a, b)}
-            cocotb.log.info(
-                f"t={now_us():8.1f} us  completions a {done['a']} b {done['b']}  "
-                f"delivered {fabric.delivered_payload_bytes() / 1024:8.1f} KiB  "
-                f"wall {elapsed:6.1f} s ({(loop.cycle - start['cycle']) / max(elapsed, 1e-9):,.0f}"
-                f" cycles/s)")
+    if DPI:
+        finished = await _finish_dpi(loop, start, ns_at, completion_seen, progress,
+                                     report_every, lambda: (len(a.completions) >= want_a
+                                                            and len(b.completions) >= want_b),
+                                     lambda: all(own_done(s) for s in (a, b)), check_every)
+    else:
+        finished = False
+        next_report = report_every
+        settle = None       # every WR completed (some with errors): responder side settles
+        # A coroutine awaiting every edge, not a hook of the loop: where it runs in a time
+        # step relative to the loop's step (which differs by simulator) decides the cycle the
+        # read-out below starts from, and with it what an unfinished run reports.
+        while now_us() < SCENARIO.max_us:
+            await RisingEdge(dut.clk)
+            if len(a.completions) >= want_a and len(b.completions) >= want_b:
+                finished = True
+                break
+            if loop.cycle % check_every == 0 and settle is None and all(
+                    own_done(s) for s in (a, b)):
+                settle = now_us() + 5.0
+            if settle is not None and now_us() >= settle:
+                finished = True     # nothing more will complete: errors explain the rest
+                break
+            if loop.cycle - start["cycle"] >= next_report:
+                next_report += report_every
+                progress()
     done_ns = now_ns()
     wall_s = time.monotonic() - wall0
     cpu_s = time.process_time() - cpu0
@@ -315,6 +497,9 @@ async def fabric_run(dut):
               "qp_errors": {}, "transfer_start_us": round(transfer_start_us, 3)}
     for side in (a, b):
         peer = b if side is a else a
+        if DPI:     # what the agents took at this edge, as the Python loop would have
+            await ReadWrite()
+            service()
         result["completions"][side.name] = [unpack(layout, c) for c in side.completions]
         result["completion_us"][side.name] = [
             round((c - start["cycle"]) * PERIOD_NS / 1000, 3) for c in side.completion_times]
@@ -328,6 +513,14 @@ async def fabric_run(dut):
                                                     "first_bad_offset": bad})
         result["counters"][side.name] = await side.driver.counters()
         result["qp_errors"][side.name] = await side.driver.qp_errors()
+    if DPI:
+        await ReadWrite()
+        service()
+        ports = CONFIG.ports
+        for cycle, queued in dpi.backlog:
+            for index, name in enumerate("ab"):
+                backlog[name].append((round(ns_at(cycle) / 1000, 3),
+                                      queued[index * ports:(index + 1) * ports]))
     result["rx_backlog"] = {
         name: {"max_beats": max((sum(q) for _, q in series), default=0),
                "max_port_beats": max((max(q) for _, q in series), default=0),

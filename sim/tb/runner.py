@@ -176,7 +176,7 @@ def source_key(*parts):
 
 def run_cocotb(component, *, toplevel, test_module, build_dir, extra_env=None, sim=None,
                testcase=None, waves=None, quick_build=False, reuse=False, export_key=None,
-               ports_only=True, log=None, traceable=None):
+               ports_only=True, log=None, traceable=None, verilator_args=()):
     """Export ``component`` as ``toplevel`` into ``build_dir`` and run ``test_module`` on it.
 
     ``waves``: a :class:`WavesWindow` (write that file inside that window), ``True`` (the
@@ -199,7 +199,8 @@ def run_cocotb(component, *, toplevel, test_module, build_dir, extra_env=None, s
     not every signal (cocotb's own ``--public-flat-rw``); every bench of the project touches
     ports only, and Verilator then optimises across the whole design: ``make sim`` builds in
     a third of the time and simulates 3.4 times faster (``docs/sim.md``). ``False`` for a
-    bench that reads or forces internal signals.
+    bench that reads or forces internal signals. ``verilator_args``: more arguments for
+    Verilator (C++ sources of DPI functions, linker flags); ignored by other simulators.
     Returns the path of the results XML. Raises :class:`CocotbFailure` when a test failed.
     """
     sim = sim or simulator()
@@ -232,7 +233,7 @@ def run_cocotb(component, *, toplevel, test_module, build_dir, extra_env=None, s
     build_args = []
     sources = [source]
     if sim == "verilator":
-        build_args = ["-Wno-fatal", "-Wno-lint", "-Wno-style"]
+        build_args = ["-Wno-fatal", "-Wno-lint", "-Wno-style", *verilator_args]
         if traceable:
             build_args.append("--trace-fst")
             build_dir = build_dir / "trace"

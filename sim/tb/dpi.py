@@ -1,0 +1,352 @@
+"""The two-NIC bench's stream agents in C++ (``sim/tb/dpi_ports.cpp``), for Verilator.
+
+The Python agents of :mod:`sim.tb.harness` wake once per clock cycle and read or write a
+handle for every beat that moves; for two NICs on 8 planes that Python, not the simulator,
+sets the pace. Here a generated wrapper, ``nic_pair_dpi``, instantiates the pair and, at every
+rising edge, calls the C++ agents through DPI for each stream port, in the order the Python
+loop steps its agents: host memory (fetch requests, fetch beats, placement), the work-request
+source, the completion sink, the receive sources and the transmit sinks of NIC ``a``, then
+those of NIC ``b``, then the fabric's delivery. The agents are the Python ones without bubbles
+or backpressure, beat for beat, so a run gives the same result either way.
+
+Python (the cocotb test, in the same process) reaches the agents through :mod:`ctypes`: it
+hands over frames the fabric delivers (with the cycle they are due at), work requests and host
+memory contents, and takes the frames the NICs sent and the completions. It sleeps until the
+wrapper's ``attention`` output changes (a frame left a NIC, a completion arrived, a host access
+fell outside memory), so it wakes per frame, not per cycle.
+
+The register bus stays a Python port of the wrapper (:class:`sim.tb.cocotb_host.CocotbBus`).
+Icarus has no DPI: benches there, and runs with bubbles or backpressure, use the Python agents.
+"""
+
+import ctypes
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from hdl.interfaces import (
+    completion_layout,
+    fetch_beat_layout,
+    fetch_request_layout,
+    place_beat_layout,
+    work_request_layout,
+)
+from hdl.packet.headers import net_beat_layout
+
+from .streams import _plan
+
+__all__ = ["DPI_SOURCE", "DPI_TOP", "StreamPlan", "stream_plan", "wrapper_sv",
+           "verilator_args", "DpiAgents", "MAX_PAYLOAD_BITS"]
+
+#: The C++ agents.
+DPI_SOURCE = Path(__file__).with_name("dpi_ports.cpp")
+#: The wrapper's module name.
+DPI_TOP = "nic_pair_dpi"
+#: The widest payload a DPI call passes (``MAX_WORDS`` 32-bit words in the C++).
+MAX_PAYLOAD_BITS = 512
+
+# Roles, as ``enum Role`` of the C++.
+RX, TX, BEAT_SOURCE, BEAT_SINK, FETCH_REQ, FETCH, PLACE = range(7)
+_SOURCES = (RX, BEAT_SOURCE, FETCH)
+_FIELDS = ("data", "keep", "last", "first", "addr", "length")
+
+# Event kinds of ``mrc_drain``.
+_FRAME, _COMPLETION, _BACKLOG, _ERROR = range(4)
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    """One stream port the C++ agents drive: its port prefix on the pair (``a_rx__0``), role,
+    side (0 for ``a``), payload width and field offsets (``(at, width)``, ``(-1, 0)`` for a
+    field the layout lacks)."""
+    prefix: str
+    role: int
+    side: int
+    width: int
+    fields: tuple
+
+
+def _fields(layout):
+    plan = {name: (offset, width) for name, offset, width, _ in _plan(layout)}
+    return tuple(plan.get(name, (-1, 0)) for name in _FIELDS)
+
+
+def stream_plan(config):
+    """The stream ports in the order the agents step (their DPI ids are the indices)."""
+    net = net_beat_layout(config.data_width)
+    layouts = {
+        FETCH_REQ: fetch_request_layout(config), FETCH: fetch_beat_layout(config),
+        PLACE: place_beat_layout(config), BEAT_SOURCE: work_request_layout(config),
+        BEAT_SINK: completion_layout(config), RX: net, TX: net,
+    }
+    out = []
+    for side, name in enumerate("ab"):
+        ports = [(f"{name}_fetch_req", FETCH_REQ), (f"{name}_fetch", FETCH),
+                 (f"{name}_place", PLACE), (None, None), (f"{name}_wr", BEAT_SOURCE),
+                 (f"{name}_completion", BEAT_SINK)]
+        ports += [(f"{name}_rx__{p}", RX) for p in range(config.ports)]
+        ports += [(f"{name}_tx__{p}", TX) for p in range(config.ports)]
+        for prefix, role in ports:
+            if prefix is None:          # the memory's own step, after its three ports
+                out.append(StreamPlan(f"{name}_memory", -1, side, 0, ()))
+                continue
+            layout = layouts[role]
+            width = layout.size
+            if width > MAX_PAYLOAD_BITS:
+                raise ValueError(f"{prefix}: a {width}-bit payload is wider than the DPI "
+                                 f"agents pass ({MAX_PAYLOAD_BITS} bits)")
+            out.append(StreamPlan(prefix, role, side, width, _fields(layout)))
+    return out
+
+
+_PORT = re.compile(r"^\s*(input|output)\s+(?:wire\s+|reg\s+)?(?:\[(\d+):0\]\s+)?(\w+)\s*;",
+                   re.M)
+
+
+def _module_ports(text, module):
+    """{name: (direction, width)} of ``module`` in exported Verilog ``text``."""
+    start = re.search(rf"^module {re.escape(module)}\b", text, re.M)
+    if not start:
+        raise ValueError(f"no module {module} in the exported design")
+    end = text.index("endmodule", start.end())
+    return {m.group(3): (m.group(1), int(m.group(2) or 0) + 1)
+            for m in _PORT.finditer(text[start.end():end])}
+
+
+def wrapper_sv(pair_text, config, pair_module="nic_pair"):
+    """The wrapper module :data:`DPI_TOP` around ``pair_module`` (defined in ``pair_text``):
+    clock, reset and both register buses as ports, every stream port driven by the agents,
+    and the ``attention`` counter."""
+    ports = _module_ports(pair_text, pair_module)
+    plan = stream_plan(config)
+    pad = MAX_PAYLOAD_BITS
+    lines = [f"module {DPI_TOP}(", "    input clk,", "    input rst,"]
+    passed = [name for name in ports if "_bus__" in name]
+    for name in passed:
+        direction, width = ports[name]
+        vector = f"[{width - 1}:0] " if width > 1 else ""
+        lines.append(f"    {direction} {vector}{name},")
+    lines.append("    output reg [31:0] attention")
+    lines.append(");")
+    lines += [
+        '    import "DPI-C" function void mrc_edge_begin();',
+        '    import "DPI-C" function bit mrc_source(input int id, input bit ready, '
+        f'output bit [{pad - 1}:0] payload);',
+        f'    import "DPI-C" function void mrc_sink(input int id, input bit [{pad - 1}:0] '
+        'payload);',
+        '    import "DPI-C" function void mrc_memory_step(input int side);',
+        '    import "DPI-C" function int mrc_edge_end();',
+        f"    bit [{pad - 1}:0] beat;",
+        "    bit valid;",
+        "    initial attention = 0;",
+    ]
+    connect = {"clk": "clk", "rst": "rst", **{name: name for name in passed}}
+    body = []
+    for index, s in enumerate(plan):
+        if s.role < 0:
+            body.append(f"        mrc_memory_step({s.side});")
+            continue
+        v, r, p = f"{s.prefix}__valid", f"{s.prefix}__ready", f"{s.prefix}__payload"
+        for name in (v, r, p):
+            if name not in ports:
+                raise ValueError(f"the exported pair has no port {name}")
+        if s.role in _SOURCES:
+            lines += [f"    reg s{index}_valid = 0;",
+                      f"    reg [{s.width - 1}:0] s{index}_payload = 0;",
+                      f"    wire s{index}_ready;"]
+            connect.update({v: f"s{index}_valid", p: f"s{index}_payload", r: f"s{index}_ready"})
+            body += [f"        valid = mrc_source({index}, s{index}_ready, beat);",
+                     f"        s{index}_valid <= valid;",
+                     f"        s{index}_payload <= beat[{s.width - 1}:0];"]
+        else:
+            lines += [f"    wire s{index}_valid;", f"    wire [{s.width - 1}:0] s{index}_payload;"]
+            connect.update({v: f"s{index}_valid", p: f"s{index}_payload", r: "1'b1"})
+            body.append(f"        if (s{index}_valid) mrc_sink({index}, "
+                        f"{{{pad - s.width}'b0, s{index}_payload}});")
+    lines.append(f"    {pair_module} pair (")
+    lines.append(",\n".join(f"        .{port}({signal})" for port, signal in connect.items()))
+    lines.append("    );")
+    lines += ["    always @(posedge clk) begin", "        mrc_edge_begin();", *body,
+              "        attention <= mrc_edge_end();", "    end", "endmodule", ""]
+    return "\n".join(lines)
+
+
+def verilator_args():
+    """Verilator arguments that compile the agents into the model and export their symbols
+    from the executable, so that :mod:`ctypes` finds them in the running simulator."""
+    return [str(DPI_SOURCE), "-LDFLAGS", "-Wl,--export-dynamic"]
+
+
+class DpiAgents:
+    """The C++ agents, from the cocotb test (ctypes into the running simulator).
+
+    ``first_step_edge``: the rising edge (counting from 1) at which the agents first step, as
+    cycle 1. ``backlog_cycles``: sample every receive port's queued beats every that many
+    cycles after :meth:`set_start`.
+    """
+
+    def __init__(self, config, *, first_step_edge, backlog_cycles, latency=4):
+        lib = ctypes.CDLL(None)
+        if not hasattr(lib, "mrc_reset"):
+            raise RuntimeError("the simulator was built without the DPI agents "
+                               f"({DPI_SOURCE.name})")
+        self._lib = lib
+        i64, u64, i32 = ctypes.c_int64, ctypes.c_uint64, ctypes.c_int
+        lib.mrc_reset.argtypes = [i64, i64]
+        lib.mrc_add_stream.argtypes = [i32, i32, i32, ctypes.POINTER(i32)]
+        lib.mrc_add_stream.restype = i32
+        lib.mrc_set_latency.argtypes = [i32, i32]
+        lib.mrc_add_region.argtypes = [i32, u64, u64]
+        lib.mrc_memory_write.argtypes = [i32, u64, ctypes.c_char_p, u64]
+        lib.mrc_memory_read.argtypes = [i32, u64, ctypes.c_char_p, u64]
+        lib.mrc_memory_write.restype = lib.mrc_memory_read.restype = i32
+        lib.mrc_deliver.argtypes = [i32, i64, i64, u64, ctypes.c_char_p, ctypes.c_uint32]
+        lib.mrc_send_beats.argtypes = [i32, ctypes.c_char_p, i32, i32]
+        lib.mrc_drain.argtypes = [ctypes.c_void_p, u64]
+        lib.mrc_drain.restype = u64
+        lib.mrc_edge.restype = lib.mrc_cycle.restype = i64
+        lib.mrc_set_start.argtypes = [i64]
+        lib.mrc_set_first_edge.argtypes = [i64]
+        lib.mrc_queued.argtypes = lib.mrc_beats.argtypes = [i32]
+        lib.mrc_queued.restype = lib.mrc_beats.restype = u64
+        lib.mrc_error.restype = ctypes.c_char_p
+        lib.mrc_reset(first_step_edge, backlog_cycles)
+        self.plan = stream_plan(config)
+        self.ids = {}
+        for index, s in enumerate(self.plan):
+            flat = [value for pair in (s.fields or ((-1, 0),) * 6) for value in pair]
+            got = lib.mrc_add_stream(max(s.role, 0) if s.role >= 0 else 7, s.side, s.width,
+                                     (i32 * 12)(*flat))
+            assert got == index, (got, index)
+            self.ids[s.prefix] = index
+        for side in (0, 1):
+            lib.mrc_set_latency(side, latency)
+        self.rx = {name: [self.ids[f"{name}_rx__{p}"] for p in range(config.ports)]
+                   for name in "ab"}
+        self.tx_port = {}
+        for name in "ab":
+            for p in range(config.ports):
+                self.tx_port[self.ids[f"{name}_tx__{p}"]] = (name, p)
+        self.cq_side = {self.ids[f"{name}_completion"]: name for name in "ab"}
+        self._buffer = ctypes.create_string_buffer(1 << 16)
+        self.backlog = []           # (cycle, [queued beats per receive port, a then b])
+
+    # -- memory --------------------------------------------------------------------------------
+
+    def add_region(self, side, base, size):
+        self._lib.mrc_add_region(side, base, size)
+
+    def write(self, side, address, data):
+        data = bytes(data)
+        if self._lib.mrc_memory_write(side, address, data, len(data)):
+            self.check()
+
+    def read(self, side, address, length):
+        out = ctypes.create_string_buffer(length)
+        if self._lib.mrc_memory_read(side, address, out, length):
+            self.check()
+        return out.raw[:length]
+
+    # -- streams -------------------------------------------------------------------------------
+
+    def deliver(self, stream, release_cycle, arrival_ps, serial, frame):
+        self._lib.mrc_deliver(stream, release_cycle, arrival_ps, serial, frame, len(frame))
+
+    def send_beats(self, prefix, beats):
+        """Packed beats (ints) for the beat source ``prefix`` (the work requests)."""
+        stream = self.ids[prefix]
+        words = (self.plan[stream].width + 31) // 32
+        raw = b"".join(beat.to_bytes(4 * words, "little") for beat in beats)
+        self._lib.mrc_send_beats(stream, raw, len(beats), words)
+
+    def queued(self, prefix):
+        return self._lib.mrc_queued(self.ids[prefix])
+
+    @property
+    def cycle(self):
+        return self._lib.mrc_cycle()
+
+    @property
+    def edge(self):
+        """Rising edges the agents have been called at."""
+        return self._lib.mrc_edge()
+
+    def set_first_step_edge(self, edge):
+        self._lib.mrc_set_first_edge(edge)
+
+    def set_start(self, cycle):
+        self._lib.mrc_set_start(cycle)
+
+    def check(self):
+        error = self._lib.mrc_error()
+        if error:
+            raise ValueError(error.decode())
+
+    def drain(self):
+        """The frames sent and completions taken since the last call, in the order the agents
+        took them: ``("frame", cycle, side, port, bytes)`` and ``("completion", cycle, side,
+        bits)``; backlog samples go to :attr:`backlog`. Raises :class:`ValueError` for a host
+        access outside memory."""
+        lib = self._lib
+        size = lib.mrc_drain(None, 0)
+        if not size:
+            return []
+        if size > len(self._buffer):
+            self._buffer = ctypes.create_string_buffer(2 * size)
+        size = lib.mrc_drain(self._buffer, len(self._buffer))
+        raw = self._buffer.raw[:size]
+        out = []
+        at = 0
+        header = struct.Struct("<BHqI")
+        while at < size:
+            kind, stream, cycle, length = header.unpack_from(raw, at)
+            at += header.size
+            body = raw[at:at + length]
+            at += length
+            if kind == _FRAME:
+                side, port = self.tx_port[stream]
+                out.append(("frame", cycle, side, port, body))
+            elif kind == _COMPLETION:
+                out.append(("completion", cycle, self.cq_side[stream],
+                            int.from_bytes(body, "little")))
+            elif kind == _BACKLOG:
+                self.backlog.append((cycle, list(struct.unpack(f"<{length // 4}I", body))))
+            elif kind == _ERROR:
+                self.check()
+        return out
+
+
+class DpiPair:
+    """The NIC pair (:class:`sim.tb.pair.NicPair`) with the wrapper :data:`DPI_TOP`, for
+    :func:`sim.tb.runner.run_cocotb` (``toplevel=DPI_TOP``, ``verilator_args=
+    verilator_args()``)."""
+
+    def __init__(self, config):
+        self.config = config
+
+    def export_sv(self, path):
+        from ..export import write_if_changed
+        from .pair import NicPair
+        text = NicPair(self.config).export_sv(path)
+        text = text + "\n" + wrapper_sv(text, self.config)
+        write_if_changed(path, text)
+        return text
+
+
+def uses_dpi(scn):
+    """Whether the main job runs ``scn`` on the C++ agents: under Verilator, without bubbles
+    or backpressure, unless ``MRC_HARNESS=python`` asks for the Python agents."""
+    import os
+    return (scn.sim == "verilator" and not scn.extra.get("bubbles")
+            and not scn.extra.get("backpressure")
+            and os.environ.get("MRC_HARNESS", "") != "python")
+
+
+def dpi_key():
+    """What the wrapper's build depends on besides the gateware: the agents' source and this
+    module (the wrapper's generator)."""
+    import hashlib
+    digest = hashlib.sha256(DPI_SOURCE.read_bytes())
+    digest.update(Path(__file__).read_bytes())
+    return digest.hexdigest()

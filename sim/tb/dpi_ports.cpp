@@ -1,0 +1,406 @@
+// The stream agents of the two-NIC bench in C++, called through DPI once per clock edge
+// from the generated wrapper of sim/tb/dpi.py, and driven from Python through ctypes.
+//
+// They do what the Python agents of sim/tb/harness.py do, in the same order and with the same
+// handshake (a beat moves at an edge where valid and ready were both high), without bubbles
+// or backpressure: network frame sources and sinks, the work-request source, the completion
+// sink, and host memory (payload fetches answered a fixed latency after their request,
+// placement written into regions). Python wakes only when something it must see happened: a
+// frame left a NIC, a completion arrived, or an access fell outside host memory (the
+// attention counter of the wrapper changes).
+
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <queue>
+#include <string>
+#include <vector>
+
+#include "svdpi.h"
+
+namespace {
+
+enum Role { RX = 0, TX = 1, BEAT_SOURCE = 2, BEAT_SINK = 3, FETCH_REQ = 4, FETCH = 5, PLACE = 6 };
+
+constexpr int MAX_WORDS = 16;       // the wrapper passes every payload as bit [511:0]
+
+using Beat = std::vector<uint32_t>;
+
+struct Field {
+    int at = -1;
+    int width = 0;
+};
+
+struct Pending {                    // a frame the fabric delivers at cycle `release`
+    int64_t release;
+    int64_t arrival_ps;
+    uint64_t serial;
+    std::vector<uint8_t> bytes;
+    bool operator<(const Pending &other) const {    // std::priority_queue: largest first
+        if (arrival_ps != other.arrival_ps) return arrival_ps > other.arrival_ps;
+        return serial > other.serial;
+    }
+};
+
+struct Request {
+    int64_t due;
+    uint64_t addr;
+    uint64_t length;
+};
+
+struct Stream {
+    int role = -1;
+    int side = 0;
+    int width = 0;
+    Field data, keep, last, first, addr, length;
+    // sources
+    bool valid = false;
+    Beat current;
+    std::deque<Beat> queue;
+    std::priority_queue<Pending> pending;
+    // sinks
+    std::vector<uint8_t> parts;
+    uint64_t beats = 0;
+};
+
+struct Region {
+    uint64_t base;
+    std::vector<uint8_t> bytes;
+};
+
+struct Side {
+    std::vector<Region> regions;
+    std::deque<Request> requests;
+    int fetch = -1;                 // the stream of this side's fetch beats
+    int latency = 4;
+};
+
+std::vector<Stream> streams;
+Side sides[2];
+int64_t edge = 0;                   // every rising edge
+int64_t first_edge = INT64_MAX;     // the edge the agents first step at (cycle 1)
+int64_t cycle = 0;                  // cycles since stepping began, as the Python loop counts
+int64_t start_cycle = -1;           // the transfer's start (backlog samples from there)
+int64_t backlog_every = 0;
+uint32_t attention = 0;
+std::vector<uint8_t> events;        // serialised records for Python (mrc_drain)
+std::string error;
+
+bool stepping() { return edge >= first_edge; }
+
+uint64_t get_bits(const uint32_t *words, int at, int width) {
+    uint64_t value = 0;
+    for (int i = 0; i < width; i++) {
+        int bit = at + i;
+        value |= (uint64_t)((words[bit >> 5] >> (bit & 31)) & 1) << i;
+    }
+    return value;
+}
+
+void set_bits(Beat &words, int at, int width, uint64_t value) {
+    for (int i = 0; i < width; i++) {
+        int bit = at + i;
+        if (value >> i & 1) words[bit >> 5] |= 1u << (bit & 31);
+    }
+}
+
+// Byte lanes are at whole-byte offsets in every layout here only when `at` is a multiple of
+// 8; bit by bit keeps it general.
+uint8_t get_byte(const uint32_t *words, int at) { return (uint8_t)get_bits(words, at, 8); }
+
+void put_event(uint8_t kind, int stream, int64_t when, const uint8_t *data, uint32_t length) {
+    size_t at = events.size();
+    events.resize(at + 1 + 2 + 8 + 4 + length);
+    uint8_t *p = events.data() + at;
+    p[0] = kind;
+    uint16_t s = (uint16_t)stream;
+    std::memcpy(p + 1, &s, 2);
+    std::memcpy(p + 3, &when, 8);
+    std::memcpy(p + 11, &length, 4);
+    if (length) std::memcpy(p + 15, data, length);
+    attention++;
+}
+
+Region *find(int side, uint64_t address, uint64_t length) {
+    for (auto &region : sides[side].regions) {
+        if (region.base <= address && address + length <= region.base + region.bytes.size())
+            return &region;
+    }
+    if (error.empty()) {
+        char text[160];
+        std::snprintf(text, sizeof text,
+                      "NIC %c: host access [0x%llx, +%llu) outside every region",
+                      side ? 'b' : 'a', (unsigned long long)address,
+                      (unsigned long long)length);
+        error = text;
+        put_event(3, 0, cycle, nullptr, 0);
+    }
+    return nullptr;
+}
+
+Beat frame_beat(const Stream &s, const uint8_t *chunk, int count, bool first, bool last) {
+    Beat beat((s.width + 31) / 32, 0);
+    for (int lane = 0; lane < count; lane++) set_bits(beat, s.data.at + 8 * lane, 8, chunk[lane]);
+    set_bits(beat, s.keep.at, s.keep.width, count >= 64 ? ~0ull : (1ull << count) - 1);
+    if (last) set_bits(beat, s.last.at, 1, 1);
+    if (first && s.first.at >= 0) set_bits(beat, s.first.at, 1, 1);
+    return beat;
+}
+
+void enqueue_frame(Stream &s, const std::vector<uint8_t> &frame) {
+    int lanes = s.data.width / 8;
+    size_t count = frame.empty() ? 1 : (frame.size() + lanes - 1) / lanes;
+    for (size_t index = 0; index < count; index++) {
+        size_t from = index * lanes;
+        int chunk = (int)std::min<size_t>(lanes, frame.size() > from ? frame.size() - from : 0);
+        s.queue.push_back(frame_beat(s, frame.data() + from, chunk, index == 0,
+                                     index == count - 1));
+    }
+}
+
+void release_frames(int64_t upto) {
+    for (auto &s : streams) {
+        if (s.role != RX) continue;
+        while (!s.pending.empty() && s.pending.top().release <= upto) {
+            enqueue_frame(s, s.pending.top().bytes);
+            s.pending.pop();
+        }
+    }
+}
+
+void copy_out(const Beat &beat, svBitVecVal *payload) {
+    std::memset(payload, 0, MAX_WORDS * sizeof(svBitVecVal));
+    for (size_t i = 0; i < beat.size() && i < (size_t)MAX_WORDS; i++) payload[i] = beat[i];
+}
+
+void memory_step(int side_index) {
+    Side &side = sides[side_index];
+    if (side.fetch < 0) return;
+    Stream &out = streams[side.fetch];
+    int lanes = out.data.width / 8;
+    while (!side.requests.empty() && side.requests.front().due <= cycle) {
+        Request request = side.requests.front();
+        side.requests.pop_front();
+        Region *region = find(side_index, request.addr, request.length);
+        std::vector<uint8_t> data(request.length, 0);
+        if (region) std::memcpy(data.data(), region->bytes.data() + (request.addr - region->base),
+                                request.length);
+        uint64_t count = (request.length + lanes - 1) / lanes;
+        for (uint64_t index = 0; index < count; index++) {
+            uint64_t from = index * lanes;
+            int chunk = (int)std::min<uint64_t>(lanes, request.length - from);
+            out.queue.push_back(frame_beat(out, data.data() + from, chunk, false,
+                                           index == count - 1));
+        }
+    }
+}
+
+}  // namespace
+
+// -- called from the wrapper, once per rising edge, in the Python agents' order --------------
+
+extern "C" {
+
+void mrc_edge_begin() {
+    edge++;
+    if (!stepping()) return;
+    cycle++;
+    release_frames(cycle - 1);
+}
+
+// A source's step: returns valid for the next cycle and its payload.
+svBit mrc_source(int id, svBit ready, svBitVecVal *payload) {
+    Stream &s = streams[id];
+    if (!stepping()) {
+        copy_out(s.current, payload);
+        return 0;
+    }
+    if (s.valid) {
+        if (!ready) {
+            copy_out(s.current, payload);
+            return 1;
+        }
+        s.beats++;
+    } else if (s.queue.empty()) {
+        copy_out(s.current, payload);
+        return 0;
+    }
+    if (!s.queue.empty()) {
+        s.current = std::move(s.queue.front());
+        s.queue.pop_front();
+        s.valid = true;
+    } else {
+        s.valid = false;
+    }
+    copy_out(s.current, payload);
+    return s.valid;
+}
+
+// A sink's step at an edge where its valid was high (its ready is always high).
+void mrc_sink(int id, const svBitVecVal *payload) {
+    if (!stepping()) return;
+    Stream &s = streams[id];
+    s.beats++;
+    switch (s.role) {
+    case TX: {
+        int lanes = s.data.width / 8;
+        uint64_t keep = get_bits(payload, s.keep.at, s.keep.width);
+        for (int lane = 0; lane < lanes; lane++)
+            if (keep >> lane & 1) s.parts.push_back(get_byte(payload, s.data.at + 8 * lane));
+        if (get_bits(payload, s.last.at, 1)) {
+            put_event(0, id, cycle, s.parts.data(), (uint32_t)s.parts.size());
+            s.parts.clear();
+        }
+        break;
+    }
+    case BEAT_SINK: {
+        uint32_t words[MAX_WORDS];
+        int count = (s.width + 31) / 32;
+        std::memcpy(words, payload, count * 4);
+        put_event(1, id, cycle, reinterpret_cast<uint8_t *>(words), count * 4);
+        break;
+    }
+    case FETCH_REQ: {
+        Side &side = sides[s.side];
+        side.requests.push_back({cycle + side.latency,
+                                 get_bits(payload, s.addr.at, s.addr.width),
+                                 get_bits(payload, s.length.at, s.length.width)});
+        break;
+    }
+    case PLACE: {
+        int lanes = s.data.width / 8;
+        uint64_t address = get_bits(payload, s.addr.at, s.addr.width);
+        uint64_t keep = get_bits(payload, s.keep.at, s.keep.width);
+        for (int lane = 0; lane < lanes; lane++) {
+            if (!(keep >> lane & 1)) continue;
+            Region *region = find(s.side, address + lane, 1);
+            if (region) region->bytes[address + lane - region->base] =
+                get_byte(payload, s.data.at + 8 * lane);
+        }
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+void mrc_memory_step(int side) {
+    if (stepping()) memory_step(side);
+}
+
+// After every agent: frames due this cycle join their ports' queues (the Python bench's
+// delivery hook), and the receive backlog is sampled.
+int mrc_edge_end() {
+    if (stepping()) {
+        release_frames(cycle);
+        if (backlog_every && start_cycle >= 0 && cycle > start_cycle && cycle % backlog_every == 0) {
+            std::vector<uint32_t> sample;
+            for (auto &s : streams)
+                if (s.role == RX) sample.push_back((uint32_t)s.queue.size());
+            // Not an attention event: read at the end of the run.
+            size_t at = events.size();
+            uint32_t length = (uint32_t)(sample.size() * 4);
+            events.resize(at + 15 + length);
+            uint8_t *p = events.data() + at;
+            p[0] = 2;
+            uint16_t s = 0;
+            std::memcpy(p + 1, &s, 2);
+            std::memcpy(p + 3, &cycle, 8);
+            std::memcpy(p + 11, &length, 4);
+            std::memcpy(p + 15, sample.data(), length);
+        }
+    }
+    return (int)attention;
+}
+
+// -- called from Python (ctypes) -------------------------------------------------------------
+
+void mrc_reset(int64_t first_step_edge, int64_t backlog_cycles) {
+    streams.clear();
+    for (auto &side : sides) side = Side();
+    edge = 0;
+    first_edge = first_step_edge;
+    cycle = 0;
+    start_cycle = -1;
+    backlog_every = backlog_cycles;
+    attention = 0;
+    events.clear();
+    error.clear();
+}
+
+int64_t mrc_edge() { return edge; }
+int64_t mrc_cycle() { return cycle; }
+
+void mrc_set_start(int64_t at) { start_cycle = at; }
+void mrc_set_first_edge(int64_t at) { first_edge = at; }
+
+// fields: data, keep, last, first, addr, length as (at, width) pairs; at -1 for none.
+int mrc_add_stream(int role, int side, int width, const int *fields) {
+    Stream s;
+    s.role = role;
+    s.side = side;
+    s.width = width;
+    Field *f[] = {&s.data, &s.keep, &s.last, &s.first, &s.addr, &s.length};
+    for (int i = 0; i < 6; i++) {
+        f[i]->at = fields[2 * i];
+        f[i]->width = fields[2 * i + 1];
+    }
+    s.current.assign((width + 31) / 32, 0);
+    streams.push_back(std::move(s));
+    int id = (int)streams.size() - 1;
+    if (role == FETCH) sides[side].fetch = id;
+    return id;
+}
+
+void mrc_set_latency(int side, int latency) { sides[side].latency = latency; }
+
+void mrc_add_region(int side, uint64_t base, uint64_t size) {
+    sides[side].regions.push_back({base, std::vector<uint8_t>(size, 0)});
+}
+
+int mrc_memory_write(int side, uint64_t address, const uint8_t *data, uint64_t length) {
+    Region *region = find(side, address, length);
+    if (!region) return -1;
+    std::memcpy(region->bytes.data() + (address - region->base), data, length);
+    return 0;
+}
+
+int mrc_memory_read(int side, uint64_t address, uint8_t *data, uint64_t length) {
+    Region *region = find(side, address, length);
+    if (!region) return -1;
+    std::memcpy(data, region->bytes.data() + (address - region->base), length);
+    return 0;
+}
+
+// A frame for receive port `id`, due at the end of cycle `release` (ordered by arrival time,
+// then by the fabric's serial number, as the fabric's heap orders them).
+void mrc_deliver(int id, int64_t release, int64_t arrival_ps, uint64_t serial,
+                 const uint8_t *data, uint32_t length) {
+    streams[id].pending.push({release, arrival_ps, serial,
+                              std::vector<uint8_t>(data, data + length)});
+}
+
+// Beats (packed, `words` 32-bit words each) for a beat source.
+void mrc_send_beats(int id, const uint32_t *words, int count, int per_beat) {
+    Stream &s = streams[id];
+    for (int i = 0; i < count; i++)
+        s.queue.emplace_back(words + i * per_beat, words + (i + 1) * per_beat);
+}
+
+uint64_t mrc_queued(int id) { return streams[id].queue.size() + streams[id].pending.size(); }
+uint64_t mrc_beats(int id) { return streams[id].beats; }
+
+// The serialised events since the last call: returns their size; copies them when `out` has
+// room (call with capacity 0 to learn the size).
+uint64_t mrc_drain(uint8_t *out, uint64_t capacity) {
+    uint64_t size = events.size();
+    if (size <= capacity) {
+        if (size) std::memcpy(out, events.data(), size);
+        events.clear();
+    }
+    return size;
+}
+
+const char *mrc_error() { return error.c_str(); }
+
+}  // extern "C"
