@@ -373,6 +373,7 @@ def make_report(scn, result, out):
         "finished": result["finished"],
         "qp_errors": result.get("qp_errors", {}),
         "sim": {"backend": result["backend"], "simulator": result.get("simulator"),
+                "agents": result.get("agents"),
                 "cycles": cycles, "wall_s": round(wall, 2),
                 "cycles_per_s": round(cycles / wall, 1) if wall else None,
                 "total_wall_s": round(result.get("total_wall_s", wall), 2)},

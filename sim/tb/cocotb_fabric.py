@@ -490,6 +490,7 @@ async def fabric_run(dut):
 
     layout = completion_layout(CONFIG)
     result = {"backend": "rtl", "simulator": os.environ.get("MRC_SIMULATOR", "verilator"),
+              "agents": "dpi" if DPI else "python",
               "finished": finished, "sim_us": done_ns / 1e3,
               "cycles": int(round(done_ns / PERIOD_NS)), "wall_s": wall_s,
               "completions": {}, "completion_us": {}, "work": {}, "memory_mismatches": [],

@@ -45,6 +45,8 @@ DPI_SOURCE = Path(__file__).with_name("dpi_ports.cpp")
 DPI_TOP = "nic_pair_dpi"
 #: The widest payload a DPI call passes (``MAX_WORDS`` 32-bit words in the C++).
 MAX_PAYLOAD_BITS = 512
+#: The most streams the agents serve (``BUSY_WORDS`` 32-bit words of the busy mask).
+MAX_STREAMS = 128
 
 # Roles, as ``enum Role`` of the C++.
 RX, TX, BEAT_SOURCE, BEAT_SINK, FETCH_REQ, FETCH, PLACE = range(7)
@@ -97,6 +99,9 @@ def stream_plan(config):
                 raise ValueError(f"{prefix}: a {width}-bit payload is wider than the DPI "
                                  f"agents pass ({MAX_PAYLOAD_BITS} bits)")
             out.append(StreamPlan(prefix, role, side, width, _fields(layout)))
+    if len(out) > MAX_STREAMS:
+        raise ValueError(f"ports: {config.ports} ports give {len(out)} streams; the DPI agents "
+                         f"take at most {MAX_STREAMS}")
     return out
 
 
@@ -130,7 +135,7 @@ def wrapper_sv(pair_text, config, pair_module="nic_pair"):
     lines.append("    output reg [31:0] attention")
     lines.append(");")
     lines += [
-        '    import "DPI-C" function void mrc_edge_begin();',
+        '    import "DPI-C" function void mrc_edge_begin(output bit [127:0] busy);',
         '    import "DPI-C" function bit mrc_source(input int id, input bit ready, '
         f'output bit [{pad - 1}:0] payload);',
         f'    import "DPI-C" function void mrc_sink(input int id, input bit [{pad - 1}:0] '
@@ -138,6 +143,7 @@ def wrapper_sv(pair_text, config, pair_module="nic_pair"):
         '    import "DPI-C" function void mrc_memory_step(input int side);',
         '    import "DPI-C" function int mrc_edge_end();',
         f"    bit [{pad - 1}:0] beat;",
+        "    bit [127:0] busy;",
         "    bit valid;",
         "    initial attention = 0;",
     ]
@@ -156,9 +162,11 @@ def wrapper_sv(pair_text, config, pair_module="nic_pair"):
                       f"    reg [{s.width - 1}:0] s{index}_payload = 0;",
                       f"    wire s{index}_ready;"]
             connect.update({v: f"s{index}_valid", p: f"s{index}_payload", r: f"s{index}_ready"})
-            body += [f"        valid = mrc_source({index}, s{index}_ready, beat);",
-                     f"        s{index}_valid <= valid;",
-                     f"        s{index}_payload <= beat[{s.width - 1}:0];"]
+            body += [f"        if (busy[{index}]) begin",
+                     f"            valid = mrc_source({index}, s{index}_ready, beat);",
+                     f"            s{index}_valid <= valid;",
+                     f"            s{index}_payload <= beat[{s.width - 1}:0];",
+                     "        end"]
         else:
             lines += [f"    wire s{index}_valid;", f"    wire [{s.width - 1}:0] s{index}_payload;"]
             connect.update({v: f"s{index}_valid", p: f"s{index}_payload", r: "1'b1"})
@@ -167,7 +175,7 @@ def wrapper_sv(pair_text, config, pair_module="nic_pair"):
     lines.append(f"    {pair_module} pair (")
     lines.append(",\n".join(f"        .{port}({signal})" for port, signal in connect.items()))
     lines.append("    );")
-    lines += ["    always @(posedge clk) begin", "        mrc_edge_begin();", *body,
+    lines += ["    always @(posedge clk) begin", "        mrc_edge_begin(busy);", *body,
               "        attention <= mrc_edge_end();", "    end", "endmodule", ""]
     return "\n".join(lines)
 

@@ -22,6 +22,7 @@ namespace {
 
 enum Role { RX = 0, TX = 1, BEAT_SOURCE = 2, BEAT_SINK = 3, FETCH_REQ = 4, FETCH = 5, PLACE = 6 };
 
+constexpr int BUSY_WORDS = 4;       // at most 128 streams (bit [127:0] busy)
 constexpr int MAX_WORDS = 16;       // the wrapper passes every payload as bit [511:0]
 
 using Beat = std::vector<uint32_t>;
@@ -201,11 +202,18 @@ void memory_step(int side_index) {
 
 extern "C" {
 
-void mrc_edge_begin() {
+// Returns, in `busy`, the sources whose step may change something (a beat held or queued):
+// the wrapper steps only those.
+void mrc_edge_begin(svBitVecVal *busy) {
+    std::memset(busy, 0, BUSY_WORDS * sizeof(svBitVecVal));
     edge++;
     if (!stepping()) return;
     cycle++;
     release_frames(cycle - 1);
+    for (size_t id = 0; id < streams.size(); id++) {
+        const Stream &s = streams[id];
+        if (s.valid || !s.queue.empty()) busy[id >> 5] |= 1u << (id & 31);
+    }
 }
 
 // A source's step: returns valid for the next cycle and its payload.
