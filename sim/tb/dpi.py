@@ -16,7 +16,8 @@ wrapper's ``attention`` output changes (a frame left a NIC, a completion arrived
 fell outside memory), so it wakes per frame, not per cycle.
 
 The register bus stays a Python port of the wrapper (:class:`sim.tb.cocotb_host.CocotbBus`).
-Icarus has no DPI: benches there, and runs with bubbles or backpressure, use the Python agents.
+Icarus has no DPI: benches there, runs with bubbles or backpressure and runs with waves use the
+Python agents (:func:`uses_dpi`); ``MRC_HARNESS=python`` asks for them in any run.
 """
 
 import ctypes
@@ -344,9 +345,10 @@ class DpiPair:
 
 def uses_dpi(scn):
     """Whether the main job runs ``scn`` on the C++ agents: under Verilator, without bubbles
-    or backpressure, unless ``MRC_HARNESS=python`` asks for the Python agents."""
+    or backpressure and without waves (the waves keep the pair as the top, the names their
+    views group by), unless ``MRC_HARNESS=python`` asks for the Python agents."""
     import os
-    return (scn.sim == "verilator" and not scn.extra.get("bubbles")
+    return (scn.sim == "verilator" and not scn.waves and not scn.extra.get("bubbles")
             and not scn.extra.get("backpressure")
             and os.environ.get("MRC_HARNESS", "") != "python")
 
