@@ -106,7 +106,11 @@ class Side:
         self.loop = loop
         self.completions = []
         self.completion_times = []
-        self.bus = CocotbBus(dut, f"{name}_bus__", dut.clk)
+        if dpi is not None:
+            from sim.tb.dpi import DpiBus
+            self.bus = DpiBus(dut, dpi, "ab".index(name), dut.clk)
+        else:
+            self.bus = CocotbBus(dut, f"{name}_bus__", dut.clk)
         self.driver = NicDriver(nic_register_map(CONFIG), self.bus, CONFIG)
         self.rkey = 0xBEE0 | rkey_slot
         self.rkey_slot = rkey_slot
@@ -210,9 +214,30 @@ class _TimeLoop:
 
     @property
     def cycle(self):
+        """At a rising edge, its count; between edges (where a register access ends), the
+        next edge's, where the Python bus would have returned."""
         if self._zero_ps is None:
             return 0
-        return round((get_sim_time("ps") - self._zero_ps) / (PERIOD_NS * 1000))
+        return math.ceil((get_sim_time("ps") - self._zero_ps) / (PERIOD_NS * 1000) - 1e-9)
+
+    def until(self, cycle):
+        """A timer to the middle of the cycle before rising edge ``cycle`` (from anywhere in
+        the time step of the edge before it or earlier)."""
+        target = self._zero_ps + round((cycle - 0.5) * PERIOD_NS * 1000)
+        return Timer(max(1, target - get_sim_time("ps")), unit="ps")
+
+    def edge_time_us(self, cycle):
+        return (self._zero_ps + cycle * PERIOD_NS * 1000) / 1e6
+
+
+async def _edges_from(loop, count):
+    """``_edges`` for the C++ agents' runs, whose coroutines may be between edges (where a
+    register access ends): the ``count``-th rising edge after the one this point counts as."""
+    if isinstance(loop, _TimeLoop):
+        await loop.until(loop.cycle + count)
+        await RisingEdge(loop.clock)
+    else:
+        await _edges(loop.clock, count)
 
 
 async def _edges(clock, count):
@@ -228,7 +253,7 @@ async def control_plane(side, now_us, stop):
     last_probe = 0.0
     probe_id = 0
     while not stop["done"]:
-        await _edges(side.loop.clock, POLL_CYCLES)
+        await _edges_from(side.loop, POLL_CYCLES)
         for event in await side.driver.poll_ev_events():
             state = P.EvState(event["state"])
             side.ev_events.append({"time_us": round(now_us(), 3), "nic": side.name,
@@ -252,7 +277,6 @@ async def _finish_dpi(loop, start, ns_at, completion_seen, progress, report_ever
     """The end of the run under the C++ agents: the cycle the per-cycle check of the Python
     loop would stop at, found by waking at completions and at the deadlines they imply
     instead of at every edge. Returns ``finished``, at that cycle's time step."""
-    period_ps = PERIOD_NS * 1000
 
     def us_at(cycle):
         return ns_at(cycle) / 1000
@@ -288,7 +312,7 @@ async def _finish_dpi(loop, start, ns_at, completion_seen, progress, report_ever
             next_report += report_every
             progress()
         deadline = min(end, next_report, *(() if settle_at is None else (settle_at,)))
-        timer = Timer(round((deadline - cycle - 0.5) * period_ps), unit="ps")
+        timer = loop.until(deadline)
         if await First(completion_seen.wait(), timer) is timer:
             await RisingEdge(loop.clock)
             await ReadWrite()           # the agents have stepped at this edge
@@ -413,7 +437,7 @@ async def fabric_run(dut):
         held.clear()
     profiler = _profiler()
     # Where the transfer begins on the waves' time axis (simulated time from the start).
-    transfer_start_us = get_sim_time("us")
+    transfer_start_us = (loop.edge_time_us(loop.cycle) if DPI else get_sim_time("us"))
     wall0 = time.monotonic()
     cpu0 = time.process_time()
     for side in (a, b):
@@ -496,14 +520,40 @@ async def fabric_run(dut):
               "completions": {}, "completion_us": {}, "work": {}, "memory_mismatches": [],
               "counters": {}, "ev_events": a.ev_events + b.ev_events,
               "qp_errors": {}, "transfer_start_us": round(transfer_start_us, 3)}
+    cut = {}        # the cycle each side's completions are read out at
+    for side in (a, b):
+        cut[side.name] = loop.cycle
+        if not DPI:     # under DPI read below, up to this cycle, once the agents stepped it
+            result["completions"][side.name] = list(side.completions)
+            result["completion_us"][side.name] = list(side.completion_times)
+        result["counters"][side.name] = await side.driver.counters()
+        result["qp_errors"][side.name] = await side.driver.qp_errors()
+    backlog_cut = loop.cycle
+    if DPI:
+        # Up to the cycles the Python loop would have read them at: the agents step an edge
+        # after this point of its time step, so go past it, then take what they saw.
+        await RisingEdge(dut.clk)
+        await ReadWrite()
+        service()
+        for side in (a, b):
+            taken = [index for index, c in enumerate(side.completion_times)
+                     if c <= cut[side.name]]
+            result["completions"][side.name] = [side.completions[i] for i in taken]
+            result["completion_us"][side.name] = [side.completion_times[i] for i in taken]
+        ports = CONFIG.ports
+        for cycle, queued in dpi.backlog:
+            if cycle > backlog_cut:
+                continue
+            for index, name in enumerate("ab"):
+                backlog[name].append((round(ns_at(cycle) / 1000, 3),
+                                      queued[index * ports:(index + 1) * ports]))
     for side in (a, b):
         peer = b if side is a else a
-        if DPI:     # what the agents took at this edge, as the Python loop would have
-            await ReadWrite()
-            service()
-        result["completions"][side.name] = [unpack(layout, c) for c in side.completions]
+        result["completions"][side.name] = [unpack(layout, c)
+                                            for c in result["completions"][side.name]]
         result["completion_us"][side.name] = [
-            round((c - start["cycle"]) * PERIOD_NS / 1000, 3) for c in side.completion_times]
+            round((c - start["cycle"]) * PERIOD_NS / 1000, 3)
+            for c in result["completion_us"][side.name]]
         result["work"][side.name] = [{k: v for k, v in wr.items() if k != "data"}
                                      for wr in work[side.name]]
         for wr in work[side.name]:
@@ -512,16 +562,6 @@ async def fabric_run(dut):
                 bad = next(i for i in range(wr["length"]) if got[i] != wr["data"][i])
                 result["memory_mismatches"].append({"side": side.name, "wr_id": wr["wr_id"],
                                                     "first_bad_offset": bad})
-        result["counters"][side.name] = await side.driver.counters()
-        result["qp_errors"][side.name] = await side.driver.qp_errors()
-    if DPI:
-        await ReadWrite()
-        service()
-        ports = CONFIG.ports
-        for cycle, queued in dpi.backlog:
-            for index, name in enumerate("ab"):
-                backlog[name].append((round(ns_at(cycle) / 1000, 3),
-                                      queued[index * ports:(index + 1) * ports]))
     result["rx_backlog"] = {
         name: {"max_beats": max((sum(q) for _, q in series), default=0),
                "max_port_beats": max((max(q) for _, q in series), default=0),

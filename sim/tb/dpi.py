@@ -15,9 +15,11 @@ memory contents, and takes the frames the NICs sent and the completions. It slee
 wrapper's ``attention`` output changes (a frame left a NIC, a completion arrived, a host access
 fell outside memory), so it wakes per frame, not per cycle.
 
-The register bus stays a Python port of the wrapper (:class:`sim.tb.cocotb_host.CocotbBus`).
-Icarus has no DPI: benches there, runs with bubbles or backpressure and runs with waves use the
-Python agents (:func:`uses_dpi`); ``MRC_HARNESS=python`` asks for them in any run.
+The register buses are driven by a bus master in C++ too (:class:`DpiBus`), with the timing of
+:class:`sim.tb.cocotb_host.CocotbBus`; Python waits once per access instead of once per clock
+edge and writes no handle. Icarus has no DPI: benches there, runs with bubbles or
+backpressure and runs with waves use the Python agents (:func:`uses_dpi`);
+``MRC_HARNESS=python`` asks for them in any run.
 """
 
 import ctypes
@@ -38,7 +40,8 @@ from hdl.packet.headers import net_beat_layout
 from .streams import _plan
 
 __all__ = ["DPI_SOURCE", "DPI_TOP", "StreamPlan", "stream_plan", "wrapper_sv",
-           "verilator_args", "DpiAgents", "MAX_PAYLOAD_BITS"]
+           "verilator_args", "DpiAgents", "DpiBus", "DpiPair", "uses_dpi", "dpi_key",
+           "MAX_PAYLOAD_BITS", "MAX_STREAMS"]
 
 #: The C++ agents.
 DPI_SOURCE = Path(__file__).with_name("dpi_ports.cpp")
@@ -127,14 +130,9 @@ def wrapper_sv(pair_text, config, pair_module="nic_pair"):
     ports = _module_ports(pair_text, pair_module)
     plan = stream_plan(config)
     pad = MAX_PAYLOAD_BITS
-    lines = [f"module {DPI_TOP}(", "    input clk,", "    input rst,"]
-    passed = [name for name in ports if "_bus__" in name]
-    for name in passed:
-        direction, width = ports[name]
-        vector = f"[{width - 1}:0] " if width > 1 else ""
-        lines.append(f"    {direction} {vector}{name},")
-    lines.append("    output reg [31:0] attention")
-    lines.append(");")
+    lines = [f"module {DPI_TOP}(", "    input clk,", "    input rst,",
+             "    output reg [31:0] bus_done_a,", "    output reg [31:0] bus_done_b,",
+             "    output reg [31:0] attention", ");"]
     lines += [
         '    import "DPI-C" function void mrc_edge_begin(output bit [127:0] busy);',
         '    import "DPI-C" function bit mrc_source(input int id, input bit ready, '
@@ -143,13 +141,47 @@ def wrapper_sv(pair_text, config, pair_module="nic_pair"):
         'payload);',
         '    import "DPI-C" function void mrc_memory_step(input int side);',
         '    import "DPI-C" function int mrc_edge_end();',
+        '    import "DPI-C" function void mrc_bus_step(input int side, output bit [31:0] addr, '
+        'output bit [31:0] w_data, output bit w_en, output bit r_en);',
+        '    import "DPI-C" function int mrc_bus_sample(input int side, '
+        'input bit [31:0] r_data);',
+        "    bit [31:0] bus_addr;",
+        "    bit [31:0] bus_w_data;",
+        "    bit bus_w_en;",
+        "    bit bus_r_en;",
+        "    initial bus_done_a = 0;",
+        "    initial bus_done_b = 0;",
         f"    bit [{pad - 1}:0] beat;",
         "    bit [127:0] busy;",
         "    bit valid;",
         "    initial attention = 0;",
     ]
-    connect = {"clk": "clk", "rst": "rst", **{name: name for name in passed}}
+    connect = {"clk": "clk", "rst": "rst"}
     body = []
+    falling = []
+    for side, name in enumerate("ab"):
+        bus = {field: ports.get(f"{name}_bus__{field}") for field in
+               ("addr", "w_data", "w_en", "r_en", "r_data")}
+        missing = [field for field, port in bus.items() if port is None]
+        if missing:
+            raise ValueError(f"the exported pair has no port {name}_bus__{missing[0]}")
+        aw, dw, rw = bus["addr"][1], bus["w_data"][1], bus["r_data"][1]
+        if max(aw, dw, rw) > 32:
+            raise ValueError(f"{name}_bus: the DPI bus master drives 32-bit addresses and data")
+        lines += [f"    reg [{aw - 1}:0] {name}_addr = 0;",
+                  f"    reg [{dw - 1}:0] {name}_w_data = 0;",
+                  f"    reg {name}_w_en = 0;", f"    reg {name}_r_en = 0;",
+                  f"    wire [{rw - 1}:0] {name}_r_data;"]
+        connect.update({f"{name}_bus__addr": f"{name}_addr",
+                        f"{name}_bus__w_data": f"{name}_w_data",
+                        f"{name}_bus__w_en": f"{name}_w_en", f"{name}_bus__r_en": f"{name}_r_en",
+                        f"{name}_bus__r_data": f"{name}_r_data"})
+        body += [f"        mrc_bus_step({side}, bus_addr, bus_w_data, bus_w_en, bus_r_en);",
+                 f"        {name}_addr <= bus_addr[{aw - 1}:0];",
+                 f"        {name}_w_data <= bus_w_data[{dw - 1}:0];",
+                 f"        {name}_w_en <= bus_w_en;", f"        {name}_r_en <= bus_r_en;"]
+        r_data = f"{{{32 - rw}'b0, {name}_r_data}}" if rw < 32 else f"{name}_r_data"
+        falling.append(f"        bus_done_{name} <= mrc_bus_sample({side}, {r_data});")
     for index, s in enumerate(plan):
         if s.role < 0:
             body.append(f"        mrc_memory_step({s.side});")
@@ -177,7 +209,8 @@ def wrapper_sv(pair_text, config, pair_module="nic_pair"):
     lines.append(",\n".join(f"        .{port}({signal})" for port, signal in connect.items()))
     lines.append("    );")
     lines += ["    always @(posedge clk) begin", "        mrc_edge_begin(busy);", *body,
-              "        attention <= mrc_edge_end();", "    end", "endmodule", ""]
+              "        attention <= mrc_edge_end();", "    end",
+              "    always @(negedge clk) begin", *falling, "    end", "endmodule", ""]
     return "\n".join(lines)
 
 
@@ -220,6 +253,9 @@ class DpiAgents:
         lib.mrc_queued.argtypes = lib.mrc_beats.argtypes = [i32]
         lib.mrc_queued.restype = lib.mrc_beats.restype = u64
         lib.mrc_error.restype = ctypes.c_char_p
+        lib.mrc_bus_access.argtypes = [i32, i32, ctypes.c_uint32, ctypes.c_uint32]
+        lib.mrc_bus_result.argtypes = [i32]
+        lib.mrc_bus_result.restype = ctypes.c_uint32
         lib.mrc_reset(first_step_edge, backlog_cycles)
         self.plan = stream_plan(config)
         self.ids = {}
@@ -256,6 +292,15 @@ class DpiAgents:
         if self._lib.mrc_memory_read(side, address, out, length):
             self.check()
         return out.raw[:length]
+
+    # -- register bus ------------------------------------------------------------------------
+
+    def bus_access(self, side, address, value=None):
+        """Queue a read (``value`` None) or a write on ``side``'s bus master."""
+        self._lib.mrc_bus_access(side, int(value is None), address, value or 0)
+
+    def bus_result(self, side):
+        return self._lib.mrc_bus_result(side)
 
     # -- streams -------------------------------------------------------------------------------
 
@@ -360,3 +405,36 @@ def dpi_key():
     digest = hashlib.sha256(DPI_SOURCE.read_bytes())
     digest.update(Path(__file__).read_bytes())
     return digest.hexdigest()
+
+
+class DpiBus:
+    """A NIC's register bus for :class:`sim.driver.RegisterDriver`, through the C++ bus master:
+    each access takes the clock edges a :class:`sim.tb.cocotb_host.CocotbBus` access takes
+    (one for a write, two for a read) and returns at the falling edge after its last one.
+    Accesses from several coroutines are serialised."""
+
+    def __init__(self, dut, dpi, side, clock):
+        self.dpi = dpi
+        self.side = side
+        self.clock = clock
+        self._done = getattr(dut, f"bus_done_{'ab'[side]}").value_change
+        self._busy = False
+
+    async def _acquire(self):
+        from cocotb.triggers import RisingEdge
+        while self._busy:
+            await RisingEdge(self.clock)
+        self._busy = True
+
+    async def write(self, address, value):
+        await self._acquire()
+        self.dpi.bus_access(self.side, address, value)
+        await self._done
+        self._busy = False
+
+    async def read(self, address):
+        await self._acquire()
+        self.dpi.bus_access(self.side, address)
+        await self._done
+        self._busy = False
+        return self.dpi.bus_result(self.side)

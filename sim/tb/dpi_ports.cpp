@@ -76,8 +76,25 @@ struct Side {
     int latency = 4;
 };
 
+struct BusOp {
+    bool read;
+    uint32_t addr;
+    uint32_t data;
+};
+
+// A register-bus master: the timing of sim.tb.cocotb_host.CocotbBus (a write holds w_en for
+// one edge, a read holds r_en for one edge and takes r_data after the next), with each
+// access's end signalled at the falling edge after it, so that the next access, given then,
+// starts at the next rising edge as it would have from Python.
+struct BusMaster {
+    std::deque<BusOp> ops;
+    int state = 0;          // 0 idle, 1 write driven, 2 read driven, 3 read waiting for r_data
+    uint32_t addr = 0, w_data = 0, result = 0, done = 0;
+};
+
 std::vector<Stream> streams;
 Side sides[2];
+BusMaster buses[2];
 int64_t edge = 0;                   // every rising edge
 int64_t first_edge = INT64_MAX;     // the edge the agents first step at (cycle 1)
 int64_t cycle = 0;                  // cycles since stepping began, as the Python loop counts
@@ -321,11 +338,51 @@ int mrc_edge_end() {
     return (int)attention;
 }
 
+// The bus master's rising-edge step: the bus's inputs for the next cycle.
+void mrc_bus_step(int side, svBitVecVal *addr, svBitVecVal *w_data, svBit *w_en, svBit *r_en) {
+    BusMaster &bus = buses[side];
+    *w_en = 0;
+    *r_en = 0;
+    if (bus.state == 2) {
+        bus.state = 3;
+    } else if (bus.state == 0 && !bus.ops.empty()) {
+        BusOp op = bus.ops.front();
+        bus.ops.pop_front();
+        bus.addr = op.addr;
+        if (op.read) {
+            *r_en = 1;
+            bus.state = 2;
+        } else {
+            bus.w_data = op.data;
+            *w_en = 1;
+            bus.state = 1;
+        }
+    }
+    addr[0] = bus.addr;
+    w_data[0] = bus.w_data;
+}
+
+// The falling-edge step: ends a write driven at the last rising edge, or a read whose data
+// the bus now shows. Returns the count of ended accesses.
+int mrc_bus_sample(int side, const svBitVecVal *r_data) {
+    BusMaster &bus = buses[side];
+    if (bus.state == 1) {
+        bus.state = 0;
+        bus.done++;
+    } else if (bus.state == 3) {
+        bus.result = r_data[0];
+        bus.state = 0;
+        bus.done++;
+    }
+    return (int)bus.done;
+}
+
 // -- called from Python (ctypes) -------------------------------------------------------------
 
 void mrc_reset(int64_t first_step_edge, int64_t backlog_cycles) {
     streams.clear();
     for (auto &side : sides) side = Side();
+    for (auto &bus : buses) bus = BusMaster();
     edge = 0;
     first_edge = first_step_edge;
     cycle = 0;
@@ -410,5 +467,11 @@ uint64_t mrc_drain(uint8_t *out, uint64_t capacity) {
 }
 
 const char *mrc_error() { return error.c_str(); }
+
+void mrc_bus_access(int side, int read, uint32_t addr, uint32_t data) {
+    buses[side].ops.push_back({read != 0, addr, data});
+}
+
+uint32_t mrc_bus_result(int side) { return buses[side].result; }
 
 }  // extern "C"
