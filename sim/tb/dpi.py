@@ -349,7 +349,7 @@ class DpiAgents:
         if size > len(self._buffer):
             self._buffer = ctypes.create_string_buffer(2 * size)
         size = lib.mrc_drain(self._buffer, len(self._buffer))
-        raw = self._buffer.raw[:size]
+        raw = ctypes.string_at(self._buffer, size)
         out = []
         at = 0
         header = struct.Struct("<BHqI")
@@ -399,11 +399,13 @@ def uses_dpi(scn):
 
 
 def dpi_key():
-    """What the wrapper's build depends on besides the gateware: the agents' source and this
-    module (the wrapper's generator)."""
+    """What the wrapper's build depends on besides the gateware: the agents' source and the
+    wrapper's generator (not the Python side of the agents, which needs no rebuild)."""
     import hashlib
+    import inspect
     digest = hashlib.sha256(DPI_SOURCE.read_bytes())
-    digest.update(Path(__file__).read_bytes())
+    for function in (wrapper_sv, stream_plan, _module_ports, _fields):
+        digest.update(inspect.getsource(function).encode())
     return digest.hexdigest()
 
 
