@@ -70,7 +70,7 @@ def replay_frames(frames, config, *, ports, sim=None, build_dir=None, waves=None
     import os
 
     from hdl.nic import MrcNic
-    from sim.tb.runner import run_cocotb
+    from sim.tb.runner import run_cocotb, source_key
 
     sim = sim or os.environ.get("SIM", "verilator")
     build_dir = Path(build_dir or BUILD / "replay" / f"{sim}-w{config.data_width}")
@@ -79,9 +79,12 @@ def replay_frames(frames, config, *, ports, sim=None, build_dir=None, waves=None
         job, result = Path(tmp) / "job.json", Path(tmp) / "result.json"
         job.write_text(json.dumps({"config": config.to_dict(), "frames": [
             {"port": port, "hex": f.hex()} for f, port in zip(frames, ports, strict=True)]}))
-        run_cocotb(MrcNic(config), toplevel="mrc_nic",
+        # The NIC is elaborated and exported only when the gateware or the configuration
+        # changed since the design in build_dir was exported.
+        run_cocotb(lambda: MrcNic(config), toplevel="mrc_nic",
                    test_module="sim.tb.cocotb_replay", build_dir=build_dir, sim=sim,
                    quick_build=True, reuse=True, waves=waves,
+                   export_key=source_key("mrc_nic", config.to_dict()),
                    extra_env={"REPLAY_IN": job, "REPLAY_OUT": result})
         return json.loads(result.read_text())
 
