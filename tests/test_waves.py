@@ -3,10 +3,10 @@ a GTKWave view beside it, ``--waves-from``/``--waves-to`` limit it to a window o
 time, and moving the window never rebuilds the simulator.
 
 The two RTL tests are the slow ones of this file: ``test_port_loop_window_under_each_simulator``
-builds a small design under Icarus and Verilator (well under a minute), and
-``test_two_nics_window_without_rebuild`` runs the main job twice on the NIC pair of
-``tests/test_nic_rtl.py`` (the export is shared; the traced model is built once, which takes
-several minutes, and kept in build/; the two runs then take about a minute).
+builds a small design under Icarus and Verilator, and ``test_two_nics_window_without_rebuild``
+runs the main job twice on the NIC pair of ``tests/test_nic_rtl.py`` (the export in
+``build/tests/nic_pair`` is shared with that file; the traced model is built once, in its
+``trace/`` folder, and kept).
 """
 
 import shutil
@@ -148,14 +148,16 @@ def test_port_loop_window_under_each_simulator(sim, tmp_path, capsys):
 # -- RTL: the main job ------------------------------------------------------------------------
 
 def test_two_nics_window_without_rebuild(tmp_path):
-    """Slow (the NIC pair of tests/test_nic_rtl.py exported into its own folder, the traced
-    model built once into trace/). The main job with a window writes
-    OUT/waves.fst and OUT/waves.gtkw; a second run with only another window reuses the build
-    as it is and gives the same report."""
+    """Slow (the NIC pair of tests/test_nic_rtl.py, its export shared, the traced model built
+    once into trace/). The main job with a window writes OUT/waves.fst and OUT/waves.gtkw; a
+    second run with only another window reuses the build as it is and gives the same
+    report."""
     if shutil.which("verilator") is None:
         pytest.skip("no verilator")
-    # Its own folder: under --dist loadfile this file may run beside tests/test_nic_rtl.py.
-    build = BUILD / "tests" / "nic_pair_waves"
+    # tests/test_nic_rtl.py's folder: the same export (the same NIC configuration). Under
+    # --dist loadfile that file may run beside this one: run_cocotb locks the folder while it
+    # exports, and each file builds in its own subfolder (this one in trace/).
+    build = BUILD / "tests" / "nic_pair"
     scn = Scenario(name="waves", planes=4, mtu=512, evs=16, qps=1, bytes=8 * 1024,
                    msg_size=4 * 1024, fail_plane=None, fail_at_us=None, recover_at_us=None,
                    max_us=500.0, seed=3, waves=True, waves_from_us=2.0, waves_to_us=6.0)

@@ -16,6 +16,8 @@ inside the window; under Icarus every build can trace: a small generated module 
 a window.
 """
 
+import contextlib
+import fcntl
 import math
 import os
 from dataclasses import dataclass
@@ -122,13 +124,17 @@ def viewer_hint(fst, gtkw=None):
 
 
 class _TracingVerilator(Verilator):
-    """cocotb's Verilator runner, linking the project's main (the trace window) instead of
-    cocotb's own."""
+    """cocotb's Verilator runner, linking the project's main (the trace window, ``main``)
+    instead of cocotb's own."""
+
+    def __init__(self, main=VERILATOR_MAIN):
+        super().__init__()
+        self._main = main
 
     def _build_command(self):
         cmds = super()._build_command()
         stock = str(cocotb_tools.config.share_dir / "lib" / "verilator" / "verilator.cpp")
-        cmds[0] = [str(VERILATOR_MAIN) if part == stock else part for part in cmds[0]]
+        cmds[0] = [str(self._main) if part == stock else part for part in cmds[0]]
         return cmds
 
 
@@ -158,6 +164,18 @@ module mrc_waves();
 endmodule
 """)
     return path
+
+
+@contextlib.contextmanager
+def _folder_lock(folder):
+    """Hold an exclusive lock on ``folder`` (a file beside it) for the ``with`` block: two
+    processes (e.g. the two pytest workers) that export into, or build in, the same folder
+    take turns."""
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f".{folder.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def source_key(*parts):
@@ -219,32 +237,37 @@ def run_cocotb(component, *, toplevel, test_module, build_dir, extra_env=None, s
         waves = WavesWindow(waves.path.resolve(), waves.from_us, waves.to_us)
     source = build_dir / f"{toplevel}.sv"
     key_file = build_dir / "export.key"
-    if not (export_key and source.exists() and key_file.exists()
-            and key_file.read_text() == export_key):
-        if callable(component) and not hasattr(component, "elaborate"):
-            component = component()
-        key_file.unlink(missing_ok=True)
-        if hasattr(component, "export_sv"):      # a component that writes its own Verilog
-            component.export_sv(source)
-        else:
-            export_sv(component, name=toplevel, path=source)
-        if export_key:
-            key_file.write_text(export_key)
+    with _folder_lock(build_dir):
+        if not (export_key and source.exists() and key_file.exists()
+                and key_file.read_text() == export_key):
+            if callable(component) and not hasattr(component, "elaborate"):
+                component = component()
+            key_file.unlink(missing_ok=True)
+            if hasattr(component, "export_sv"):      # a component that writes its own Verilog
+                component.export_sv(source)
+            else:
+                export_sv(component, name=toplevel, path=source)
+            if export_key:
+                key_file.write_text(export_key)
     build_args = []
     sources = [source]
     if sim == "verilator":
         build_args = ["-Wno-fatal", "-Wno-lint", "-Wno-style", *verilator_args]
+        main = VERILATOR_MAIN
         if traceable:
             build_args.append("--trace-fst")
             build_dir = build_dir / "trace"
-            # The generated makefile searches the folders of the sources for objects (VPATH):
-            # beside the untraced build's, it would link that build's main, compiled without
-            # trace support. So the traced build gets a copy of the source in its own folder.
+            # The generated makefile searches the folders of the sources and the build's
+            # parent (VPATH) for objects: it would link the untraced build's main, compiled
+            # without trace support. So the traced build gets a copy of the source in its own
+            # folder, and its main a name of its own.
             build_dir.mkdir(parents=True, exist_ok=True)
-            text = source.read_bytes()
-            source = build_dir / source.name
-            if not source.exists() or source.read_bytes() != text:
-                source.write_bytes(text)
+            for origin, copy in ((source, build_dir / source.name),
+                                 (VERILATOR_MAIN, build_dir / "verilator_main_traced.cpp")):
+                text = origin.read_bytes()
+                if not copy.exists() or copy.read_bytes() != text:
+                    copy.write_bytes(text)
+            source, main = build_dir / source.name, build_dir / "verilator_main_traced.cpp"
             sources = [source]
         if ports_only:
             build_dir.mkdir(parents=True, exist_ok=True)
@@ -252,7 +275,7 @@ def run_cocotb(component, *, toplevel, test_module, build_dir, extra_env=None, s
             vlt.write_text("`verilator_config\n"
                            f'public_flat_rw -module "{toplevel}" -var "*"\n')
             build_args += ["--no-public-flat-rw", str(vlt)]
-        runner = _TracingVerilator()
+        runner = _TracingVerilator(main)
     else:
         build_dir.mkdir(parents=True, exist_ok=True)
         sources.append(_icarus_waves_module(build_dir, toplevel))
@@ -282,14 +305,15 @@ def run_cocotb(component, *, toplevel, test_module, build_dir, extra_env=None, s
     args_file = build_dir / "build.args"
     args_text = " ".join(build_args + [part for part in os.environ.get("MAKEFLAGS", "").split()
                                        if part.startswith(("OPT_FAST=", "OPT_SLOW="))])
-    stale = not args_file.exists() or args_file.read_text() != args_text
     # Verilator: waves=True builds the trace code in (VM_TRACE=1). Icarus: the dump module
     # above stands in for cocotb's, which would dump the whole run.
-    runner.build(sources=sources, hdl_toplevel=toplevel, build_dir=build_dir,
-                 timescale=("1ns", "1ps"), waves=sim == "verilator" and traceable,
-                 build_args=build_args,
-                 always=not reuse or stale, log_file=build_dir / "build.log")
-    args_file.write_text(args_text)
+    with _folder_lock(build_dir):
+        stale = not args_file.exists() or args_file.read_text() != args_text
+        runner.build(sources=sources, hdl_toplevel=toplevel, build_dir=build_dir,
+                     timescale=("1ns", "1ps"), waves=sim == "verilator" and traceable,
+                     build_args=build_args,
+                     always=not reuse or stale, log_file=build_dir / "build.log")
+        args_file.write_text(args_text)
     test_args, plusargs = [], []
     if waves:
         waves.path.parent.mkdir(parents=True, exist_ok=True)
