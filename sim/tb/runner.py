@@ -38,6 +38,10 @@ WAVES_FILE = "waves.fst"
 #: The project's Verilator main: cocotb's, with the trace window (see the module docstring).
 VERILATOR_MAIN = Path(__file__).with_name("verilator_main.cpp")
 
+#: Verilator's ``OBJCACHE``: keeps the objects of Verilator's run-time library, the same in
+#: every model built with the same flags, so each is compiled once (``objcache.sh``).
+OBJCACHE = Path(__file__).with_name("objcache.sh")
+
 #: Simulator time units per microsecond: the precision of ``timescale=("1ns", "1ps")``.
 _PS_PER_US = 1_000_000
 
@@ -166,6 +170,17 @@ endmodule
     return path
 
 
+def objcache_flags(flags):
+    """``flags`` (make's command-line variables) with ``OBJCACHE`` set to :data:`OBJCACHE`,
+    unless they set it already; points ``MRC_OBJCACHE_DIR`` at ``build/verilator-runtime``
+    unless it is set."""
+    if "OBJCACHE=" in flags or not os.access(OBJCACHE, os.X_OK):
+        return flags
+    from ..env import BUILD
+    os.environ.setdefault("MRC_OBJCACHE_DIR", str(BUILD / "verilator-runtime"))
+    return f"{flags} OBJCACHE={OBJCACHE}"
+
+
 @contextlib.contextmanager
 def _folder_lock(folder):
     """Hold an exclusive lock on ``folder`` (a file beside it) for the ``with`` block: two
@@ -291,6 +306,7 @@ def run_cocotb(component, *, toplevel, test_module, build_dir, extra_env=None, s
             flags = f"{flags} CFG_CXXFLAGS_PCH_I=-include"
         if not any(part.startswith("-j") for part in flags.split()):
             flags = f"{flags} -j{os.cpu_count() or 1}"      # Verilator splits big designs
+        flags = objcache_flags(flags)
         flags = " ".join(part for part in flags.split()
                          if not part.startswith(("OPT_FAST=", "OPT_SLOW=")))
         if quick_build:

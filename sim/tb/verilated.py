@@ -37,11 +37,12 @@ from amaranth.lib import wiring
 
 from ..env import BUILD, apply_defaults
 from ..export import rtlil_to_sv
+from .runner import objcache_flags
 
 __all__ = ["Simulator", "build_model"]
 
 #: Bump when the wrapper or the build flags change: it is part of every build's digest.
-_VERSION = 2
+_VERSION = 3
 
 
 def _ports(dut):
@@ -168,7 +169,8 @@ def build_model(dut, *, name):
         make = ["make", f"-j{os.cpu_count() or 1}", "-C", str(folder / "obj"), "-f", "Vtop.mk",
                 # The wheel's verilated.mk leaves this empty (docs/toolchain.md).
                 "CFG_CXXFLAGS_PCH_I=-include",
-                "OPT_FAST=-O0", "OPT_SLOW=-O0", "OPT_GLOBAL=-O0"]
+                "OPT_FAST=-O0", "OPT_SLOW=-O0", "OPT_GLOBAL=-O0",
+                *objcache_flags("").split()]
         env = {k: v for k, v in os.environ.items() if k != "MAKEFLAGS"}
         with open(log, "w") as out:
             for command in (flags, make):
