@@ -259,7 +259,10 @@ def _yosys_compiled():
 def on_verilator(request, monkeypatch):
     """Run the test's Amaranth benches on a Verilator model of the same design: the test
     module's ``Simulator`` becomes :class:`sim.tb.verilated.Simulator` for this test (same
-    processes, testbenches and checks, cycle for cycle; ``docs/testing.md``)."""
+    processes, testbenches and checks, cycle for cycle; ``docs/testing.md``).
+    ``MRC_AMARANTH_SIM=1`` keeps Amaranth's Python simulator (e.g. to write a VCD file)."""
+    if os.environ.get("MRC_AMARANTH_SIM", "") not in ("", "0"):
+        return
     from sim.tb.verilated import Simulator
     monkeypatch.setattr(request.module, "Simulator", Simulator)
 

@@ -1,7 +1,7 @@
 # amaranth: UnusedElaboratable=no
 """PortWatch (``hdl/path/watch.py``) against its model, cycle by cycle, for tens of thousands
-of cycles: the Amaranth testbench runs on a Verilator model of the unit
-(:mod:`sim.tb.verilated`).
+of cycles: the Amaranth testbench runs on a Verilator model of the unit (the ``on_verilator``
+fixture, :mod:`sim.tb.verilated`).
 
 The unit's inputs are strobes (a send, an ACK), not streams: it never stalls, so there is no
 backpressure to apply; the random tests space the strobes with random idle cycles instead.
@@ -10,11 +10,13 @@ backpressure to apply; the random tests space the strobes with random idle cycle
 import random
 
 import pytest
+from amaranth.sim import Simulator
 
 from hdl import protocol as P
 from hdl.path.watch import WATCH_DEPTH, WATCH_UNIT_SHIFT, PortWatch, echo_time_ns
 from sim.model.watch import PortWatchModel
-from sim.tb.verilated import Simulator
+
+pytestmark = pytest.mark.usefixtures("on_verilator")
 
 UNIT = 1 << WATCH_UNIT_SHIFT
 NS_PER_CYCLE = 8
