@@ -572,6 +572,10 @@ class TransportSelfTest(wiring.Component):
     extra_counters : tuple of str
         Names of counters from outside (e.g. a real port's, ``boards.rgmii.PORT_COUNTERS``),
         given on ``extra`` and appended to the UART line.
+    knobs : bool
+        Take the loss rate and the WR limit from the ``loss_rate`` and ``wr_limit`` inputs
+        instead of building ``loss_rate`` and ``wr_limit`` in: one build of the design then
+        serves simulator runs with different values (``sim/tb/selftest.py``).
 
     Members
     -------
@@ -579,13 +583,14 @@ class TransportSelfTest(wiring.Component):
     ext_tx, ext_rx : ``Out/In(stream.Signature(net_beat_layout(W))).array(len(external_planes))``
         The external planes' frames, when there are any.
     extra : ``In(data.ArrayLayout(32, len(extra_counters)))``, when there are any.
+    loss_rate : ``In(8)``, wr_limit : ``In(32)``: with ``knobs``.
     up : ``Out(1)``: the bring-up script finished without error.
     counters : ``Out(data.ArrayLayout(32, len(counter_names)))``
     """
 
     def __init__(self, *, config, delays=None, loss_rate=8, report_period=None, baud=115200,
                  auto_kill=False, wr_limit=0, outstanding=4, timeout=3, external_planes=(),
-                 extra_counters=()):
+                 extra_counters=(), knobs=False):
         with validating(self):
             if not isinstance(config, NicConfig):
                 raise TypeError(f"config must be a NicConfig, not {config!r}")
@@ -626,6 +631,7 @@ class TransportSelfTest(wiring.Component):
         self._extra = extra_counters
         self._internal = tuple(p for p in range(config.ports) if p not in external_planes)
         self._wr_limit = wr_limit
+        self._knobs = knobs
         self._outstanding = outstanding
         self.nic = MrcNic(config)
         self.script = record_bring_up(config, timeout=timeout)
@@ -637,6 +643,9 @@ class TransportSelfTest(wiring.Component):
                     "ext_rx": In(beat).array(len(external_planes))} if external_planes else {}
         if extra_counters:
             external["extra"] = In(data.ArrayLayout(32, len(extra_counters)))
+        if knobs:
+            external["loss_rate"] = In(8, init=loss_rate)
+            external["wr_limit"] = In(32, init=wr_limit)
         super().__init__({
             **external,
             "uart_tx": Out(1, init=1),
@@ -695,9 +704,9 @@ class TransportSelfTest(wiring.Component):
             self.uart_tx.eq(uart.tx),
             self.up.eq(script.done & ~script.error),
             work.enable.eq(self.up),
-            work.limit.eq(self._wr_limit),
+            work.limit.eq(self.wr_limit if self._knobs else self._wr_limit),
             work.completed.eq(completions.completed),
-            fabric.loss_rate.eq(self._loss_rate),
+            fabric.loss_rate.eq(self.loss_rate if self._knobs else self._loss_rate),
             fabric.trim_rate.eq(0),
         ]
 

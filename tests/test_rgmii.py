@@ -7,7 +7,6 @@ import random
 
 import pytest
 from amaranth import Fragment, Instance, Module, Signal
-from amaranth.lib import wiring
 from amaranth.sim import Simulator
 from amaranth_boards.ecpix5 import ECPIX585Platform
 from scapy.layers.inet import UDP
@@ -102,11 +101,12 @@ def test_gmii_port_carries_frames_across_the_clock_domains():
     assert result == {"tx_frames": 8, "rx_frames": 7, "rx_dropped": 1}
 
 
-def test_transport_selftest_with_a_plane_on_the_gmii_port():
-    """The whole NIC with plane 1 through the MACs and clock crossings (GMII looped back at
-    125 MHz, NIC at 50 MHz) and plane 0 through the on-chip fabric: every work request
-    completes and checks, and the port carried frames both ways, none dropped. (Under
-    Verilator, sim/tb/selftest.py: thousands of cycles of a whole NIC.)"""
+def run_external_plane(*, cycles, dead):
+    """The whole NIC (50 MHz) with plane 0 through the on-chip fabric and plane 1 on the GMII
+    port, its GMII looped back (125 MHz); ``dead``: plane 1's frames go nowhere instead (its
+    ``ext_tx`` always ready, nothing on its ``ext_rx``) and the port stays idle. Under
+    Verilator (sim/tb/selftest.py: thousands of cycles of a whole NIC); ``dead`` is a knob,
+    so both kinds of run share one build. Returns the :class:`SelfTestRun`."""
     config = T.transport_config(50_000_000)
 
     def make():
@@ -115,13 +115,25 @@ def test_transport_selftest_with_a_plane_on_the_gmii_port():
             config=config, loss_rate=0, report_period=5000, baud=config.clock_hz // 2,
             wr_limit=24, external_planes=(1,), extra_counters=PORT_COUNTERS)
         m.submodules.loop, port = looped_port()
-        wiring.connect(m, dut.ext_tx[0], port.tx)
-        wiring.connect(m, port.rx, dut.ext_rx[0])
-        m.d.comb += dut.extra.eq(port.counters)
-        return SelfTestBench(m, dut), dut
+        drain = Signal()
+        tx, rx = dut.ext_tx[0], dut.ext_rx[0]
+        m.d.comb += [port.tx.p.eq(tx.p), port.tx.valid.eq(tx.valid & ~drain),
+                     tx.ready.eq(port.tx.ready | drain),
+                     rx.p.eq(port.rx.p), rx.valid.eq(port.rx.valid & ~drain),
+                     port.rx.ready.eq(rx.ready | drain),
+                     dut.extra.eq(port.counters)]
+        return SelfTestBench(m, dut, knobs={"dead": drain}), dut
 
-    result = run_selftest_rtl(make, name="transport_gmii_loop", cycles=9_000, params=(),
-                              period_ns=20, eth_period_ns=8).counters
+    return run_selftest_rtl(make, name="transport_external_plane", cycles=cycles, params=(),
+                            period_ns=20, eth_period_ns=8, knobs={"dead": int(dead)})
+
+
+def test_transport_selftest_with_a_plane_on_the_gmii_port():
+    """The whole NIC with plane 1 through the MACs and clock crossings (GMII looped back at
+    125 MHz, NIC at 50 MHz) and plane 0 through the on-chip fabric: every work request
+    completes and checks, and the port carried frames both ways, none dropped."""
+    config = T.transport_config(50_000_000)
+    result = run_external_plane(cycles=9_000, dead=False).counters
     assert result["script"] == 1
     assert result["posted"] == result["completed"] == 24
     assert result["bad"] == 0 and result["dropped"] == 0 and result["rx_dropped"] == 0
@@ -131,18 +143,8 @@ def test_transport_selftest_with_a_plane_on_the_gmii_port():
 
 def test_transport_selftest_survives_a_dead_external_plane():
     """Nothing on the port (every frame sent on plane 1 vanishes, nothing comes back): the
-    NIC moves its traffic onto plane 0 and every work request still completes and checks.
-    (Under Verilator, sim/tb/selftest.py.)"""
-    config = T.transport_config(50_000_000)
-
-    def make():
-        dut = T.TransportSelfTest(config=config, loss_rate=0, report_period=5000,
-                                  baud=config.clock_hz // 2, wr_limit=24, external_planes=(1,),
-                                  extra_counters=PORT_COUNTERS)
-        return SelfTestBench(dut, dut, drain_external=True), dut
-
-    run = run_selftest_rtl(make, name="transport_dead_plane", cycles=14_000, params=(),
-                           period_ns=20)
+    NIC moves its traffic onto plane 0 and every work request still completes and checks."""
+    run = run_external_plane(cycles=14_000, dead=True)
     result = {**run.counters, "sent_on_plane1": run.ext_frames}
     assert result["sent_on_plane1"] > 0
     assert result["posted"] == result["completed"] == 24

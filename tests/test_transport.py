@@ -155,14 +155,19 @@ def test_bus_script_rejects_bad_scripts():
 
 def run_transport(*, cycles, wr_limit, loss_rate, kill_window=None, divisor=2):
     """Run the transport self-test under Verilator; return the counters by name (and the
-    error flag) and the UART lines. Plane 1 is killed during ``kill_window`` (cycles)."""
+    error flag) and the UART lines. Plane 1 is killed during ``kill_window`` (cycles). The
+    loss rate, the WR limit and the kill window are knobs, set per run: one build serves
+    every run."""
     def make():
-        dut = T.TransportSelfTest(config=CONFIG, loss_rate=loss_rate, report_period=5000,
-                                  baud=CONFIG.clock_hz // divisor, wr_limit=wr_limit)
-        return SelfTestBench(dut, dut, kill=0b10, kill_window=kill_window), dut
+        dut = T.TransportSelfTest(config=CONFIG, report_period=5000,
+                                  baud=CONFIG.clock_hz // divisor, knobs=True)
+        return SelfTestBench(dut, dut, kill=0b10, kill_window="run",
+                             knobs={"loss_rate": dut.loss_rate, "wr_limit": dut.wr_limit}), dut
 
-    run = run_selftest_rtl(make, name=f"transport_loss{loss_rate}_wr{wr_limit}",
-                           cycles=cycles, params=(wr_limit, loss_rate, kill_window, divisor))
+    first, end = kill_window or (0, 0)
+    run = run_selftest_rtl(make, name="transport", cycles=cycles, params=(divisor,),
+                           knobs={"loss_rate": loss_rate, "wr_limit": wr_limit,
+                                  "kill_first": first, "kill_end": end})
     result = {**run.counters, "error": run.error}
     text = decode_uart(run.levels, divisor).decode()
     # Complete lines only: the run may end in the middle of one.

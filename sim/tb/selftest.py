@@ -17,7 +17,7 @@ from pathlib import Path
 
 from amaranth import *
 from amaranth.lib import wiring
-from amaranth.lib.wiring import Out
+from amaranth.lib.wiring import In, Out
 
 from ..env import BUILD, REPO
 from .runner import run_cocotb, source_key
@@ -37,36 +37,43 @@ class SelfTestBench(wiring.Component):
         The self-test inside ``design`` whose outputs are read.
     kill : int
         Mask driven on ``selftest.kill`` while the cycle count is inside ``kill_window``.
-    kill_window : (int, int) or None
-        First cycle and the cycle after the last one of the kill; ``None``: never.
-    drain_external : bool
-        Hold ``ready`` of the first external plane's ``ext_tx`` high (nothing answers on it)
-        and count the frames that leave on it.
+    kill_window : (int, int), ``"run"`` or None
+        First cycle and the cycle after the last one of the kill; ``"run"``: given by each
+        run, as the knobs ``kill_first`` and ``kill_end`` (0 and 0: never); ``None``: never.
+    knobs : dict of str to Value
+        Inputs of ``design`` that each run sets (:func:`run_selftest_rtl`'s ``knobs``),
+        through inputs of the bench of the same names: one build serves runs with
+        different values.
 
     Members
     -------
     uart_tx : ``Out(1)``
     counters : ``Out(ArrayLayout(32, len(selftest.counter_names)))``
     error : ``Out(1)``
-    ext_frames : ``Out(32)``: frames sent on the drained external plane.
+    ext_frames : ``Out(32)``: frames sent on the first external plane.
+    kill_first, kill_end, and one input per knob : ``In``, as above.
     """
 
-    def __init__(self, design, selftest, *, kill=0, kill_window=None, drain_external=False):
-        if kill_window is not None and not (isinstance(kill_window, tuple)
-                                            and len(kill_window) == 2
-                                            and 0 <= kill_window[0] <= kill_window[1]):
-            raise ValueError(f"kill_window must be a (first, end) pair of cycles, "
+    def __init__(self, design, selftest, *, kill=0, kill_window=None, knobs=None):
+        if kill_window not in (None, "run") and not (isinstance(kill_window, tuple)
+                                                     and len(kill_window) == 2
+                                                     and 0 <= kill_window[0] <= kill_window[1]):
+            raise ValueError(f"kill_window must be a (first, end) pair of cycles or \"run\", "
                              f"not {kill_window!r}")
         self._design = design
         self._selftest = selftest
         self._kill = kill
         self._kill_window = kill_window
-        self._drain = drain_external
+        self._knobs = dict(knobs or {})
+        members = {name: In(Value.cast(target).shape()) for name, target in self._knobs.items()}
+        if kill_window == "run":
+            members.update(kill_first=In(32), kill_end=In(32))
         super().__init__({
             "uart_tx": Out(1, init=1),
             "counters": Out(selftest.counters.shape()),
             "error": Out(1),
             "ext_frames": Out(32),
+            **members,
         })
 
     def elaborate(self, platform):
@@ -75,15 +82,17 @@ class SelfTestBench(wiring.Component):
         selftest = self._selftest
         cycle = Signal(32)
         m.d.sync += cycle.eq(cycle + 1)
+        for name, target in self._knobs.items():
+            m.d.comb += target.eq(getattr(self, name))
         if self._kill_window is not None:
-            first, end = self._kill_window
+            first, end = ((self.kill_first, self.kill_end) if self._kill_window == "run"
+                          else self._kill_window)
             m.d.comb += selftest.kill.eq(Mux((cycle >= first) & (cycle < end), self._kill, 0))
         m.d.comb += [self.uart_tx.eq(selftest.uart_tx), self.counters.eq(selftest.counters),
                      self.error.eq(selftest.error)]
-        if self._drain:
+        if hasattr(selftest, "ext_tx"):
             port = selftest.ext_tx[0]
-            m.d.comb += port.ready.eq(1)
-            with m.If(port.valid & port.p.last):
+            with m.If(port.valid & port.ready & port.p.last):
                 m.d.sync += self.ext_frames.eq(self.ext_frames + 1)
         return m
 
@@ -107,7 +116,7 @@ def _sources_key(*parts):
 
 
 def run_selftest_rtl(make, *, name, cycles, params, period_ns=10, eth_period_ns=None,
-                     build_dir=None):
+                     build_dir=None, knobs=None):
     """Run a self-test bench for ``cycles`` cycles under Verilator; return a
     :class:`SelfTestRun`.
 
@@ -115,7 +124,9 @@ def run_selftest_rtl(make, *, name, cycles, params, period_ns=10, eth_period_ns=
     it is called only when the design must be exported again. ``params`` must name
     everything ``make`` depends on: with the sources, it keys the build kept in
     ``build/tests/<name>``, reused while they are unchanged. ``eth_period_ns`` starts a
-    second clock, for an ``eth`` domain.
+    second clock, for an ``eth`` domain. ``knobs``: the value of each of the bench's knobs
+    (and ``kill_first``, ``kill_end``) for this run, set before the first clock edge; they
+    are no part of the build.
     """
     build_dir = Path(build_dir or BUILD / "tests" / name)
     names_file = build_dir / "counter_names.json"
@@ -128,7 +139,8 @@ def run_selftest_rtl(make, *, name, cycles, params, period_ns=10, eth_period_ns=
 
     result = build_dir / "selftest.json"
     result.unlink(missing_ok=True)
-    env = {"CYCLES": cycles, "PERIOD_NS": period_ns, "RESULT": result}
+    env = {"CYCLES": cycles, "PERIOD_NS": period_ns, "RESULT": result,
+           "KNOBS": json.dumps(knobs or {})}
     if eth_period_ns is not None:
         env["ETH_PERIOD_NS"] = eth_period_ns
     if not names_file.exists():     # no names kept beside the export: export again
