@@ -200,8 +200,8 @@ def _rtl_receive(frames, ports, config, sim, out, waves=None):
     print(f"  RTL receive path: {len(frames)} frames through the NIC top under {sim} ...",
           flush=True)
     try:
-        outcome = replay_frames(frames, config, ports=ports, sim=sim,
-                                build_dir=out / f"rtl-{sim}", waves=waves)
+        # The build is replay's, kept per configuration in build/replay/ and reused.
+        outcome = replay_frames(frames, config, ports=ports, sim=sim, waves=waves)
     except CocotbFailure as e:
         return {"status": "error", "simulator": sim, "error": str(e)}
     counters = outcome["counters"]

@@ -66,14 +66,20 @@ def replay_frames(frames, config, *, ports, sim=None, build_dir=None, waves=None
     ``{"verdicts": [parser reason per frame], "transport": [responder verdict or None],
     "responses": [{"port", "hex"}], "counters": {...}, "responder_counters": {...}}``.
     ``waves``: a :class:`sim.tb.runner.WavesWindow` (default: what ``MRC_WAVES`` asks).
+    ``build_dir``: where the simulator build lives (default ``build/replay/<sim>-<hash of
+    the configuration>``, reused while the gateware and the configuration are unchanged).
     Raises :class:`sim.tb.runner.CocotbFailure` when the simulation fails."""
+    import hashlib
     import os
 
     from hdl.nic import MrcNic
     from sim.tb.runner import run_cocotb, source_key
 
     sim = sim or os.environ.get("SIM", "verilator")
-    build_dir = Path(build_dir or BUILD / "replay" / f"{sim}-w{config.data_width}")
+    if build_dir is None:
+        key = hashlib.sha256(json.dumps(config.to_dict(), sort_keys=True).encode())
+        build_dir = BUILD / "replay" / f"{sim}-{key.hexdigest()[:12]}"
+    build_dir = Path(build_dir)
     build_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         job, result = Path(tmp) / "job.json", Path(tmp) / "result.json"

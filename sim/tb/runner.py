@@ -147,7 +147,7 @@ def _icarus_waves_module(build_dir, toplevel):
     ``+mrc_waves_file=PATH +mrc_waves_from_ps=N [+mrc_waves_to_ps=N]``. Nothing is dumped
     without ``+mrc_waves_file`` (and vvp's ``-none`` disables dumping altogether)."""
     path = Path(build_dir) / "mrc_waves.v"
-    path.write_text(f"""`timescale 1ps/1ps
+    text = f"""`timescale 1ps/1ps
 module mrc_waves();
     string file;
     reg [63:0] from_ps;
@@ -166,7 +166,10 @@ module mrc_waves();
         end
     end
 endmodule
-""")
+"""
+    # Written only when it changed: a newer time stamp would make a reused build rebuild.
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
     return path
 
 
