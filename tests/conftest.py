@@ -103,6 +103,13 @@ TEST_MARKS = {
         "test_every_decision_equals_the_model": {"slow"},
         "test_port_fate_sharing_two_losses_abandon_the_whole_port_floor_permitting": {"slow"},
         "test_ten_thousand_picks_are_uniform_over_64_evs": {"slow"},
+        # On a Verilator model (on_verilator): the elaboration of the 64-EV design, the
+        # model's load and, in a fresh checkout, its build.
+        "test_failover_no_data_on_a_dead_port_once_its_loss_feedback_is_in": {"slow"},
+        "test_a_port_the_port_watch_reports_down_is_swept_in_fate_sharing_profiles_only":
+            {"slow"},
+        "test_selection_waits_for_a_lost_and_its_fate_sweep": {"slow"},
+        "test_auto_mode_one_ev_per_qp_and_qps_spread": {"slow"},
     },
     "test_ports.py": {"test_port_loop_rtl": {"rtl", "slow"}},
     "test_recovery.py": {"test_timer_expires_on_schedule": {"slow"}},
