@@ -209,7 +209,7 @@ ICE40_COUNTERS = ("sent", "received", "trimmed", "bad", "lost", "killed")
 
 
 class Ice40Selftest(wiring.Component):
-    """The reduced self-test without board I/O (simulated by ``tests/test_boards.py``).
+    """The reduced self-test without board I/O (simulated by ``tests/boards/test_boards.py``).
 
     Members
     -------

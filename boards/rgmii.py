@@ -10,7 +10,7 @@
 
 :class:`GmiiPort` is everything but the I/O: the MACs of :mod:`boards.mac` in an ``eth``
 domain and the crossings to and from ``sync``. It runs in the Amaranth simulator with the
-GMII signals looped back (``tests/test_rgmii.py``). :class:`Ecp5Rgmii` turns GMII into RGMII
+GMII signals looped back (``tests/boards/test_rgmii.py``). :class:`Ecp5Rgmii` turns GMII into RGMII
 with the ECP5's DDR flip-flops (``IDDRX1F``, ``ODDRX1F``) and input delays (``DELAYF``), and
 makes the ``eth`` domain from the PHY's receive clock; the transmit side is clocked by the same
 clock, as LiteEth's ECP5 RGMII PHY does, so the port works once the PHY has a 1000 Mb/s link

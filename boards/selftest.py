@@ -9,7 +9,7 @@
            └─► counters ─► Reporter ─► UARTTx (115200 8N1, one line per report period)
                        └─► status (LEDs)
 
-The same :class:`SelfTest` runs in the Amaranth simulator (``tests/test_boards.py``, with a
+The same :class:`SelfTest` runs in the Amaranth simulator (``tests/boards/test_boards.py``, with a
 short report period) and on the ECP5 boards (``boards/tops.py``). Everything the checker
 expects is derived from the PSN the generator put in the packet (payload length, payload
 pattern), so packets may arrive in any order over the planes.

@@ -29,7 +29,7 @@ A cell may also be a check against a target, ``{"check": ">=", "limit": 100, "un
 
 Each table renders between ``<!-- figures:NAME begin -->`` and ``<!-- figures:NAME end -->``
 in its document. ``python -m sim.docfigures`` re-renders the documents from the snapshots,
-``--check`` fails when a document is out of date (``tests/test_docfigures.py``), and
+``--check`` fails when a document is out of date (``tests/sim/test_docfigures.py``), and
 ``--update FILE...`` first takes new values from the JSON that ``make bench``,
 ``boards.cli synth-report`` or ``boards.cli bitstream`` wrote (``--update-from-build``: every
 such file present under ``build/``).

@@ -181,7 +181,7 @@ def _rotate_left(value, amount, width):
 
 def retry_expiry_gateware(t, linear, exponential, retries):
     """:func:`~hdl.transport.req_defs.retry_expiry` as logic: ``(exponent, exhausted)`` with
-    ``wait_units = 2**exponent`` (``tests/test_recovery.py`` checks it against the Python
+    ``wait_units = 2**exponent`` (``tests/hdl/test_recovery.py`` checks it against the Python
     function)."""
     beyond = Mux(retries > linear, retries - linear, 0)
     exponent = t + beyond

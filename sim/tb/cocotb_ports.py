@@ -1,6 +1,6 @@
 """cocotb test: frames from P ports through PortArbiter and back out of PortDemux.
 
-Run by tests/test_ports.py on a top that wires the arbiter's output into the demux; every
+Run by tests/hdl/test_ports.py on a top that wires the arbiter's output into the demux; every
 frame must leave on the port it entered, whole and unchanged, under random bubbles on every
 input and random backpressure on every output.
 """

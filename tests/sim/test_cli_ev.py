@@ -10,7 +10,7 @@ from sim import evtool
 from sim.cli import main
 from sim.env import REPO
 
-# The worked examples of docs/ev-expansion.md (and tests/test_ev_expansion.py).
+# The worked examples of docs/ev-expansion.md (and tests/hdl/test_ev_expansion.py).
 UDP_DOCUMENT = {
     "format": {"mode": "udp", "widths": [8, 8]},
     "profile": {

@@ -18,7 +18,7 @@ from boards.tops import BOARDS, TRANSPORT_HZ
 from hdl.control.nicmap import nic_register_map
 from hdl.control.regmap import bus_signature
 from sim.tb.selftest import SelfTestBench, run_selftest_rtl
-from tests.test_boards import decode_uart
+from tests.boards.test_boards import decode_uart
 
 CONFIG = T.transport_config(100_000_000)
 
@@ -267,7 +267,7 @@ def test_pattern_memory_matches_the_python_pattern():
 def test_transport_top_runs_the_whole_nic_from_the_pll():
     platform = ECPIX585Platform()
     fragment = Fragment.get(BOARDS["ecpix5-transport"].top("ecpix5-transport"), platform)
-    from tests.test_boards import _walk
+    from tests.boards.test_boards import _walk
     plls = [sub for _, sub in _walk(fragment) if isinstance(sub, Instance)
             and sub.type == "EHXPLLL"]
     assert len(plls) == 1

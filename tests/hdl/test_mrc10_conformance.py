@@ -25,8 +25,8 @@ from hdl.packet.headers import DropReason, PacketKind, field_slices, header_stru
 from sim import defaults as D
 from sim import packets as pk
 from sim import rtlpackets as rp
-from tests.test_builder import BuilderBench
-from tests.test_parser import run_parser
+from tests.hdl.test_builder import BuilderBench
+from tests.hdl.test_parser import run_parser
 
 # ---------------------------------------------------------------------------------------------
 # Per-header vectors: (layout, Scapy layer, wire bytes, fields)

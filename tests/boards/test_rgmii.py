@@ -19,7 +19,7 @@ from boards.rgmii import ETH_HZ, PORT_COUNTERS, RX_DELAY_TAPS, Ecp5Rgmii, GmiiPo
 from boards.tops import BOARDS
 from sim.rtlpackets import frame_beats
 from sim.tb.selftest import SelfTestBench, run_selftest_rtl
-from tests.test_boards import _walk
+from tests.boards.test_boards import _walk
 
 
 def looped_port(*, corrupt_frame=None):

@@ -4,7 +4,7 @@ time, and moving the window never rebuilds the simulator.
 
 The two RTL tests are the slow ones of this file: ``test_port_loop_window_under_each_simulator``
 builds a small design under Icarus and Verilator, and ``test_two_nics_window_without_rebuild``
-runs the main job twice on the NIC pair of ``tests/test_nic_rtl.py`` (the export in
+runs the main job twice on the NIC pair of ``tests/hdl/test_nic_rtl.py`` (the export in
 ``build/tests/nic_pair`` is shared with that file; the traced model is built once, in its
 ``trace/`` folder, and kept).
 """
@@ -148,13 +148,13 @@ def test_port_loop_window_under_each_simulator(sim, tmp_path, capsys):
 # -- RTL: the main job ------------------------------------------------------------------------
 
 def test_two_nics_window_without_rebuild(tmp_path):
-    """Slow (the NIC pair of tests/test_nic_rtl.py, its export shared, the traced model built
+    """Slow (the NIC pair of tests/hdl/test_nic_rtl.py, its export shared, the traced model built
     once into trace/). The main job with a window writes OUT/waves.fst and OUT/waves.gtkw; a
     second run with only another window reuses the build as it is and gives the same
     report."""
     if shutil.which("verilator") is None:
         pytest.skip("no verilator")
-    # tests/test_nic_rtl.py's folder: the same export (the same NIC configuration). Under
+    # tests/hdl/test_nic_rtl.py's folder: the same export (the same NIC configuration). Under
     # --dist loadfile that file may run beside this one: run_cocotb locks the folder while it
     # exports, and each file builds in its own subfolder (this one in trace/).
     build = BUILD / "tests" / "nic_pair"

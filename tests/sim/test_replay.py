@@ -16,7 +16,7 @@ from sim.tb.pair import SMALL_CONFIG as TEST_CONFIG
 
 
 def small_config(tmp_path):
-    """The end-to-end benches' reduced configuration (tests/test_nic_rtl.py), as a file."""
+    """The end-to-end benches' reduced configuration (tests/hdl/test_nic_rtl.py), as a file."""
     path = tmp_path / "config.json"
     path.write_text(json.dumps(TEST_CONFIG.to_dict()))
     return path

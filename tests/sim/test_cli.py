@@ -1,5 +1,5 @@
 """The `mrc-nic` command: pcap-sample, flow, sim, scenario files, and one-line errors with exit
-status 2 (every subcommand's errors: tests/test_cli_errors.py)."""
+status 2 (every subcommand's errors: tests/sim/test_cli_errors.py)."""
 
 import json
 import subprocess
