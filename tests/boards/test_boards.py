@@ -582,7 +582,7 @@ def test_scaling_synth_maps_tables_and_merges_report(tmp_path, monkeypatch):
     import json
 
     from boards import build as B
-    monkeypatch.setitem(B.SCALING_BLOCKS, "tiny", ("tests.test_boards", "TinyTable"))
+    monkeypatch.setitem(B.SCALING_BLOCKS, "tiny", ("tests.boards.test_boards", "TinyTable"))
     out = tmp_path / "report.json"
     out.write_text(json.dumps({"results": [{"kind": "board", "board": "ecpix5"},
                                            {"kind": "scaling", "label": "tiny-q1024", "old": 1}]}))
