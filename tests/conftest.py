@@ -36,6 +36,7 @@ from sim.formal import deep_requested
 FILE_MARKS = {
     "test_formal.py": {"formal"},
     "test_nic_rtl.py": {"rtl", "slow"},
+    "test_dpi_agents.py": {"rtl", "slow"},
     "test_packet_engine_rtl.py": {"rtl", "slow"},
 }
 
@@ -183,6 +184,7 @@ JOIN = {
 #: follow, in collection order.
 LONGEST_FIRST = [
     "test_nic_rtl.py",
+    "test_dpi_agents.py",
     "test_path_select.py::test_ten_thousand_picks_are_uniform_over_64_evs",
     "test_cli.py",
     "test_transport.py::test_transport_selftest_routes_around_a_killed_plane",

@@ -189,32 +189,3 @@ def test_pair_compiles_one_nic_and_shows_only_ports(build_dir, tmp_path):
         assert "--no-public-flat-rw" in (build_dir / "build.args").read_text()
         assert 'public_flat_rw -module "nic_pair"' in (build_dir / "ports_only.vlt").read_text()
 
-
-def test_dpi_agents_do_what_the_python_agents_do(build_dir, tmp_path, monkeypatch):
-    """The C++ stream agents (``sim/tb/dpi.py``, the main job's default under Verilator) move
-    every beat at the cycle the Python agents would: a run without bubbles or backpressure,
-    with a plane failing mid-transfer and coming back (probes, resends, EV events), gives the
-    same report, result and capture under either."""
-    scn = BASE.replace(extra={}, fail_plane=1, fail_at_us=15.0, recover_at_us=60.0,
-                       bytes=32 * 1024)
-    if scn.sim != "verilator":
-        pytest.skip("the C++ agents need Verilator (Icarus has no DPI)")
-    monkeypatch.setenv("MRC_HARNESS", "python")
-    python = _run("python", scn, build_dir, tmp_path)
-    monkeypatch.delenv("MRC_HARNESS")
-    dpi = _run("dpi", scn, build_dir, tmp_path)
-    assert (python["sim"]["agents"], dpi["sim"]["agents"]) == ("python", "dpi")
-    _assert_clean(dpi)
-    assert dpi["retransmissions"] > 0 and dpi["ev_events"]
-    for report in (python, dpi):
-        for key in ("wall_s", "cycles_per_s", "total_wall_s", "agents"):
-            report["sim"].pop(key)
-    assert dpi == python
-    results = [json.loads((tmp_path / name / "result.json").read_text())
-               for name in ("python", "dpi")]
-    for result in results:
-        result.pop("wall_s")
-        result.pop("agents")
-    assert results[0] == results[1]
-    assert ((tmp_path / "python" / "traffic.pcapng").read_bytes()
-            == (tmp_path / "dpi" / "traffic.pcapng").read_bytes())
