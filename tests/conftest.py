@@ -177,6 +177,9 @@ JOIN = {
     # Both use build/tests/nic_pair (one export, one Verilator model each with and without
     # tracing): two workers must not build it at the same time.
     "test_waves.py::test_two_nics_window_without_rebuild": "test_nic_rtl.py",
+    # Its Python-agents run simulates in build/tests/nic_pair, where test_nic_rtl.py's runs
+    # write their results: one worker at a time.
+    "test_dpi_agents.py::test_dpi_agents_do_what_the_python_agents_do": "test_nic_rtl.py",
 }
 
 #: Groups in the order the workers should take them, longest first; a split file's groups
@@ -184,7 +187,6 @@ JOIN = {
 #: follow, in collection order.
 LONGEST_FIRST = [
     "test_nic_rtl.py",
-    "test_dpi_agents.py",
     "test_path_select.py::test_ten_thousand_picks_are_uniform_over_64_evs",
     "test_cli.py",
     "test_transport.py::test_transport_selftest_routes_around_a_killed_plane",

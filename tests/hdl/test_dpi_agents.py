@@ -1,9 +1,8 @@
 """The C++ stream agents of the two-NIC bench (``sim/tb/dpi.py``, the main job's default under
 Verilator) against the Python agents (``sim/tb/harness.py``): beat for beat the same run.
 
-A file of its own so that its DPI build runs on one worker while the other builds the NIC pair
-of ``tests/hdl/test_nic_rtl.py``; the Python run below shares that build (the runner locks the
-folder while one worker exports or builds it).
+The Python run below uses the NIC pair build of ``tests/hdl/test_nic_rtl.py`` and simulates in
+its folder, so ``tests/conftest.py`` puts this test in that file's group (one worker).
 """
 
 import json
@@ -32,7 +31,7 @@ def test_dpi_agents_do_what_the_python_agents_do(tmp_path, monkeypatch):
     if scn.sim != "verilator":
         pytest.skip("the C++ agents need Verilator (Icarus has no DPI)")
     monkeypatch.delenv("MRC_HARNESS", raising=False)
-    dpi = _run("dpi", scn, tmp_path)             # first: its own build, beside test_nic_rtl's
+    dpi = _run("dpi", scn, tmp_path)
     monkeypatch.setenv("MRC_HARNESS", "python")
     python = _run("python", scn, tmp_path)
     assert (python["sim"]["agents"], dpi["sim"]["agents"]) == ("python", "dpi")
