@@ -422,11 +422,10 @@ class DpiBus:
         self._done = getattr(dut, f"bus_done_{'ab'[side]}").value_change
         self._busy = False
 
-    async def _acquire(self):
-        from cocotb.triggers import RisingEdge
-        while self._busy:
-            await RisingEdge(self.clock)
-        self._busy = True
+    # The same serialisation as the Python bus (waiters poll at each rising edge).
+    from .cocotb_host import CocotbBus as _CocotbBus
+    _acquire = _CocotbBus._acquire
+    del _CocotbBus
 
     async def write(self, address, value):
         await self._acquire()
