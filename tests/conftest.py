@@ -173,20 +173,21 @@ SPLIT = {
 }
 
 #: Tests that share a build folder with another file's tests: ``"file::function"`` -> file.
-JOIN = {
-    # Both use build/tests/nic_pair (one export, one Verilator model each with and without
-    # tracing): two workers must not build it at the same time.
-    "test_waves.py::test_two_nics_window_without_rebuild": "test_nic_rtl.py",
-    # Its Python-agents run simulates in build/tests/nic_pair, where test_nic_rtl.py's runs
-    # write their results: one worker at a time.
-    "test_dpi_agents.py::test_dpi_agents_do_what_the_python_agents_do": "test_nic_rtl.py",
-}
+#: None today: the NIC pair's two builds are shared by three files (the C++-agents build in
+#: build/tests/nic_pair-dpi by test_nic_rtl.py and test_dpi_agents.py, the traceable
+#: Python-agents build in build/tests/nic_pair/trace by test_waves.py and test_dpi_agents.py),
+#: and run_cocotb's folder locks keep two workers from exporting or building one folder at
+#: once, while each test writes results of its own name; so the files stay apart and the two
+#: builds start on both workers at once (LONGEST_FIRST).
+JOIN = {}
 
 #: Groups in the order the workers should take them, longest first; a split file's groups
 #: are named ``"file::function"`` (and take every parametrization). Groups not listed
 #: follow, in collection order.
 LONGEST_FIRST = [
-    "test_nic_rtl.py",
+    "test_nic_rtl.py",              # builds the pair with the C++ agents
+    "test_waves.py",                # builds the traceable pair (Python agents)
+    "test_dpi_agents.py",           # runs on both builds
     "test_path_select.py::test_ten_thousand_picks_are_uniform_over_64_evs",
     "test_cli.py",
     "test_transport.py::test_transport_selftest_routes_around_a_killed_plane",
@@ -194,7 +195,6 @@ LONGEST_FIRST = [
     "test_rgmii.py::test_transport_selftest_with_a_plane_on_the_gmii_port",
     "test_rgmii.py::test_transport_selftest_survives_a_dead_external_plane",
     "test_replay.py",
-    "test_waves.py",
     "test_formal.py::test_responder_covers_placement_duplicate_ack_and_restart",
     "test_formal.py::test_responder_cumulative_psn_never_moves_backwards",
     "test_formal.py::test_requester_covers_sends_and_an_ack_moving_una",

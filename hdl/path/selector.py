@@ -279,8 +279,9 @@ class Selector(wiring.Component):
         # -- S5: encode the pick, write the pointer back, address the fields RAM -------------
         # The pick is the highest EV not above it; the pointer moves one past it (wrapping at
         # 2**index_bits as the index does).
-        pick_onehot = Cat(*(~s5.above[i] & (s5.above[i + 1] if i + 1 < n_evs else 1)
-                            for i in range(n_evs)))
+        pick_onehot = Signal(n_evs)
+        m.d.comb += pick_onehot.eq(Cat(*(~s5.above[i] & (s5.above[i + 1] if i + 1 < n_evs else 1)
+                                         for i in range(n_evs))))
         pick = Signal(index_bits)
         next_pointer = Signal(index_bits)
         m.d.comb += [

@@ -107,6 +107,10 @@ def _lowest_set(m, bits, name):
     adder, slow to place and slow to elaborate)."""
     width = len(bits)
     index_bits = max(1, ceil_log2(width + 1))
+    if not isinstance(bits, Signal):
+        # An expression would be lowered again for each bit read below.
+        value, bits = bits, Signal(width, name=f"{name}_bits")
+        m.d.comb += bits.eq(value)
     nodes = [(bits[i], C(0, index_bits)) for i in range(width)]
     span = 1
     while len(nodes) > 1:

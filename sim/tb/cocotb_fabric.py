@@ -62,8 +62,7 @@ BUBBLES = float(SCENARIO.extra.get("bubbles", 0.0))
 BACKPRESSURE = float(SCENARIO.extra.get("backpressure", 0.0))
 POLL_CYCLES = 500
 BACKLOG_CYCLES = 1000
-#: The stream agents run in C++ (sim/tb/dpi.py): the build has them, and the run has no
-#: bubbles or backpressure (the C++ agents have neither).
+#: The stream agents run in C++ (sim/tb/dpi.py): the build has them.
 DPI = os.environ.get("MRC_DPI", "") == "1"
 
 
@@ -121,6 +120,16 @@ class Side:
             self.memory = _DpiMemory(dpi, "ab".index(name))
             self.memory.add(SRC_BASE, max(SCENARIO.bytes, 1) + 4096)
             self.memory.add(MR_BASE, max(SCENARIO.bytes, 1) + 4096)
+            if BUBBLES or BACKPRESSURE:
+                # Seeds drawn only here: a run without either draws nothing (as before).
+                sources = [f"{name}_fetch", f"{name}_wr",
+                           *(f"{name}_rx__{p}" for p in range(CONFIG.ports))]
+                sinks = [f"{name}_fetch_req", f"{name}_place", f"{name}_completion",
+                         *(f"{name}_tx__{p}" for p in range(CONFIG.ports))]
+                for prefix in sources:
+                    dpi.set_random(prefix, BUBBLES, rng.randrange(1 << 62))
+                for prefix in sinks:
+                    dpi.set_random(prefix, BACKPRESSURE, rng.randrange(1 << 62))
             return
         self.memory = RegionMemory()
         self.memory.add(SRC_BASE, max(SCENARIO.bytes, 1) + 4096)

@@ -6,8 +6,9 @@ sets the pace. Here a generated wrapper, ``nic_pair_dpi``, instantiates the pair
 rising edge, calls the C++ agents through DPI for each stream port, in the order the Python
 loop steps its agents: host memory (fetch requests, fetch beats, placement), the work-request
 source, the completion sink, the receive sources and the transmit sinks of NIC ``a``, then
-those of NIC ``b``, then the fabric's delivery. The agents are the Python ones without bubbles
-or backpressure, beat for beat, so a run gives the same result either way.
+those of NIC ``b``, then the fabric's delivery. Without bubbles or backpressure the agents are
+the Python ones beat for beat, so a run gives the same result either way; with them, sources
+insert bubbles and sinks drop ready by the same rules, drawn from a generator of their own.
 
 Python (the cocotb test, in the same process) reaches the agents through :mod:`ctypes`: it
 hands over frames the fabric delivers (with the cycle they are due at), work requests and host
@@ -17,9 +18,8 @@ fell outside memory), so it wakes per frame, not per cycle.
 
 The register buses are driven by a bus master in C++ too (:class:`DpiBus`), with the timing of
 :class:`sim.tb.cocotb_host.CocotbBus`; Python waits once per access instead of once per clock
-edge and writes no handle. Icarus has no DPI: benches there, runs with bubbles or
-backpressure and runs with waves use the Python agents (:func:`uses_dpi`);
-``MRC_HARNESS=python`` asks for them in any run.
+edge and writes no handle. Icarus has no DPI: benches there and runs with waves use the
+Python agents (:func:`uses_dpi`); ``MRC_HARNESS=python`` asks for them in any run.
 """
 
 import ctypes
@@ -139,6 +139,8 @@ def wrapper_sv(pair_text, config, pair_module="nic_pair"):
         f'output bit [{pad - 1}:0] payload);',
         f'    import "DPI-C" function void mrc_sink(input int id, input bit [{pad - 1}:0] '
         'payload);',
+        '    import "DPI-C" function bit mrc_sink_ready(input int id);',
+        '    import "DPI-C" function bit mrc_backpressure();',
         '    import "DPI-C" function void mrc_memory_step(input int side);',
         '    import "DPI-C" function int mrc_edge_end();',
         '    import "DPI-C" function void mrc_bus_step(input int side, output bit [31:0] addr, '
@@ -154,6 +156,7 @@ def wrapper_sv(pair_text, config, pair_module="nic_pair"):
         f"    bit [{pad - 1}:0] beat;",
         "    bit [127:0] busy;",
         "    bit valid;",
+        "    bit backpressure;",
         "    initial attention = 0;",
     ]
     connect = {"clk": "clk", "rst": "rst"}
@@ -201,14 +204,17 @@ def wrapper_sv(pair_text, config, pair_module="nic_pair"):
                      f"            s{index}_payload <= beat[{s.width - 1}:0];",
                      "        end"]
         else:
-            lines += [f"    wire s{index}_valid;", f"    wire [{s.width - 1}:0] s{index}_payload;"]
-            connect.update({v: f"s{index}_valid", p: f"s{index}_payload", r: "1'b1"})
-            body.append(f"        if (s{index}_valid) mrc_sink({index}, "
-                        f"{{{pad - s.width}'b0, s{index}_payload}});")
+            lines += [f"    wire s{index}_valid;", f"    wire [{s.width - 1}:0] s{index}_payload;",
+                      f"    reg s{index}_ready = 1;"]
+            connect.update({v: f"s{index}_valid", p: f"s{index}_payload", r: f"s{index}_ready"})
+            body += [f"        if (s{index}_valid && s{index}_ready) mrc_sink({index}, "
+                     f"{{{pad - s.width}'b0, s{index}_payload}});",
+                     f"        if (backpressure) s{index}_ready <= mrc_sink_ready({index});"]
     lines.append(f"    {pair_module} pair (")
     lines.append(",\n".join(f"        .{port}({signal})" for port, signal in connect.items()))
     lines.append("    );")
-    lines += ["    always @(posedge clk) begin", "        mrc_edge_begin(busy);", *body,
+    lines += ["    always @(posedge clk) begin", "        mrc_edge_begin(busy);",
+              "        backpressure = mrc_backpressure();", *body,
               "        attention <= mrc_edge_end();", "    end",
               "    always @(negedge clk) begin", *falling, "    end", "endmodule", ""]
     return "\n".join(lines)
@@ -239,6 +245,7 @@ class DpiAgents:
         lib.mrc_add_stream.argtypes = [i32, i32, i32, ctypes.POINTER(i32)]
         lib.mrc_add_stream.restype = i32
         lib.mrc_set_latency.argtypes = [i32, i32]
+        lib.mrc_set_random.argtypes = [i32, ctypes.c_double, u64]
         lib.mrc_add_region.argtypes = [i32, u64, u64]
         lib.mrc_memory_write.argtypes = [i32, u64, ctypes.c_char_p, u64]
         lib.mrc_memory_read.argtypes = [i32, u64, ctypes.c_char_p, u64]
@@ -276,6 +283,10 @@ class DpiAgents:
         self.cq_side = {self.ids[f"{name}_completion"]: name for name in "ab"}
         self._buffer = ctypes.create_string_buffer(1 << 16)
         self.backlog = []           # (cycle, [queued beats per receive port, a then b])
+
+    def set_random(self, prefix, probability, seed):
+        """Random bubbles (a source) or backpressure (a sink) on stream ``prefix``."""
+        self._lib.mrc_set_random(self.ids[prefix], probability, seed)
 
     # -- memory --------------------------------------------------------------------------------
 
@@ -389,12 +400,11 @@ class DpiPair:
 
 
 def uses_dpi(scn):
-    """Whether the main job runs ``scn`` on the C++ agents: under Verilator, without bubbles
-    or backpressure and without waves (the waves keep the pair as the top, the names their
-    views group by), unless ``MRC_HARNESS=python`` asks for the Python agents."""
+    """Whether the main job runs ``scn`` on the C++ agents: under Verilator and without waves
+    (the waves keep the pair as the top, the names their views group by), unless
+    ``MRC_HARNESS=python`` asks for the Python agents."""
     import os
-    return (scn.sim == "verilator" and not scn.waves and not scn.extra.get("bubbles")
-            and not scn.extra.get("backpressure")
+    return (scn.sim == "verilator" and not scn.waves
             and os.environ.get("MRC_HARNESS", "") != "python")
 
 

@@ -2,10 +2,13 @@
 // from the generated wrapper of sim/tb/dpi.py, and driven from Python through ctypes.
 //
 // They do what the Python agents of sim/tb/harness.py do, in the same order and with the same
-// handshake (a beat moves at an edge where valid and ready were both high), without bubbles
-// or backpressure: network frame sources and sinks, the work-request source, the completion
-// sink, and host memory (payload fetches answered a fixed latency after their request,
-// placement written into regions). Python wakes only when something it must see happened: a
+// handshake (a beat moves at an edge where valid and ready were both high): network frame
+// sources and sinks, the work-request source, the completion sink, and host memory (payload
+// fetches answered a fixed latency after their request, placement written into regions).
+// Sources may insert random bubbles and sinks random backpressure, by the same rules as the
+// Python agents (a bubble is drawn before each beat a source could present, a sink's ready is
+// drawn at every edge), from a seeded generator of their own (not Python's: a run with
+// bubbles or backpressure is not beat for beat the Python agents' run). Python wakes only when something it must see happened: a
 // frame left a NIC, a completion arrived, or an access fell outside host memory (the
 // attention counter of the wrapper changes).
 
@@ -62,6 +65,9 @@ struct Stream {
     // sinks
     std::vector<uint8_t> parts;
     uint64_t beats = 0;
+    // random bubbles (sources) or backpressure (sinks): probability in 1/2**32, generator state
+    uint64_t chance = 0;
+    uint64_t rng = 0;
 };
 
 struct Region {
@@ -104,7 +110,20 @@ uint32_t attention = 0;
 std::vector<uint8_t> events;        // serialised records for Python (mrc_drain)
 std::string error;
 
+bool any_backpressure = false;
+
 bool stepping() { return edge >= first_edge; }
+
+// splitmix64: small, seedable, and good enough for bubbles.
+uint64_t next_random(uint64_t &state) {
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+// True with the stream's probability (a bubble for a source, ready low for a sink).
+bool draw(Stream &s) { return s.chance && (next_random(s.rng) >> 32) < s.chance; }
 
 uint64_t get_bits(const uint32_t *words, int at, int width) {
     uint64_t value = 0;
@@ -250,7 +269,7 @@ svBit mrc_source(int id, svBit ready, svBitVecVal *payload) {
         copy_out(s.current, payload);
         return 0;
     }
-    if (!s.queue.empty()) {
+    if (!s.queue.empty() && !draw(s)) {
         s.current = std::move(s.queue.front());
         s.queue.pop_front();
         s.valid = true;
@@ -261,7 +280,17 @@ svBit mrc_source(int id, svBit ready, svBitVecVal *payload) {
     return s.valid;
 }
 
-// A sink's step at an edge where its valid was high (its ready is always high).
+// Whether any sink has backpressure: the wrapper then asks every sink for its ready at every
+// edge (mrc_sink_ready), otherwise every ready stays high.
+svBit mrc_backpressure() { return any_backpressure; }
+
+// A sink's ready for the next cycle, drawn at every edge (after mrc_sink, if a beat moved).
+svBit mrc_sink_ready(int id) {
+    if (!stepping()) return 1;
+    return !draw(streams[id]);
+}
+
+// A sink's step at an edge where its valid and its ready were high.
 void mrc_sink(int id, const svBitVecVal *payload) {
     if (!stepping()) return;
     Stream &s = streams[id];
@@ -383,6 +412,7 @@ void mrc_reset(int64_t first_step_edge, int64_t backlog_cycles) {
     streams.clear();
     for (auto &side : sides) side = Side();
     for (auto &bus : buses) bus = BusMaster();
+    any_backpressure = false;
     edge = 0;
     first_edge = first_step_edge;
     cycle = 0;
@@ -418,6 +448,17 @@ int mrc_add_stream(int role, int side, int width, const int *fields) {
 }
 
 void mrc_set_latency(int side, int latency) { sides[side].latency = latency; }
+
+// Random bubbles (a source) or backpressure (a sink) with `probability`, seeded.
+void mrc_set_random(int id, double probability, uint64_t seed) {
+    Stream &s = streams[id];
+    s.chance = probability <= 0 ? 0 : probability >= 1 ? (1ull << 32)
+                                                         : (uint64_t)(probability * 4294967296.0);
+    s.rng = seed;
+    if (s.chance && (s.role == TX || s.role == BEAT_SINK || s.role == FETCH_REQ
+                     || s.role == PLACE))
+        any_backpressure = true;
+}
 
 void mrc_add_region(int side, uint64_t base, uint64_t size) {
     sides[side].regions.push_back({base, std::vector<uint8_t>(size, 0)});

@@ -1,8 +1,9 @@
 """The C++ stream agents of the two-NIC bench (``sim/tb/dpi.py``, the main job's default under
 Verilator) against the Python agents (``sim/tb/harness.py``): beat for beat the same run.
 
-The Python run below uses the NIC pair build of ``tests/hdl/test_nic_rtl.py`` and simulates in
-its folder, so ``tests/conftest.py`` puts this test in that file's group (one worker).
+The runs below use the NIC pair's two builds: the C++ agents' of ``tests/hdl/test_nic_rtl.py``
+and the traceable Python agents' of ``tests/sim/test_waves.py`` (each folder locked while it is
+exported or built).
 """
 
 import json
@@ -49,3 +50,22 @@ def test_dpi_agents_do_what_the_python_agents_do(tmp_path, monkeypatch):
     assert results[0] == results[1]
     assert ((tmp_path / "python" / "traffic.pcapng").read_bytes()
             == (tmp_path / "dpi" / "traffic.pcapng").read_bytes())
+
+
+def test_dpi_agents_bubbles_and_backpressure_slow_the_run_but_lose_nothing(tmp_path,
+                                                                          monkeypatch):
+    """The C++ agents apply the scenario's bubbles (sources) and backpressure (sinks): the same
+    transfer with half of all cycles idle on every port takes longer, and still delivers every
+    byte and completion in order."""
+    monkeypatch.delenv("MRC_HARNESS", raising=False)
+    plain = BASE.replace(extra={}, bytes=16 * 1024)
+    if plain.sim != "verilator":
+        pytest.skip("the C++ agents need Verilator (Icarus has no DPI)")
+    fast = _run("plain", plain, tmp_path)
+    slow = _run("stalled", plain.replace(extra={"bubbles": 0.5, "backpressure": 0.5}),
+                tmp_path)
+    assert (fast["sim"]["agents"], slow["sim"]["agents"]) == ("dpi", "dpi")
+    for report in (fast, slow):
+        _assert_clean(report)
+    assert slow["duration_us"] > 1.2 * fast["duration_us"], \
+        (fast["duration_us"], slow["duration_us"])
