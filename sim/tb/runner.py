@@ -197,10 +197,13 @@ def _folder_lock(folder):
 
 
 def source_key(*parts):
-    """A digest of the gateware sources (every ``hdl/**/*.py``) and ``parts``: when it is
-    unchanged, an exported design is too, and :func:`run_cocotb` skips elaboration."""
+    """A digest of the gateware sources (every ``hdl/**/*.py``), the export's Yosys script and
+    ``parts``: when it is unchanged, an exported design is too, and :func:`run_cocotb` skips
+    elaboration."""
     import hashlib
-    digest = hashlib.sha256()
+
+    from ..export import SCRIPT
+    digest = hashlib.sha256(SCRIPT.encode())
     root = Path(__file__).resolve().parents[2] / "hdl"
     for path in sorted(root.rglob("*.py")):
         digest.update(str(path.relative_to(root)).encode())

@@ -9,11 +9,11 @@ exported or built).
 import json
 
 import pytest
-from test_nic_rtl import BASE, _assert_clean
 
 from sim.env import BUILD
 from sim.mainjob import run_scenario
 from sim.schema import validate_report
+from tests.hdl.test_nic_rtl import BASE, _assert_clean
 
 
 def _run(name, scn, tmp_path):

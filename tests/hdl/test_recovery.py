@@ -12,7 +12,6 @@ import random
 import pytest
 from amaranth.hdl import Elaboratable, Module, Signal
 from amaranth.sim import Simulator
-from test_requester import CONFIG, Bench, ack_header, nack_header
 
 from hdl import protocol as P
 from hdl.transport.req_defs import (
@@ -24,6 +23,7 @@ from hdl.transport.req_defs import (
 )
 from hdl.transport.requester import retry_expiry_gateware
 from sim.tb.amsim import const_to_dict
+from tests.hdl.test_requester import CONFIG, Bench, ack_header, nack_header
 
 W = P.WrOpcode
 S = P.CompletionStatus

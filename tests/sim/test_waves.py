@@ -14,7 +14,6 @@ import struct
 from pathlib import Path
 
 import pytest
-from test_ports import PortLoop
 
 from sim import cli, mainjob
 from sim.env import BUILD
@@ -23,6 +22,7 @@ from sim.scenario import Scenario
 from sim.tb.fst import read_header, signal_names
 from sim.tb.gtkw import view_groups, write_view
 from sim.tb.runner import WavesWindow, run_cocotb
+from tests.hdl.test_ports import PortLoop
 
 
 def _span_us(path):
