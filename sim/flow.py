@@ -23,7 +23,7 @@ from . import defaults as D
 from . import packets as pk
 from .dissector import tshark_errors
 from .env import BUILD, REPO
-from .errors import fail
+from .errors import fail, nic_config_from
 from .waves import add_waves_arguments, waves_from_args
 
 DEFAULT_PROFILE = D.DEFAULT_PROFILE_JSON
@@ -41,10 +41,16 @@ def register(subparsers):
                    help="payload bytes to move, at least 1")
     p.add_argument("--msg-size", type=int, default=16 * 1024, metavar="N",
                    help="bytes per message, at least 1")
-    p.add_argument("--mtu", type=int, default=NicConfig().mtu, metavar="N",
-                   help="path MTU: 256, 512, 1024, 2048 or 4096")
-    p.add_argument("--planes", type=int, default=NicConfig().ports, metavar="N",
-                   help="planes (NIC ports), 1 to 16")
+    p.add_argument("--config", type=Path, metavar="CONFIG.json",
+                   help="NicConfig JSON, the NIC of the RTL receive path "
+                        "(docs/configuration.md; default: the defaults); --mtu and --planes "
+                        "override its mtu and ports")
+    p.add_argument("--mtu", type=int, default=None, metavar="N",
+                   help=f"path MTU: 256, 512, 1024, 2048 or 4096 (default: the config's, "
+                        f"else {NicConfig().mtu})")
+    p.add_argument("--planes", type=int, default=None, metavar="N",
+                   help=f"planes (NIC ports), 1 to 16 (default: the config's ports, else "
+                        f"{NicConfig().ports})")
     p.add_argument("--evs", type=int, default=64, metavar="N",
                    help="EVs generated from the profile, at least 1")
     p.add_argument("--ack-every", type=int, default=4, metavar="N",
@@ -91,10 +97,14 @@ def _underlay_for(ev_entry):
 def run(args):
     started = time.monotonic()
     flags = {"mtu": "--mtu", "ports": "--planes"}
+    base = nic_config_from(args.config).to_dict()
+    given = {field: getattr(args, name) for field, name in (("mtu", "mtu"), ("ports", "planes"))
+             if getattr(args, name) is not None}
     try:
-        config = NicConfig(mtu=args.mtu, ports=args.planes)
+        config = NicConfig.from_dict({**base, **given})
     except ConfigError as e:
-        return fail(str(e).removeprefix(f"NicConfig.{e.field} "), field=flags[e.field])
+        return fail(str(e).removeprefix(f"NicConfig.{e.field} "),
+                    field=flags.get(e.field, "--config"))
     for name in ("bytes", "msg_size", "evs", "ack_every"):
         if getattr(args, name) < 1:
             return fail(f"must be at least 1, not {getattr(args, name)}",

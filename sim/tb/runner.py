@@ -325,8 +325,11 @@ def run_cocotb(component, *, toplevel, test_module, build_dir, extra_env=None, s
     # A reused build must have been made with the same arguments (the runner only compares
     # time stamps): remember them beside the build.
     args_file = build_dir / "build.args"
-    args_text = " ".join(build_args + [part for part in os.environ.get("MAKEFLAGS", "").split()
-                                       if part.startswith(("OPT_FAST=", "OPT_SLOW="))])
+    # (Verilator's optimisation flags only: MAKEFLAGS set by an earlier Verilator run in the
+    # same process would otherwise make an Icarus build look stale.)
+    opt_flags = [part for part in os.environ.get("MAKEFLAGS", "").split()
+                 if part.startswith(("OPT_FAST=", "OPT_SLOW="))] if sim == "verilator" else []
+    args_text = " ".join(build_args + opt_flags)
     # Verilator: waves=True builds the trace code in (VM_TRACE=1). Icarus: the dump module
     # above stands in for cocotb's, which would dump the whole run.
     with _folder_lock(build_dir):

@@ -11,6 +11,7 @@ from scapy.utils import rdpcap
 
 from sim.samples import sample_packets
 from sim.schema import validate_report
+from sim.tb.pair import SMALL_CONFIG
 
 
 def mrc_nic(*args, cwd=None):
@@ -52,8 +53,12 @@ def test_sim_foundation_flow(tmp_path):
 
 def test_sim_runs_the_rtl_receive_path(tmp_path):
     """Every frame of the flow's capture goes through the NIC top (Icarus) and is accepted."""
+    # The end-to-end benches' reduced NIC (64 QPs, one EV profile): the export, Icarus's
+    # compile and its run take a fraction of the default NIC's.
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(SMALL_CONFIG.to_dict()))
     result = mrc_nic("flow", "--bytes", 3000, "--msg-size", 1500, "--out", tmp_path,
-                     "--planes", 2, "--evs", 4, "--sim", "icarus")
+                     "--config", config, "--planes", 2, "--evs", 4, "--sim", "icarus")
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads((tmp_path / "report.json").read_text())
     frames = report["data_packets"] + report["acks"]
@@ -72,6 +77,9 @@ def test_sim_rejects_bad_arguments(tmp_path):
     missing = mrc_nic("flow", "--profile", tmp_path / "nope.json", "--out", tmp_path)
     assert missing.returncode == 2
     assert missing.stderr.startswith("mrc-nic flow: --profile: cannot read EV profile")
+    no_config = mrc_nic("flow", "--config", tmp_path / "nope.json", "--out", tmp_path)
+    assert no_config.returncode == 2
+    assert no_config.stderr.startswith("mrc-nic flow: --config: "), no_config.stderr
     zero = mrc_nic("flow", "--bytes", 0, "--out", tmp_path)
     assert zero.returncode == 2
     assert zero.stderr == "mrc-nic flow: --bytes: must be at least 1, not 0\n"
