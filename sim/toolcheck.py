@@ -18,7 +18,9 @@ PINNED = ["amaranth", "amaranth-boards", "cocotb", "scapy", "pytest", "hypothesi
 
 def _first_line(cmd, timeout=60):
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    text = (out.stdout or out.stderr).strip().splitlines()
+    # (A YoWASP tool's first call also says on stderr that it is compiling: not a version.)
+    text = [line for line in (out.stdout or out.stderr).strip().splitlines()
+            if not line.startswith("Preparing to run")]
     return text[0] if text else ""
 
 

@@ -43,18 +43,24 @@ FILE_MARKS = {
 #: Markers of single tests by file and function (every parametrization of the function).
 TEST_MARKS = {
     "test_boards.py": {
-        "test_scaling_synth_maps_tables_and_merges_report": {"synth", "slow"},
+        "test_scaling_synth_maps_tables_and_merges_report": {"slow", "synth"},
         "test_fabric_matches_reference": {"slow"},
         "test_selftest_passes_in_simulation": {"slow"},
         "test_ice40_selftest_passes_in_simulation": {"slow"},
         "test_ci_top_selftest_passes_with_auto_kill": {"slow"},
         "test_board_top_elaborates": {"slow"},
         "test_delay_line_keeps_order_and_delay_under_bubbles_and_backpressure": {"slow"},
+        "test_ecpix5_125_top_runs_the_selftest_at_125_mhz_from_the_pll": {"slow"},
+        "test_pll_drives_the_sync_reset_through_a_global_buffer": {"slow"},
+        "test_ulx3s_top_runs_the_selftest_at_50_mhz_from_the_pll": {"slow"},
+        "test_engine_pipeline_option": {"slow"},
     },
     "test_builder.py": {
         "test_back_to_back_at_full_rate": {"slow"},
         "test_every_layout": {"slow"},
         "test_random_packets_byte_identical": {"slow"},
+        "test_payload_length_mismatch_is_counted": {"slow"},
+        "test_samples_byte_identical": {"slow"},
     },
     "test_cli.py": {
         "test_sim_runs_the_rtl_receive_path": {"rtl", "slow"},
@@ -62,17 +68,29 @@ TEST_MARKS = {
         "test_sim_scenario_file_and_config_reach_more_qps_than_the_default_build": {"slow"},
         "test_sim_rejects_bad_arguments": {"slow"},
         "test_sim_bad_flag_is_one_line_error": {"slow"},
+        "test_pcap_sample_writes_every_sample": {"slow"},
+        "test_sim_foundation_flow": {"slow"},
+        "test_pcap_sample_unwritable_is_one_line_error": {"slow"},
     },
-    "test_cli_ev.py": {"test_entry_point_expands": {"slow"}},
-    "test_crc.py": {"test_random_messages_match_zlib": {"slow"}},
-    "test_ev_expansion.py": {"test_generate_walks_the_ranges_in_odometer_order": {"slow"}},
+    "test_cli_ev.py": {
+        "test_entry_point_expands": {"slow"},
+    },
+    "test_crc.py": {
+        "test_random_messages_match_zlib": {"slow"},
+    },
+    "test_ev_expansion.py": {
+        "test_generate_walks_the_ranges_in_odometer_order": {"slow"},
+        "test_expand_matches_bit_by_bit_model": {"slow"},
+    },
     "test_ev_hardware.py": {
         "test_expansion_equals_reference": {"slow"},
         "test_generation_equals_reference": {"slow"},
+        "test_sixteen_fields_and_full_width": {"slow"},
     },
     "test_fabric.py": {
         "test_ecmp_spreads_evs_over_paths_and_keeps_each_ev_on_one_path": {"slow"},
         "test_plot_writes_a_png": {"slow"},
+        "test_same_seed_same_capture_and_another_seed_differs": {"slow"},
     },
     "test_formal.py": {
         "test_responder_places_a_psn_at_most_once": {"slow"},
@@ -87,6 +105,13 @@ TEST_MARKS = {
         "test_loopback_delivers_the_frames_sent": {"slow"},
         "test_rx_drops_bad_frames_whole_and_counts_each_reason": {"slow"},
     },
+    "test_model_nic.py": {
+        "test_wire_frames_decode_with_valid_icrc_and_match_the_scapy_builder": {"slow"},
+    },
+    "test_mrc10_conformance.py": {
+        "test_rtl_builder_writes_every_hand_typed_header": {"slow"},
+        "test_rtl_parser_reads_every_hand_typed_header": {"slow"},
+    },
     "test_parser.py": {
         "test_a_stalled_output_fills_the_fifo_and_loses_nothing": {"slow"},
         "test_back_to_back_frames_are_taken_one_beat_per_cycle": {"slow"},
@@ -99,6 +124,8 @@ TEST_MARKS = {
         "test_single_bit_flips_across_a_frame": {"slow"},
         "test_truncation_at_every_offset": {"slow"},
         "test_truncation_of_a_long_data_packet": {"slow"},
+        "test_the_first_fault_in_header_order_is_reported": {"slow"},
+        "test_trimmed_packets_lose_their_payload_and_skip_icrc_and_dma_len": {"slow"},
     },
     "test_path_select.py": {
         "test_every_decision_equals_the_model": {"slow"},
@@ -107,22 +134,55 @@ TEST_MARKS = {
         # On a Verilator model (on_verilator): the elaboration of the 64-EV design, the
         # model's load and, in a fresh checkout, its build.
         "test_failover_no_data_on_a_dead_port_once_its_loss_feedback_is_in": {"slow"},
-        "test_a_port_the_port_watch_reports_down_is_swept_in_fate_sharing_profiles_only":
-            {"slow"},
+        "test_a_port_the_port_watch_reports_down_is_swept_in_fate_sharing_profiles_only": {"slow"},
         "test_selection_waits_for_a_lost_and_its_fate_sweep": {"slow"},
         "test_auto_mode_one_ev_per_qp_and_qps_spread": {"slow"},
+        "test_floor_holds_under_a_storm_of_lost_feedback_and_events_report_it": {"slow"},
+        "test_back_to_back_feedback_on_one_ev_is_applied_one_after_the_other": {"slow"},
     },
-    "test_ports.py": {"test_port_loop_rtl": {"rtl", "slow"}},
-    "test_recovery.py": {"test_timer_expires_on_schedule": {"slow"}},
+    "test_ports.py": {
+        "test_port_loop_rtl": {"rtl", "slow"},
+    },
+    "test_probe.py": {
+        "test_requester_drops_unknown_ids_and_other_packets": {"slow"},
+    },
+    "test_recovery.py": {
+        "test_timer_expires_on_schedule": {"slow"},
+        "test_scanner_expires_a_reorder_window_without_a_later_ack": {"slow"},
+        "test_timeout_gives_no_lost_for_an_oldest_psn_resent_since_the_timer_started": {"slow"},
+        "test_time_rule_infers_holes_a_reorder_window_after_a_later_psn_was_sacked": {"slow"},
+        "test_exhausted_retries_error_the_qp_and_complete_every_wr": {"slow"},
+        "test_timeout_walk_resends_oldest_then_old_holes": {"slow"},
+        "test_inference_keeps_up_with_back_to_back_acks": {"slow"},
+        "test_inferred_losses_resent_once_without_waiting": {"slow"},
+        "test_progress_restarts_timer_and_resets_retries": {"slow"},
+        "test_time_rule_keeps_up_with_back_to_back_acks": {"slow"},
+    },
     "test_replay.py": {
         "test_replay_verdicts": {"rtl", "slow"},
         "test_replay_covers_every_packet_type": {"rtl", "slow"},
         "test_replay_answers_adversarial_packets_with_the_right_nak": {"rtl", "slow"},
+        "test_replay_rejects_what_is_not_a_capture": {"slow"},
+        "test_replay_rejects_non_ethernet_capture": {"slow"},
+        "test_replay_missing_file_and_bad_port": {"slow"},
     },
-    "test_report.py": {"test_the_report_matches_its_schema": {"slow"}},
+    # Every test that takes the module's default model run (the first pays for it).
+    "test_report.py": {
+        "test_the_report_matches_its_schema": {"slow"},
+        "test_wireshark_reports_no_error_with_the_zero_checksum_preference": {"slow"},
+        "test_every_key_of_a_report_is_documented": {"slow"},
+        "test_every_time_in_the_output_files_is_in_us": {"slow"},
+        "test_the_capture_holds_every_frame_and_marks_the_dropped_ones": {"slow"},
+        "test_the_plots_are_written": {"slow"},
+        "test_the_schema_refuses_an_undocumented_key_and_the_old_counter_name": {"slow"},
+    },
     "test_requester.py": {
         "test_ecn_window_matches_model": {"slow"},
         "test_random_traffic_matches_model": {"slow"},
+        "test_ecn_window_cuts_the_window_a_bursty_qp_used": {"slow"},
+        "test_window_and_slot_limits_match_model": {"slow"},
+        "test_fatal_nak_errors_qp_with_in_order_flush": {"slow"},
+        "test_one_ack_per_cycle_alternating_qps": {"slow"},
     },
     "test_responder.py": {
         "test_adversarial_packets_are_refused": {"slow"},
@@ -130,34 +190,42 @@ TEST_MARKS = {
         "test_one_packet_per_cycle_same_qp": {"slow"},
         "test_out_of_order_arrivals_ack_at_once_unless_coalesced": {"slow"},
         "test_random_traffic_matches_model": {"slow"},
+        "test_sack_bitmap_placed_by_an_offset_other_than_one": {"slow"},
+        "test_reliability_probe_is_answered_by_a_pr_sack": {"slow"},
     },
     "test_rgmii.py": {
         "test_transport_selftest_with_a_plane_on_the_gmii_port": {"rtl", "slow"},
         "test_transport_selftest_survives_a_dead_external_plane": {"rtl", "slow"},
         "test_gmii_port_carries_frames_across_the_clock_domains": {"slow"},
+        "test_ecp5_rgmii_uses_ddr_io_and_input_delays": {"slow"},
     },
     "test_transport.py": {
         "test_transport_selftest_recovers_every_loss": {"rtl", "slow"},
         "test_transport_selftest_routes_around_a_killed_plane": {"rtl", "slow"},
+        "test_transport_top_runs_the_whole_nic_from_the_pll": {"slow"},
     },
     "test_txformer.py": {
         "test_data_and_probe_packets_with_bubbles_and_backpressure": {"slow"},
     },
+    "test_verilated.py": {
+        "test_the_verilator_model_sees_what_the_python_simulator_sees": {"slow"},
+    },
     "test_watch.py": {
         "test_a_dead_port_is_reported_once_and_live_ports_never": {"slow"},
         "test_a_slow_port_that_still_answers_is_not_reported_while_quiet_holds": {"slow"},
-        "test_after_an_idle_spell_fresh_sends_are_not_reported_but_a_dead_port_still_is":
-            {"slow"},
+        "test_after_an_idle_spell_fresh_sends_are_not_reported_but_a_dead_port_still_is": {"slow"},
         "test_random_traffic_matches_the_model": {"slow"},
         "test_reports_are_unchanged_across_the_wraps_of_stamps_and_counts": {"slow"},
         "test_window_zero_is_off_and_reports_write_the_sends_off": {"slow"},
-    },
-    "test_wirecheck.py": {
-        "test_a_two_nic_run_with_loss_trimming_and_a_plane_failure_passes": {"slow"},
+        "test_quiet_counts_whole_units_without_cutting_the_quiet_time_short": {"slow"},
+        "test_overflow_is_counted_and_old_echoes_cover_nothing": {"slow"},
     },
     "test_waves.py": {
         "test_port_loop_window_under_each_simulator": {"rtl", "slow"},
         "test_two_nics_window_without_rebuild": {"rtl", "slow"},
+    },
+    "test_wirecheck.py": {
+        "test_a_two_nic_run_with_loss_trimming_and_a_plane_failure_passes": {"slow"},
     },
 }
 
