@@ -831,28 +831,38 @@ class Requester(wiring.Component):
         a_old_bitmap = a_ports["acked"].data
         a_una = a_ack.una
         a1_ev = a_ev_port.data
-        is_ack = a1_kind == PacketKind.SACK
-        is_nack = a1_kind == PacketKind.NACK
-        is_nak = (a1_kind == PacketKind.AETH) & (a1_syndrome[5:7] == 3)
+        # Signals, not expressions: each is read in many places below, and an expression
+        # would be lowered again at every read.
+        def named(name, value, shape=1):
+            signal = Signal(shape, name=name)
+            m.d.comb += signal.eq(value)
+            return signal
+
+        is_ack = named("a_is_ack", a1_kind == PacketKind.SACK)
+        is_nack = named("a_is_nack", a1_kind == PacketKind.NACK)
+        is_nak = named("a_is_nak", (a1_kind == PacketKind.AETH) & (a1_syndrome[5:7] == 3))
         code = a1_syndrome[:5]
-        fatal = is_nak & ((code == P.NakCode.INVALID_REQUEST) | (code == P.NakCode.REMOTE_ACCESS)
-                          | (code == P.NakCode.REMOTE_OPERATIONAL))
-        trim = is_nack & (a1_reason == P.NackReason.TRIMMED)
-        out_of_window = is_nack & (a1_reason == P.NackReason.PSN_OOR_WINDOW)
+        fatal = named("a_fatal", is_nak & ((code == P.NakCode.INVALID_REQUEST)
+                                           | (code == P.NakCode.REMOTE_ACCESS)
+                                           | (code == P.NakCode.REMOTE_OPERATIONAL)))
+        trim = named("a_trim", is_nack & (a1_reason == P.NackReason.TRIMMED))
+        out_of_window = named("a_out_of_window",
+                              is_nack & (a1_reason == P.NackReason.PSN_OOR_WINDOW))
         # Only a SACK moves the cumulative PSN.
-        cand = Mux(is_ack, (a1_cum + 1)[:_PSN], a_una)
-        advance = _psn_gt(cand, a_una)
-        beyond = advance & ~_psn_ge(a_next, cand)
-        new_una = Mux(advance, cand, a_una)
-        outstanding = _psn_ge(a1_psn, new_una) & _psn_gt(a_next, a1_psn)
+        cand = named("a_cand", Mux(is_ack, (a1_cum + 1)[:_PSN], a_una), _PSN)
+        advance = named("a_advance", _psn_gt(cand, a_una))
+        beyond = named("a_beyond", advance & ~_psn_ge(a_next, cand))
+        new_una = named("a_new_una", Mux(advance, cand, a_una), _PSN)
+        outstanding = named("a_outstanding", _psn_ge(a1_psn, new_una) & _psn_gt(a_next, a1_psn))
         # The PSN the packet names was sent and its EV entry still holds it.
-        psn_sent = _psn_gt(a_next, a1_psn) & (_psn_sub(a_next, a1_psn) <= window)
-        a_live = (a_ports["cfg"].data.state == P.QpState.RTS) & ~a_ack.error
-        a_drop = (~a1_known | ~a_live | ~(is_ack | fatal | trim | out_of_window) | beyond
-                  | (fatal & ~outstanding))
-        a_apply = a1_valid & ~a1_exceed & ~a_drop
+        psn_sent = named("a_psn_sent",
+                         _psn_gt(a_next, a1_psn) & (_psn_sub(a_next, a1_psn) <= window))
+        a_live = named("a_live", (a_ports["cfg"].data.state == P.QpState.RTS) & ~a_ack.error)
+        a_drop = named("a_drop", ~a1_known | ~a_live | ~(is_ack | fatal | trim | out_of_window)
+                       | beyond | (fatal & ~outstanding))
+        a_apply = named("a_apply", a1_valid & ~a1_exceed & ~a_drop)
         # Exhausted retries: like a fatal NAK for the oldest PSN, if the QP is still live.
-        x_apply = a1_valid & a1_exceed & a_live
+        x_apply = named("x_apply", a1_valid & a1_exceed & a_live)
 
         # SACK bit i is PSN base + i (any sack_psn_offset); keep the bits for PSNs in
         # [max(una, base), next_psn): a bitmap that does not overlap the window adds nothing.
