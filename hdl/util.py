@@ -4,7 +4,7 @@ from contextlib import contextmanager
 
 from amaranth.hdl import Cat, Const, Mux, Signal, Value
 
-__all__ = ["validating", "shift_right", "shift_left", "onehot", "below_mask", "any_of",
+__all__ = ["validating", "as_signal", "shift_right", "shift_left", "onehot", "below_mask", "any_of",
            "onehot_select"]
 
 
@@ -27,7 +27,9 @@ def validating(component):
 # a stage that reads the previous stage twice must read a Signal, or the copies double per
 # stage.
 
-def _signal(m, value, name):
+def as_signal(m, value, name):
+    """``value`` as a Signal named ``name`` (driven combinationally): an expression read in
+    many places would otherwise be lowered again at every read."""
     value = Value.cast(value)
     signal = Signal(len(value), name=name)
     m.d.comb += signal.eq(value)
@@ -36,38 +38,38 @@ def _signal(m, value, name):
 
 def shift_right(m, value, amount, *, name="shr"):
     """``value >> amount`` (zero fill), same width as ``value``, in log2 stages of muxes."""
-    value = _signal(m, value, f"{name}_in")
-    amount = _signal(m, amount, f"{name}_by")
+    value = as_signal(m, value, f"{name}_in")
+    amount = as_signal(m, amount, f"{name}_by")
     width = len(value)
     for stage in range(len(amount)):
         step = 1 << stage
         shifted = Const(0, width) if step >= width else Cat(value[step:], Const(0, step))
-        value = _signal(m, Mux(amount[stage], shifted, value), f"{name}_{stage}")
+        value = as_signal(m, Mux(amount[stage], shifted, value), f"{name}_{stage}")
     return value
 
 
 def shift_left(m, value, amount, *, name="shl"):
     """``(value << amount)`` truncated to the width of ``value``, in log2 stages of muxes."""
-    value = _signal(m, value, f"{name}_in")
-    amount = _signal(m, amount, f"{name}_by")
+    value = as_signal(m, value, f"{name}_in")
+    amount = as_signal(m, amount, f"{name}_by")
     width = len(value)
     for stage in range(len(amount)):
         step = 1 << stage
         shifted = Const(0, width) if step >= width else Cat(Const(0, step), value[:width - step])
-        value = _signal(m, Mux(amount[stage], shifted, value), f"{name}_{stage}")
+        value = as_signal(m, Mux(amount[stage], shifted, value), f"{name}_{stage}")
     return value
 
 
 def onehot(m, index, width, *, name="onehot"):
     """A ``width``-bit vector with only bit ``index`` set (none if ``index >= width``)."""
-    index = _signal(m, index, f"{name}_index")
-    return _signal(m, Cat(index == position for position in range(width)), name)
+    index = as_signal(m, index, f"{name}_index")
+    return as_signal(m, Cat(index == position for position in range(width)), name)
 
 
 def below_mask(m, count, width, *, name="below"):
     """A ``width``-bit vector with bits ``0 .. count-1`` set."""
-    count = _signal(m, count, f"{name}_count")
-    return _signal(m, Cat(count > position for position in range(width)), name)
+    count = as_signal(m, count, f"{name}_count")
+    return as_signal(m, Cat(count > position for position in range(width)), name)
 
 
 def any_of(values):

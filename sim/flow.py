@@ -98,8 +98,8 @@ def run(args):
     started = time.monotonic()
     flags = {"mtu": "--mtu", "ports": "--planes"}
     base = nic_config_from(args.config).to_dict()
-    given = {field: getattr(args, name) for field, name in (("mtu", "mtu"), ("ports", "planes"))
-             if getattr(args, name) is not None}
+    given = {field: getattr(args, flag[2:]) for field, flag in flags.items()
+             if getattr(args, flag[2:]) is not None}
     try:
         config = NicConfig.from_dict({**base, **given})
     except ConfigError as e:

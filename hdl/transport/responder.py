@@ -19,7 +19,7 @@ from .. import protocol as P
 from ..config import NicConfig
 from ..interfaces import CompletionSide, completion_layout, place_beat_layout
 from ..packet.headers import PORT_BITS, PacketKind, packet_beat_layout
-from ..util import below_mask, onehot, shift_left, shift_right, validating
+from ..util import as_signal, below_mask, onehot, shift_left, shift_right, validating
 from .resp_defs import (
     ACK_HOP_LIMIT,
     ACK_TCLASS,
@@ -108,9 +108,7 @@ def _lowest_set(m, bits, name):
     width = len(bits)
     index_bits = max(1, ceil_log2(width + 1))
     if not isinstance(bits, Signal):
-        # An expression would be lowered again for each bit read below.
-        value, bits = bits, Signal(width, name=f"{name}_bits")
-        m.d.comb += bits.eq(value)
+        bits = as_signal(m, bits, f"{name}_bits")       # each bit is read below
     nodes = [(bits[i], C(0, index_bits)) for i in range(width)]
     span = 1
     while len(nodes) > 1:

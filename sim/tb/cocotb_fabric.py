@@ -122,14 +122,8 @@ class Side:
             self.memory.add(MR_BASE, max(SCENARIO.bytes, 1) + 4096)
             if BUBBLES or BACKPRESSURE:
                 # Seeds drawn only here: a run without either draws nothing (as before).
-                sources = [f"{name}_fetch", f"{name}_wr",
-                           *(f"{name}_rx__{p}" for p in range(CONFIG.ports))]
-                sinks = [f"{name}_fetch_req", f"{name}_place", f"{name}_completion",
-                         *(f"{name}_tx__{p}" for p in range(CONFIG.ports))]
-                for prefix in sources:
-                    dpi.set_random(prefix, BUBBLES, rng.randrange(1 << 62))
-                for prefix in sinks:
-                    dpi.set_random(prefix, BACKPRESSURE, rng.randrange(1 << 62))
+                dpi.set_random("ab".index(name), BUBBLES, BACKPRESSURE,
+                               lambda: rng.randrange(1 << 62))
             return
         self.memory = RegionMemory()
         self.memory.add(SRC_BASE, max(SCENARIO.bytes, 1) + 4096)

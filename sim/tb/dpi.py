@@ -134,13 +134,13 @@ def wrapper_sv(pair_text, config, pair_module="nic_pair"):
              "    output reg [31:0] bus_done_a,", "    output reg [31:0] bus_done_b,",
              "    output reg [31:0] attention", ");"]
     lines += [
-        '    import "DPI-C" function void mrc_edge_begin(output bit [127:0] busy);',
+        '    import "DPI-C" function void mrc_edge_begin(output bit [127:0] busy, '
+        'output bit backpressure);',
         '    import "DPI-C" function bit mrc_source(input int id, input bit ready, '
         f'output bit [{pad - 1}:0] payload);',
         f'    import "DPI-C" function void mrc_sink(input int id, input bit [{pad - 1}:0] '
         'payload);',
         '    import "DPI-C" function bit mrc_sink_ready(input int id);',
-        '    import "DPI-C" function bit mrc_backpressure();',
         '    import "DPI-C" function void mrc_memory_step(input int side);',
         '    import "DPI-C" function int mrc_edge_end();',
         '    import "DPI-C" function void mrc_bus_step(input int side, output bit [31:0] addr, '
@@ -213,8 +213,8 @@ def wrapper_sv(pair_text, config, pair_module="nic_pair"):
     lines.append(f"    {pair_module} pair (")
     lines.append(",\n".join(f"        .{port}({signal})" for port, signal in connect.items()))
     lines.append("    );")
-    lines += ["    always @(posedge clk) begin", "        mrc_edge_begin(busy);",
-              "        backpressure = mrc_backpressure();", *body,
+    lines += ["    always @(posedge clk) begin", "        mrc_edge_begin(busy, backpressure);",
+              *body,
               "        attention <= mrc_edge_end();", "    end",
               "    always @(negedge clk) begin", *falling, "    end", "endmodule", ""]
     return "\n".join(lines)
@@ -284,9 +284,13 @@ class DpiAgents:
         self._buffer = ctypes.create_string_buffer(1 << 16)
         self.backlog = []           # (cycle, [queued beats per receive port, a then b])
 
-    def set_random(self, prefix, probability, seed):
-        """Random bubbles (a source) or backpressure (a sink) on stream ``prefix``."""
-        self._lib.mrc_set_random(self.ids[prefix], probability, seed)
+    def set_random(self, side, bubbles, backpressure, seed):
+        """Random bubbles on every source and backpressure on every sink of ``side`` (0 for
+        ``a``), each stream seeded by a call of ``seed()``."""
+        for index, s in enumerate(self.plan):
+            if s.role >= 0 and s.side == side:
+                probability = bubbles if s.role in _SOURCES else backpressure
+                self._lib.mrc_set_random(index, probability, seed())
 
     # -- memory --------------------------------------------------------------------------------
 

@@ -239,9 +239,11 @@ void memory_step(int side_index) {
 extern "C" {
 
 // Returns, in `busy`, the sources whose step may change something (a beat held or queued):
-// the wrapper steps only those.
-void mrc_edge_begin(svBitVecVal *busy) {
+// the wrapper steps only those; in `backpressure`, whether any sink has backpressure (the
+// wrapper then asks every sink for its ready, mrc_sink_ready; otherwise every ready stays high).
+void mrc_edge_begin(svBitVecVal *busy, svBit *backpressure) {
     std::memset(busy, 0, BUSY_WORDS * sizeof(svBitVecVal));
+    *backpressure = any_backpressure;
     edge++;
     if (!stepping()) return;
     cycle++;
@@ -279,10 +281,6 @@ svBit mrc_source(int id, svBit ready, svBitVecVal *payload) {
     copy_out(s.current, payload);
     return s.valid;
 }
-
-// Whether any sink has backpressure: the wrapper then asks every sink for its ready at every
-// edge (mrc_sink_ready), otherwise every ready stays high.
-svBit mrc_backpressure() { return any_backpressure; }
 
 // A sink's ready for the next cycle, drawn at every edge (after mrc_sink, if a beat moved).
 svBit mrc_sink_ready(int id) {
