@@ -287,9 +287,9 @@ class Proof:
 PROOFS = {
     "responder_cum_psn": Proof(_responder, "cum_psn", "bmc", 6, 300, 7, 1200),
     "responder_placed_once": Proof(_responder, "placed_once", "bmc", 6, 300, 7, 1200),
-    "responder_never_placed": Proof(_responder, "never_placed", "bmc", 5, 300, 5, 300,
+    "responder_never_placed": Proof(_responder, "never_placed", "bmc", 6, 300, 6, 300,
                                     expected="FAIL"),
-    "responder_cover": Proof(_responder, "cover", "cover", 6, 300, 6, 300),
+    "responder_cover": Proof(_responder, "cover", "cover", 8, 300, 8, 300),
     "requester_window": Proof(_requester, "window", "bmc", 7, 300, 10, 1200),
     "requester_cover": Proof(_requester, "cover", "cover", 8, 300, 8, 300),
     "counter_prove": Proof(_counter, "good", "prove", 4, 120, 4, 120),

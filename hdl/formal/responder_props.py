@@ -36,9 +36,9 @@ any cycle (the stream rules are not even needed), every command kind and field v
 allowed, and every output may be backpressured.
 
 The wrapper relates events to each other by the orders ``docs/responder.md`` documents:
-verdict strobes come in packet order, a command takes effect between two packets, and each
-output is a one-entry register (so at most one reply older than a command can still be
-waiting on ``ack`` when the command is taken).
+verdict strobes come in packet order, a command takes effect between two packets, and a
+restart (QP_WRITE with ``set_psn``) is taken only when no reply older than it is held (the
+wrapper also allows one still waiting on ``ack``).
 """
 
 from amaranth import *
@@ -57,9 +57,10 @@ __all__ = ["ResponderProperties", "formal_config", "CHECKS"]
 
 CHECKS = ("all", "cum_psn", "placed_once", "never_placed", "cover")
 
-#: Packets taken whose verdict has not been strobed yet: at most two (one in the execute stage,
-#: one whose strobe is registered); one more entry to catch a pipeline that holds more.
-_QUEUE_DEPTH = 3
+#: Packets taken whose verdict has not been strobed yet: at most three (one in the read stage,
+#: one in the execute stage, one whose strobe is registered); one more entry to catch a
+#: pipeline that holds more.
+_QUEUE_DEPTH = 4
 
 
 def formal_config():
@@ -208,6 +209,6 @@ class ResponderProperties(Elaboratable):
                 Cover(placed_now),
                 Cover(duplicate_now & placed_flag),
                 Cover(ack_mine & have_cum & (cum != last_cum)),
-                Cover(restarted & placed_flag),
+                Cover(restart & placed_flag),
             ]
         return m

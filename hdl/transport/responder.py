@@ -1,11 +1,12 @@
 """The responder: receive window, validation, placement, SACK/NACK/NAK generation, completions.
 
 One :class:`Responder` serves every QP of the NIC. Per-QP state lives in block RAM tables
-indexed by the QP number; a two-stage pipeline (issue: the tables are read; execute: the
-packet is classified, the tables are written) takes one packet per cycle, including packets of
-the same QP back to back: every table read port is transparent to its write port, which is
-the forwarding of the pending write around the one-cycle read latency. ``docs/responder.md``
-explains the rules, the tables and their cost.
+indexed by the QP number. A pipeline (issue: the tables are addressed; read: their data is
+registered; execute: the packet is classified and the QP's entry written back; reply: the SACK
+bitmap is cut and the reply registered) takes one packet per cycle, including packets of the
+same QP back to back: the two writes a read cannot see yet are forwarded (the write of the
+previous cycle from a register, the write of this cycle from the execute stage).
+``docs/responder.md`` explains the rules, the tables and their cost.
 """
 
 from amaranth import *
@@ -19,7 +20,7 @@ from .. import protocol as P
 from ..config import NicConfig
 from ..interfaces import CompletionSide, completion_layout, place_beat_layout
 from ..packet.headers import PORT_BITS, PacketKind, packet_beat_layout
-from ..util import as_signal, below_mask, onehot, shift_left, shift_right, validating
+from ..util import as_signal, below_mask, onehot, shift_right, validating
 from .resp_defs import (
     ACK_HOP_LIMIT,
     ACK_TCLASS,
@@ -53,15 +54,17 @@ def _layouts(config, mr_slots):
     qp = data.StructLayout({
         "state": 3, "remote_qpn": 24, "pd": PD_BITS, "mpr": 4, "caps": 3, "max_wimm": 8,
         "epsn": 24,                 # expected PSN: cumulative PSN + 1
-        "epos": pos_bits,           # where epsn sits in the circular bitmaps
+        "epos": pos_bits,           # epsn modulo the window: WRITE_IMM entries' positions
         "msn": 24, "ack_count": 8, "nak_armed": 1, "last_nak": 32,
         "above": range(window + 1),  # PSNs received above the expected one (set rcv bits)
         "rcvd_bytes": RCVD_BYTES_BITS,  # payload bytes placed, modulo 2**24 (CC_STATE)
     })
+    # Bit i of each bitmap is PSN epsn + i: an advance shifts them, a placement sets one bit.
     bitmaps = data.StructLayout({"rcv": window, "last": window, "wimm": window})
     wimm_entry = data.StructLayout({"valid": 1, "pos": pos_bits, "imm": 32})
     wimm_row = data.ArrayLayout(wimm_entry, config.max_wimm)
-    mr = data.StructLayout({"valid": 1, "rkey": 32, "pd": PD_BITS, "base": 64, "length": 64})
+    # `limit` = base + length, summed when the MR is written (no adder behind the read).
+    mr = data.StructLayout({"valid": 1, "rkey": 32, "pd": PD_BITS, "base": 64, "limit": 65})
     template = data.StructLayout({
         "port": PORT_BITS, "eth_src": 48, "eth_dst": 48, "vlan_valid": 1, "vlan_tci": 16,
         "ipv6": 1, "ip_src": 128, "ip_dst": 128, "flow_label": 20, "udp_sport": 16,
@@ -133,25 +136,101 @@ def _lowest_set(m, bits, name):
     return index
 
 
+#: PSNs the cumulative PSN advances by at most in one execute step. A longer run of received
+#: PSNs (a hole filled under many out-of-order arrivals) takes one more step per CHUNK PSNs,
+#: so the advance logic searches and shifts CHUNK + 1 bits, never the whole window.
+CHUNK = 16
+
+
+def _reply_layout(config):
+    """A reply on its way to the reply stage: the header without its SACK bitmap, and what the
+    bitmap is cut from (the receive bitmap after this packet's bit is set, and the shift)."""
+    return data.StructLayout({
+        "beat": packet_beat_layout(config),
+        "rcv": config.window_psns,
+        "shift": range(config.window_psns + 1),
+    })
+
+
+class SackStage(wiring.Component):
+    """The reply stage: cuts a SACK's 64-bit bitmap out of the receive bitmap and registers the
+    reply for the header builder.
+
+    One reply per cycle; latency two cycles (``i`` taken -> ``o.valid``): the request is
+    registered, the bitmap cut and the reply registered again, so only a window-wide shift
+    sits between two registers, out of the execute stage's loop. The bitmap is the low 64 bits
+    of ``rcv >> shift`` for a SACK; NACKs and NAKs pass unchanged.
+
+    Parameters
+    ----------
+    config : :class:`~hdl.config.NicConfig`
+
+    Members
+    -------
+    i : ``In(stream.Signature(_reply_layout(config)))``
+    o : ``Out(stream.Signature(packet_beat_layout(config)))``
+    busy : ``Out(1)``
+        A reply is held (in either register).
+    """
+
+    def __init__(self, *, config):
+        with validating(self):
+            if not isinstance(config, NicConfig):
+                raise TypeError(f"Configuration must be a NicConfig, not {config!r}")
+        self._config = config
+        super().__init__({
+            "i": In(stream.Signature(_reply_layout(config))),
+            "o": Out(stream.Signature(packet_beat_layout(config))),
+            "busy": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        held = Signal(_reply_layout(self._config))
+        held_valid = Signal()
+        o_room = ~self.o.valid | self.o.ready
+        m.d.comb += [self.i.ready.eq(~held_valid | o_room),
+                     self.busy.eq(held_valid | self.o.valid)]
+        with m.If(self.i.ready):
+            m.d.sync += [held_valid.eq(self.i.valid), held.eq(self.i.payload)]
+
+        reply = Signal(packet_beat_layout(self._config))
+        bitmap = shift_right(m, held.rcv, held.shift, name="sack")
+        m.d.comb += reply.eq(held.beat)
+        with m.If(held.beat.header.kind == PacketKind.SACK):
+            m.d.comb += reply.header.ctl.sack.seth.sack_bitmap.eq(bitmap[:P.SACK_BITMAP_BITS])
+        with m.If(self.o.ready):
+            m.d.sync += self.o.valid.eq(0)
+        with m.If(held_valid & o_room):
+            m.d.sync += [self.o.valid.eq(1), self.o.payload.eq(reply)]
+        return m
+
+
 class Responder(wiring.Component):
     """The responder of every QP: classifies each received data packet, writes accepted
     payloads to memory, answers with MRC 1.0 SACKs (SETH + CC_STATE), NETH NACKs (trimmed, PSN
     out of the window) and AETH NAKs (fatal errors), answers reliability probes (PETH) with
     pr = 1 SACKs, and releases WRITE WITH IMMEDIATE completions in message order.
 
-    Throughput: one packet per cycle (II = 1) in the steady state, back-to-back packets of the
-    same QP included, and one beat per cycle for payload. A packet's header is classified in
-    the cycle after its first beat is taken (latency: first beat in -> first place beat,
-    SACK, NACK or NAK registered: 2 cycles). Cycles are taken from the packet stream only by
-    control commands, ACK-delay timers that fire, and the cumulative advance across more than
-    one completed WRITE WITH IMMEDIATE (one extra cycle per further completion, the rate the
-    completion output runs at anyway).
+    Pipeline: S0 issue (choose the operation, address the tables), S1 read (the tables' data
+    lands), S2 execute (forward, classify, write back, emit), S3 reply (the SACK bitmap). A
+    table read misses the writes of the two operations ahead of it; S1 takes the write of the
+    previous cycle from a register and the write of the current cycle from S2, so the only loop
+    left in one cycle is S2's decision on its own QP entry.
 
-    Backpressure, never a drop: when ``place``, ``ack``, ``completion`` or ``ctl_resp`` is not
-    ready for what a packet needs, the pipeline waits (``i.ready`` low). Bad packets are
-    never written: each gets a :class:`ResponderVerdict`, a counter and (mostly) a NACK or
-    NAK. A probe of an unknown or not responding QP is dropped and counted
-    (``probes_dropped``).
+    Throughput: one packet per cycle (II = 1) in the steady state, back-to-back packets of the
+    same QP included, and one beat per cycle for payload. Latency: first beat in -> first place
+    beat registered: 3 cycles; -> SACK, NACK or NAK on ``ack``: 5 cycles. Cycles are taken
+    from the packet stream only by control commands (one each; a restart, QP_WRITE with
+    ``set_psn``, first waits until the pipeline and the reply stage are empty), ACK-delay
+    timers that fire, and cumulative advances longer than one step: one more step for each further
+    completed WRITE WITH IMMEDIATE and for each further ``CHUNK`` PSNs (the step after an
+    in-order packet that may need one leaves a bubble whether or not it does).
+
+    Backpressure, never a drop: an operation executes only when every output its kind can use
+    has room (``i.ready`` low meanwhile). Bad packets are never written: each gets a
+    :class:`ResponderVerdict`, a counter and (mostly) a NACK or NAK. A probe of an unknown or
+    not responding QP is dropped and counted (``probes_dropped``).
 
     Parameters
     ----------
@@ -182,7 +261,7 @@ class Responder(wiring.Component):
     ctl_resp : ``Out(stream.Signature(responder_response_layout(config)))``
         One response per command, in order.
     counters : ``Out(responder_counters_layout())``
-        32-bit event counters (wrap).
+        32-bit event counters (wrap), two cycles behind the events.
     verdict_valid, verdict : ``Out(1)``, ``Out(ResponderVerdict)``
         A one-cycle strobe per classified packet, one cycle after classification.
     """
@@ -226,132 +305,185 @@ class Responder(wiring.Component):
     def mr_slots(self):
         return self._mr_slots
 
+    # The stages share one namespace (``s``): each method below builds one stage or one part
+    # of S2 and leaves its results there for the next.
+
     def elaborate(self, platform):
         m = Module()
         config = self._config
-        window = config.window_psns
-        lanes = config.bytes_per_beat
-        qp_layout, bm_layout, wt_layout, mr_layout, tmpl_layout, timer_layout = \
-            _layouts(config, self._mr_slots)
-        cmd_layout = responder_command_layout(config)
-        mr_bits = ceil_log2(self._mr_slots)
+        s = _Namespace()
+        s.layouts = _layouts(config, self._mr_slots)
+        qp_layout, bm_layout, wt_layout, mr_layout, _tmpl, timer_layout = s.layouts
+        s.state_layout = data.StructLayout({"qp": qp_layout, "bm": bm_layout, "wt": wt_layout})
+        s.op_layout = data.StructLayout({
+            "kind": range(5), "beat": packet_beat_layout(config), "qpn": config.qpn_bits,
+            "cmd": responder_command_layout(config), "timer": timer_layout,
+        })
 
-        # --- Tables ---------------------------------------------------------------------------
-        # Each has one write port (the execute stage) and one read port (the issue stage),
-        # transparent so that an entry written in the cycle it is read arrives updated.
-
+        # Tables: one write port each (S2) and one read port (S0 addresses, S1 data), not
+        # transparent: the forwarding in S1 covers what a read cannot see yet.
         def table(name, layout, depth):
             mem = Memory(shape=layout, depth=depth, init=[])
             m.submodules[name] = mem
-            wp = mem.write_port()
-            rp = mem.read_port(transparent_for=(wp,))
-            return rp, wp
+            return mem.read_port(), mem.write_port()
 
-        qp_rp, qp_wp = table("qp_table", qp_layout, config.qps)
-        bm_rp, bm_wp = table("bitmaps", bm_layout, config.qps)
-        wt_rp, wt_wp = table("wimm_table", wt_layout, config.qps)
-        mr_rp, mr_wp = table("mr_table", mr_layout, self._mr_slots)
+        s.qp_rp, s.qp_wp = table("qp_table", qp_layout, config.qps)
+        s.bm_rp, s.bm_wp = table("bitmaps", bm_layout, config.qps)
+        s.wt_rp, s.wt_wp = table("wimm_table", wt_layout, config.qps)
+        s.mr_rp, s.mr_wp = table("mr_table", mr_layout, self._mr_slots)
 
         # One spare entry: `timers_used` (exact, unlike the FIFO's inner level while an entry
         # moves to its output register) decides whether a timer can start.
-        m.submodules.timer_fifo = tfifo = SyncFIFOBuffered(width=timer_layout.size,
-                                                           depth=self._timers + 1)
-        timers_used = Signal(range(self._timers + 1))
-        timer_room = timers_used < self._timers
-        m.submodules.completion_fifo = cfifo = SyncFIFOBuffered(
+        m.submodules.timer_fifo = s.tfifo = SyncFIFOBuffered(width=timer_layout.size,
+                                                             depth=self._timers + 1)
+        s.timers_used = Signal(range(self._timers + 1))
+        m.submodules.completion_fifo = s.cfifo = SyncFIFOBuffered(
             width=completion_layout(config).size, depth=self._completions)
-        timer_head = timer_layout(tfifo.r_data)
+        m.submodules.sack_stage = s.sack_stage = SackStage(config=config)
+        wiring.connect(m, s.sack_stage.o, wiring.flipped(self.ack))
 
-        # --- Registers ------------------------------------------------------------------------
+        s.cycles = Signal(32)
+        m.d.sync += s.cycles.eq(s.cycles + 1)
+        s.ack_every = Signal(8, init=DEFAULT_ACK_EVERY)
+        s.ack_delay = Signal(32, init=DEFAULT_ACK_DELAY)
+        s.nak_interval = Signal(32, init=DEFAULT_NAK_INTERVAL)
+        s.coalesce_gaps = Signal()
+        s.gap_depth = Signal(GAP_DEPTH_BITS)
 
-        cycles = Signal(32)
-        m.d.sync += cycles.eq(cycles + 1)
-        ack_every = Signal(8, init=DEFAULT_ACK_EVERY)
-        ack_delay = Signal(32, init=DEFAULT_ACK_DELAY)
-        nak_interval = Signal(32, init=DEFAULT_NAK_INTERVAL)
-        coalesce_gaps = Signal()
-        gap_depth = Signal(GAP_DEPTH_BITS)
+        self._stages(m, s)
+        self._classify(m, s)
+        self._advance(m, s)
+        self._acknowledge(m, s)
+        self._reply(m, s)
+        self._control(m, s)
+        self._outputs(m, s)
+        return m
 
-        FIRST, BEAT, CONT, TIMER, CTL = range(5)
-        e_valid = Signal()
-        e_kind = Signal(range(5))
-        e_beat = Signal(packet_beat_layout(config))
-        e_qpn = Signal(config.qpn_bits)
-        e_cmd = Signal(cmd_layout)
-        e_timer = Signal(timer_layout)
-        e_ack_want = Signal()           # a continued packet owes an ACK at its last step
-        pkt_place = Signal()            # the packet in flight is being placed
-        pkt_addr = Signal(64)           # address of its next payload beat
-        in_packet = Signal()            # between a packet's first and last input beat
+    # --- S0 issue and S1 read --------------------------------------------------------------
 
-        # --- Issue stage: choose what enters execute, read the tables --------------------------
+    def _stages(self, m, s):
+        config = self._config
+        mr_bits = ceil_log2(self._mr_slots)
+        s1 = s.s1 = Signal(s.op_layout)
+        s1_valid = Signal()
+        e = s.e = Signal(s.op_layout)
+        e_valid = s.e_valid = Signal()
+        s.st = Signal(s.state_layout)               # S2's QP entry, forwarded
+        s.mr = Signal(s.layouts[3])                 # S2's MR entry
+        s.va_end = Signal(65)                       # S2's va + dma_len
+        s.e_fire = Signal()                         # S2 executes this cycle
+        s.e_cont = Signal()                         # ... and its operation takes another step
+        s.may_cont = Signal()                       # ... or might (S1 waits either way)
+        s.new_state = Signal(s.state_layout)        # the entry S2 writes back
+        s.table_write = Signal()
+        s.in_packet = Signal()                      # between a packet's first and last beat
+        s.FIRST, s.BEAT, s.CONT, s.TIMER, s.CTL = range(5)
 
-        e_fire = Signal()
-        e_cont = Signal()
-        e_free = Signal()
-        m.d.comb += e_free.eq(~e_valid | (e_fire & ~e_cont))
-        timer_due = Signal()
-        m.d.comb += timer_due.eq(tfifo.r_rdy & ~(cycles - timer_head.deadline)[31])
-
-        issue_cont = e_fire & e_cont
-        take_beat = e_free & in_packet & self.i.valid
-        take_ctl = e_free & ~in_packet & self.ctl.valid
-        take_timer = e_free & ~in_packet & ~self.ctl.valid & timer_due
-        take_first = e_free & ~in_packet & ~self.ctl.valid & ~timer_due & self.i.valid
+        s2_free = Signal()
+        s1_move = Signal()
+        s1_free = Signal()
         m.d.comb += [
-            self.i.ready.eq(e_free & (in_packet | (~self.ctl.valid & ~timer_due))),
+            s2_free.eq(~e_valid | (s.e_fire & ~s.may_cont)),
+            s1_move.eq(s1_valid & s2_free),
+            s1_free.eq(~s1_valid | s1_move),
+        ]
+        # A restart (QP_WRITE with set_psn) waits for an empty pipeline and reply stage: every
+        # reply of the old epoch has left before it executes. Other commands are ordinary
+        # operations: what they write reaches later packets by the forwarding below.
+        empty = ~s1_valid & ~e_valid & ~s.sack_stage.busy
+        restart = (self.ctl.payload.cmd == ResponderCommand.QP_WRITE) & self.ctl.payload.set_psn
+        timer_head = s.layouts[5](s.tfifo.r_data)
+        timer_due = Signal()
+        m.d.comb += timer_due.eq(s.tfifo.r_rdy & ~(s.cycles - timer_head.deadline)[31])
+        can_issue = s1_free
+        in_packet = s.in_packet
+        take_beat = can_issue & in_packet & self.i.valid
+        take_ctl = can_issue & ~in_packet & self.ctl.valid & (~restart | empty)
+        take_timer = can_issue & ~in_packet & ~self.ctl.valid & timer_due
+        take_first = can_issue & ~in_packet & ~self.ctl.valid & ~timer_due & self.i.valid
+        s.take_timer = take_timer
+        m.d.comb += [
+            self.i.ready.eq(can_issue & (in_packet | (~self.ctl.valid & ~timer_due))),
             self.ctl.ready.eq(take_ctl),
-            tfifo.r_en.eq(take_timer),
+            s.tfifo.r_en.eq(take_timer),
         ]
         in_hdr = self.i.payload.header
         issue_qpn = Signal(config.qpn_bits)
-        with m.If(issue_cont):
-            m.d.comb += issue_qpn.eq(e_qpn)
-        with m.Elif(take_ctl):
+        with m.If(take_ctl):
             m.d.comb += issue_qpn.eq(self.ctl.payload.qpn[:config.qpn_bits])
         with m.Elif(take_timer):
             m.d.comb += issue_qpn.eq(timer_head.qpn)
         with m.Else():
             m.d.comb += issue_qpn.eq(in_hdr.bth.dqpn[:config.qpn_bits])
-        issue = issue_cont | take_ctl | take_timer | take_first
-        for rp in (qp_rp, bm_rp, wt_rp):
-            m.d.comb += [rp.addr.eq(issue_qpn), rp.en.eq(issue)]
-        m.d.comb += [mr_rp.addr.eq(in_hdr.reth.rkey[:mr_bits]), mr_rp.en.eq(take_first)]
 
-        with m.If(e_fire):
-            m.d.sync += e_valid.eq(0)
-        with m.If(issue_cont):
-            m.d.sync += [e_valid.eq(1), e_kind.eq(CONT)]
+        # The tables are read every cycle: for the operation issued, or again for the one that
+        # waits in S1 (so that its data misses only the writes of the last two cycles).
+        read_qpn = Mux(s1_free, issue_qpn, s1.qpn)
+        for rp in (s.qp_rp, s.bm_rp, s.wt_rp):
+            m.d.comb += rp.addr.eq(read_qpn)
+        m.d.comb += s.mr_rp.addr.eq(Mux(s1_free, in_hdr.reth.rkey[:mr_bits],
+                                        s1.beat.header.reth.rkey[:mr_bits]))
+
+        with m.If(s1_move):
+            m.d.sync += s1_valid.eq(0)
         with m.If(take_beat | take_first):
-            m.d.sync += [e_valid.eq(1), e_kind.eq(Mux(take_first, FIRST, BEAT)),
-                         e_beat.eq(self.i.payload)]
-            m.d.sync += in_packet.eq(~self.i.payload.last)
+            m.d.sync += [s1_valid.eq(1), s1.kind.eq(Mux(take_first, s.FIRST, s.BEAT)),
+                         s1.beat.eq(self.i.payload), in_packet.eq(~self.i.payload.last)]
         with m.If(take_first):
-            m.d.sync += e_qpn.eq(issue_qpn)
+            m.d.sync += s1.qpn.eq(issue_qpn)
         with m.If(take_ctl):
-            m.d.sync += [e_valid.eq(1), e_kind.eq(CTL), e_cmd.eq(self.ctl.payload),
-                         e_qpn.eq(issue_qpn)]
+            m.d.sync += [s1_valid.eq(1), s1.kind.eq(s.CTL), s1.cmd.eq(self.ctl.payload),
+                         s1.qpn.eq(issue_qpn)]
         with m.If(take_timer):
-            m.d.sync += [e_valid.eq(1), e_kind.eq(TIMER), e_timer.eq(timer_head),
-                         e_qpn.eq(issue_qpn)]
+            m.d.sync += [s1_valid.eq(1), s1.kind.eq(s.TIMER), s1.timer.eq(timer_head),
+                         s1.qpn.eq(issue_qpn)]
+        # S1 -> S2. The entry S2 starts from: this cycle's write of the same QP, else last
+        # cycle's (a register), else the table's data.
+        prev = Signal(data.StructLayout({"valid": 1, "qpn": config.qpn_bits,
+                                         "state": s.state_layout}))
+        m.d.sync += [prev.valid.eq(s.table_write), prev.qpn.eq(e.qpn),
+                     prev.state.eq(s.new_state)]
+        stored = Signal(s.state_layout)
+        m.d.comb += [stored.qp.eq(s.qp_rp.data), stored.bm.eq(s.bm_rp.data),
+                     stored.wt.eq(s.wt_rp.data)]
+        same_now = s.table_write & (e.qpn == s1.qpn)
+        same_prev = prev.valid & (prev.qpn == s1.qpn)
+        # The MR table likewise (written by MR_WRITE commands).
+        mr_prev = Signal(data.StructLayout({"valid": 1, "slot": max(1, mr_bits),
+                                            "entry": s.layouts[3]}))
+        m.d.sync += [mr_prev.valid.eq(s.mr_wp.en), mr_prev.slot.eq(s.mr_wp.addr),
+                     mr_prev.entry.eq(s.mr_wp.data)]
+        s1_slot = s1.beat.header.reth.rkey[:mr_bits]
+        mr_now = s.mr_wp.en & (s.mr_wp.addr == s1_slot)
+        mr_same_prev = mr_prev.valid & (mr_prev.slot == s1_slot)
+        with m.If(s.e_fire & s.e_cont):
+            m.d.sync += [e.kind.eq(s.CONT), s.st.eq(s.new_state)]
+        with m.Elif(s1_move):
+            m.d.sync += [
+                e_valid.eq(1), e.eq(s1),
+                s.mr.eq(Mux(mr_now, s.mr_wp.data, Mux(mr_same_prev, mr_prev.entry, s.mr_rp.data))),
+                s.va_end.eq(s1.beat.header.reth.va + s1.beat.header.reth.dma_len),
+                s.st.eq(Mux(same_now, s.new_state, Mux(same_prev, prev.state, stored))),
+            ]
+        with m.Elif(s.e_fire):
+            m.d.sync += e_valid.eq(0)
 
-        # --- Execute stage: classify -----------------------------------------------------------
+    # --- S2: classify ----------------------------------------------------------------------
 
-        is_packet = e_valid & (e_kind == FIRST)
+    def _classify(self, m, s):
+        config = self._config
+        e, qp, bm, wt, mr = s.e, s.st.qp, s.st.bm, s.st.wt, s.mr
+        s.is_packet = s.e_valid & (e.kind == s.FIRST)
         # A reliability probe (PETH) is a one-beat packet that consumes no PSN: it is answered
         # with a pr = 1 SACK and changes nothing.
-        is_probe = is_packet & (e_beat.header.kind == PacketKind.RPROBE)
-        is_first = is_packet & ~is_probe
-        is_beat = e_valid & (e_kind == BEAT)
-        is_cont = e_valid & (e_kind == CONT)
-        is_timer = e_valid & (e_kind == TIMER)
-        is_ctl = e_valid & (e_kind == CTL)
+        s.is_probe = s.is_packet & (e.beat.header.kind == PacketKind.RPROBE)
+        s.is_first = s.is_packet & ~s.is_probe
+        s.is_beat = s.e_valid & (e.kind == s.BEAT)
+        s.is_cont = s.e_valid & (e.kind == s.CONT)
+        s.is_timer = s.e_valid & (e.kind == s.TIMER)
+        s.is_ctl = s.e_valid & (e.kind == s.CTL)
 
-        h = e_beat.header
-        qp = qp_rp.data
-        bm = bm_rp.data
-        wt = wt_rp.data
-        mr = mr_rp.data
+        h = s.h = e.beat.header
         opcode = h.bth.opcode
         psn = h.bth.psn
         dma_len = h.reth.dma_len
@@ -359,38 +491,29 @@ class Responder(wiring.Component):
         def opcode_in(opcodes):
             return Cat(opcode == int(op) for op in sorted(opcodes)).any()
 
-        is_last_op = opcode_in(P.LAST_OPCODES)
-        is_imm_op = opcode_in(P.IMMEDIATE_OPCODES)
-        known = h.bth.dqpn < config.qps
-        responding = (qp.state == int(P.QpState.RTR)) | (qp.state == int(P.QpState.RTS))
+        s.is_last_op = opcode_in(P.LAST_OPCODES)
+        s.is_imm_op = opcode_in(P.IMMEDIATE_OPCODES)
+        s.known = h.bth.dqpn < config.qps
+        s.responding = (qp.state == int(P.QpState.RTR)) | (qp.state == int(P.QpState.RTS))
         bad_seq = ~opcode_in(P.DATA_OPCODES) | (dma_len > config.mtu) | \
-            (~is_last_op & (dma_len != config.mtu))
-        distance = Signal(24)
-        m.d.comb += distance.eq(psn - qp.epsn)
-        below = distance[23]
-        in_window = ~below & (distance < (qp.mpr << 7))
-        offset = distance[:max(1, ceil_log2(window))]   # == distance inside the window
-
-        def rotate(bits, amount):       # bit i of the result: position amount + i
-            return shift_right(m, Cat(bits, bits), amount, name="rot")[:window]
-
-        def unrotate(bits, amount):
-            return shift_left(m, Cat(bits, bits), amount, name="unrot")[window:2 * window]
-
-        rcv_rot = Signal(window)
-        m.d.comb += rcv_rot.eq(rotate(bm.rcv, qp.epos))
-        marked = in_window & rcv_rot.bit_select(offset, 1)
+            (~s.is_last_op & (dma_len != config.mtu))
+        s.distance = Signal(24)
+        m.d.comb += s.distance.eq(psn - qp.epsn)
+        s.d0 = as_signal(m, psn == qp.epsn, "d0")
+        below = s.distance[23]
+        in_window = ~below & (s.distance[7:] < qp.mpr)      # distance < mpr x 128 PSNs
+        s.offset = s.distance[:max(1, ceil_log2(config.window_psns))]
+        marked = as_signal(m, bm.rcv.bit_select(s.offset, 1), "marked")
         mr_ok = mr.valid & (mr.rkey == h.reth.rkey) & (mr.pd == qp.pd)
-        in_bounds = (h.reth.va >= mr.base) & \
-            ((h.reth.va + dma_len) <= (mr.base + mr.length))
-        wimm_used = _popcount(Cat(wt[k].valid for k in range(config.max_wimm)))
-        wimm_full = is_imm_op & (wimm_used >= qp.max_wimm)
+        in_bounds = (h.reth.va >= mr.base) & (s.va_end <= mr.limit)
+        s.wimm_used = _popcount(Cat(wt[k].valid for k in range(config.max_wimm)))
+        wimm_full = s.is_imm_op & (s.wimm_used >= qp.max_wimm)
 
-        verdict = Signal(ResponderVerdict)
+        verdict = s.verdict = Signal(ResponderVerdict)
         V = ResponderVerdict
-        with m.If(~known):
+        with m.If(~s.known):
             m.d.comb += verdict.eq(V.BAD_QP)
-        with m.Elif(~responding):
+        with m.Elif(~s.responding):
             m.d.comb += verdict.eq(V.BAD_STATE)
         with m.Elif(bad_seq):
             m.d.comb += verdict.eq(V.BAD_SEQUENCE)
@@ -410,164 +533,205 @@ class Responder(wiring.Component):
             m.d.comb += verdict.eq(V.WIMM_OVERFLOW)
         with m.Else():
             m.d.comb += verdict.eq(V.PLACED)
-        placed = is_first & (verdict == V.PLACED)
+        s.placed = as_signal(m, s.is_first & (verdict == V.PLACED), "placed")
+        # The same, for the packet at the expected PSN only, without the verdict's priority
+        # chain (at distance 0 the PSN is not below, in the window when mpr != 0, and marked
+        # only if bit 0 is set): the advance waits on this one, not on the verdict.
+        s.placed_d0 = as_signal(
+            m, s.is_first & s.d0 & s.known & s.responding & ~bad_seq & (qp.mpr != 0) &
+            ~bm.rcv[0] & ~h.trimmed & mr_ok & in_bounds & ~wimm_full, "placed_d0")
 
-        # --- Execute stage: mark and advance the cumulative PSN --------------------------------
-        # In the rotated view bit i is PSN epsn + i. One step advances to the first PSN not
-        # received, but stops just before a second WRITE_IMM end on the way, so that a step
-        # releases at most one completion; the next step (CONT) follows at once.
+    # --- S2: mark, advance the cumulative PSN ------------------------------------------------
 
-        set_bit = Signal(window)
-        m.d.comb += set_bit.eq(Mux(placed, onehot(m, offset, window, name="set_bit"), 0))
-        rcv1 = Signal(window)
-        last1 = Signal(window)
-        wimm1 = Signal(window)
-        m.d.comb += [
-            rcv1.eq(rcv_rot | set_bit),
-            last1.eq(rotate(bm.last, qp.epos) | Mux(is_last_op, set_bit, 0)),
-            wimm1.eq(rotate(bm.wimm, qp.epos) | Mux(is_imm_op, set_bit, 0)),
-        ]
-        run = _lowest_set(m, ~rcv1, "run")
-        wimm_at = _lowest_set(m, wimm1, "wimm_at")
-        wimm_at_bit = onehot(m, wimm_at, window, name="wimm_at_bit")
-        wimm_next = _lowest_set(m, wimm1 & ~wimm_at_bit, "wimm_next")
+    def _advance(self, m, s):
+        # Bit i of the bitmaps is PSN epsn + i. A packet placed above epsn sets its bit; one
+        # placed at epsn (or a continued step) advances epsn over the run of received PSNs, at
+        # most CHUNK at a time, and stops just before a second WRITE_IMM end on the way, so a
+        # step releases at most one completion. The search and the shift use only the low
+        # CHUNK + 1 bits, known before the verdict, which only selects the result.
+        config = self._config
+        window = config.window_psns
+        qp, bm, wt, h = s.st.qp, s.st.bm, s.st.wt, s.h
+        chunk = min(CHUNK, window - 1)
+        adding = ~s.is_cont                 # an in-order packet sets bit 0 before the search
+        rcv_x = as_signal(m, bm.rcv | adding, "rcv_x")
+        last_x = as_signal(m, bm.last | (adding & s.is_last_op), "last_x")
+        wimm_x = as_signal(m, bm.wimm | (adding & s.is_imm_op), "wimm_x")
+        run_end = _lowest_set(m, ~rcv_x[:chunk + 1], "run_end")   # first PSN not received
+        run = Signal(range(chunk + 1))
+        m.d.comb += run.eq(Mux(run_end > chunk, chunk, run_end))
+        wimm_at = _lowest_set(m, wimm_x[:chunk], "wimm_at")
+        wimm_at_bit = onehot(m, wimm_at, chunk, name="wimm_at_bit")
+        wimm_next = _lowest_set(m, wimm_x[:chunk] & ~wimm_at_bit, "wimm_next")
         stop = wimm_at < run                # a WRITE_IMM completes in this step
         more = wimm_next < run              # and another one after it: continue
-        advance = Signal(range(window + 1))
+        step = Signal(range(chunk + 1))
+        m.d.comb += step.eq(Mux(more, wimm_next, run))
+        cont = more | (run_end > chunk)
+
+        s.advancing = as_signal(m, s.placed_d0 | s.is_cont, "advancing")
+        s.advance = Signal(range(chunk + 1))
         m.d.comb += [
-            advance.eq(Mux(more, wimm_next, run)),
-            e_cont.eq((placed | is_cont) & more),
+            s.advance.eq(Mux(s.advancing, step, 0)),
+            s.e_cont.eq(s.advancing & cont),
+            s.may_cont.eq((s.is_cont | (s.is_first & s.d0)) & cont),
         ]
-        passed = Signal(window)
-        m.d.comb += passed.eq(below_mask(m, advance, window, name="passed"))
-        new_epsn = Signal(24)
-        new_epos = Signal.like(qp.epos)
-        new_msn = Signal(24)
-        wimm_msn = Signal(24)              # MSN of the completed WRITE_IMM's message
-        epos_sum = qp.epos + advance
+        s.stop = as_signal(m, s.advancing & stop, "stop")
+
+        set_bit = Signal(window)
+        m.d.comb += set_bit.eq(Mux(s.placed, onehot(m, s.offset, window, name="set_bit"), 0))
+        s.rcv1 = as_signal(m, bm.rcv | set_bit, "rcv1")      # for the SACK bitmap
+        s.new_bm = Signal(s.layouts[1])
+        for name, advanced, placed in (
+                ("rcv", rcv_x, s.rcv1),
+                ("last", last_x, bm.last | Mux(s.is_last_op, set_bit, 0)),
+                ("wimm", wimm_x, bm.wimm | Mux(s.is_imm_op, set_bit, 0))):
+            shifted = shift_right(m, advanced, step, name=f"{name}_shift")
+            m.d.comb += s.new_bm[name].eq(Mux(s.advancing, shifted, placed))
+
+        passed = below_mask(m, s.advance, chunk, name="passed")
+        s.new_epsn = Signal(24)
+        s.new_epos = Signal.like(qp.epos)
+        s.new_msn = Signal(24)
+        s.wimm_msn = Signal(24)             # MSN of the completed WRITE_IMM's message
+        epos_sum = qp.epos + s.advance
         m.d.comb += [
-            new_epsn.eq(qp.epsn + advance),
-            new_epos.eq(Mux(epos_sum >= window, epos_sum - window, epos_sum)),
-            new_msn.eq(qp.msn + _popcount(last1 & passed)),
-            wimm_msn.eq(qp.msn + _popcount(
-                last1 & below_mask(m, wimm_at + 1, window, name="upto_wimm"))),
-        ]
-        new_bm = Signal(bm_layout)
-        m.d.comb += [
-            new_bm.rcv.eq(unrotate(rcv1 & ~passed, qp.epos)),
-            new_bm.last.eq(unrotate(last1 & ~passed, qp.epos)),
-            new_bm.wimm.eq(unrotate(wimm1 & ~passed, qp.epos)),
+            s.new_epsn.eq(qp.epsn + s.advance),
+            s.new_epos.eq(Mux(epos_sum >= window, epos_sum - window, epos_sum)),
+            s.new_msn.eq(qp.msn + _popcount(last_x[:chunk] & passed)),
+            s.wimm_msn.eq(qp.msn + _popcount(
+                last_x[:chunk] & below_mask(m, wimm_at + 1, chunk, name="upto_wimm"))),
         ]
 
-        # WRITE_IMM entries: a placed one takes the first free slot; the one the step passes
-        # leaves with its completion (possibly the same, for an in-order WRITE_IMM).
+        # WRITE_IMM entries: a placed one takes the first free slot, unless it completes at
+        # once (an in-order WRITE_IMM: the step stops at it, bit 0); the one a step passes
+        # leaves with its completion. Which entry a step passes is decided from the entry
+        # alone, so the verdict reaches only the insertion.
         pkt_pos = Signal.like(qp.epos)
         wimm_pos = Signal.like(qp.epos)
-        pkt_pos_sum = qp.epos + offset
+        pkt_pos_sum = qp.epos + s.offset
         wimm_pos_sum = qp.epos + wimm_at
         m.d.comb += [
             pkt_pos.eq(Mux(pkt_pos_sum >= window, pkt_pos_sum - window, pkt_pos_sum)),
             wimm_pos.eq(Mux(wimm_pos_sum >= window, wimm_pos_sum - window, wimm_pos_sum)),
         ]
-        free_slot = _lowest_set(m, ~Cat(wt[k].valid for k in range(config.max_wimm)), "free_slot")
-        new_wt = Signal(wt_layout)
-        completed_imm = Signal(32)
-        hit_imms = []
+        free_slot = _lowest_set(m, ~Cat(wt[k].valid for k in range(config.max_wimm)),
+                                "free_slot")
+        done_at_once = s.placed_d0 & s.is_imm_op
+        insert = as_signal(m, s.placed & s.is_imm_op & ~done_at_once, "wimm_insert")
+        s.new_wt = Signal(s.layouts[2])
+        s.completed_imm = Signal(32)
+        hit_imms = [Mux(done_at_once, h.immdt.imm, 0)]
         for k in range(config.max_wimm):
-            entry = Signal(wt_layout.elem_shape, name=f"wimm_entry{k}")
-            m.d.comb += entry.eq(wt[k])
-            with m.If(placed & is_imm_op & (free_slot == k)):
-                m.d.comb += [entry.valid.eq(1), entry.pos.eq(pkt_pos), entry.imm.eq(h.immdt.imm)]
-            hit = entry.valid & (entry.pos == wimm_pos) & stop
-            hit_imms.append(Mux(hit, entry.imm, 0))
-            m.d.comb += [new_wt[k].eq(entry), new_wt[k].valid.eq(entry.valid & ~hit)]
-        # One entry at most holds the passed position; OR is the cheapest select.
-        m.d.comb += completed_imm.eq(_or_all(hit_imms))
+            hit = as_signal(m, wt[k].valid & (wt[k].pos == wimm_pos) & s.stop, f"wimm_hit{k}")
+            hit_imms.append(Mux(hit, wt[k].imm, 0))
+            m.d.comb += s.new_wt[k].eq(wt[k])
+            with m.If(insert & (free_slot == k)):
+                m.d.comb += [s.new_wt[k].valid.eq(1), s.new_wt[k].pos.eq(pkt_pos),
+                             s.new_wt[k].imm.eq(h.immdt.imm)]
+            with m.Elif(hit):
+                m.d.comb += s.new_wt[k].valid.eq(0)
+        # One entry at most completes; OR is the cheapest select.
+        m.d.comb += s.completed_imm.eq(_or_all(hit_imms))
 
-        # --- Execute stage: ACK decision ---------------------------------------------------------
+    # --- S2: ACK decision ------------------------------------------------------------------
 
-        ce = h.tclass[:2] == P.ECN_CE
-        gap = (distance != 0) | (advance > 1) | e_cont
-        count_next = qp.ack_count + 1
-        ack_now = Signal()
+    def _acknowledge(self, m, s):
+        qp, h, verdict = s.st.qp, s.h, s.verdict
+        V = ResponderVerdict
+        s.ce = h.tclass[:2] == P.ECN_CE
+        gap = (s.distance != 0) | (s.advance > 1) | s.e_cont
+        s.count_next = qp.ack_count + 1
+        s.ack_now = Signal()
+        timer_room = s.timers_used < self._timers
         # A packet placed above a hole as the gap_depth-th (or later) PSN received above it.
-        deep = (gap_depth != 0) & (distance != 0) & (qp.above + 1 >= gap_depth)
-        m.d.comb += ack_now.eq(h.bth.ackreq | ce | (gap & ~coalesce_gaps) | deep |
-                               (count_next >= ack_every) |
-                               ((qp.ack_count == 0) & ~timer_room))
-        start_timer = placed & ~ack_now & (qp.ack_count == 0)
+        deep = (s.gap_depth != 0) & (s.distance != 0) & (qp.above + 1 >= s.gap_depth)
+        m.d.comb += s.ack_now.eq(h.bth.ackreq | s.ce | (gap & ~s.coalesce_gaps) | deep |
+                                 (s.count_next >= s.ack_every) |
+                                 ((qp.ack_count == 0) & ~timer_room))
+        s.start_timer = s.placed & ~s.ack_now & (qp.ack_count == 0)
 
-        nak_quiet = (nak_interval != 0) & qp.nak_armed & \
-            ((cycles - qp.last_nak)[:32] < nak_interval)
-        nak_code = Signal(5)
+        nak_quiet = (s.nak_interval != 0) & qp.nak_armed & \
+            ((s.cycles - qp.last_nak)[:32] < s.nak_interval)
+        s.nak_code = Signal(5)
         with m.Switch(verdict):
             for v, code in VERDICT_NAK.items():
                 with m.Case(v):
-                    m.d.comb += nak_code.eq(int(code))
-        nack_reason = Signal(8)
-        is_nack = Signal()              # a recoverable refusal: NETH NACK (else AETH NAK)
+                    m.d.comb += s.nak_code.eq(int(code))
+        s.nack_reason = Signal(8)
+        s.is_nack = Signal()            # a recoverable refusal: NETH NACK (else AETH NAK)
         with m.Switch(verdict):
             for v, reason in VERDICT_NACK.items():
                 with m.Case(v):
-                    m.d.comb += [nack_reason.eq(int(reason)), is_nack.eq(1)]
-        suppressed = is_first & (verdict == V.OUT_OF_WINDOW) & nak_quiet
-        send_nak = is_first & (verdict != V.PLACED) & (verdict != V.DUPLICATE) & ~suppressed & \
+                    m.d.comb += [s.nack_reason.eq(int(reason)), s.is_nack.eq(1)]
+        s.suppressed = s.is_first & (verdict == V.OUT_OF_WINDOW) & nak_quiet
+        s.send_nak = s.is_first & (verdict != V.PLACED) & (verdict != V.DUPLICATE) & \
+            ~s.suppressed & \
             ((verdict != V.TRIMMED) | (qp.caps & int(P.QpCapability.TRIM_NACK)).any())
-        send_ack = Signal()
-        m.d.comb += send_ack.eq((placed & ack_now & ~e_cont) |
-                                (is_cont & e_ack_want & ~e_cont) |
-                                (is_first & (verdict == V.DUPLICATE)) |
-                                (is_timer & (qp.ack_count != 0)))
+        s.e_ack_want = Signal()         # a continued packet owes an ACK at its last step
+        s.send_ack = Signal()
+        m.d.comb += s.send_ack.eq((s.placed & s.ack_now & ~s.e_cont) |
+                                  (s.is_cont & s.e_ack_want & ~s.e_cont) |
+                                  (s.is_first & (verdict == V.DUPLICATE)) |
+                                  (s.is_timer & (qp.ack_count != 0)))
         # A probe of a QP that exists and responds is answered; any other is dropped (counted).
-        send_probe_ack = is_probe & known & responding
+        s.send_probe_ack = s.is_probe & s.known & s.responding
+        s.new_above = Signal.like(qp.above)
+        m.d.comb += s.new_above.eq(Mux(s.placed | s.is_cont, qp.above + s.placed - s.advance,
+                                       qp.above))
+        s.new_rcvd = Signal(RCVD_BYTES_BITS)
+        m.d.comb += s.new_rcvd.eq(qp.rcvd_bytes + Mux(s.placed, h.reth.dma_len, 0))
 
+    # --- S2: the reply (its SACK bitmap is cut in S3) -----------------------------------------
+
+    def _reply(self, m, s):
+        config = self._config
+        window = config.window_psns
+        qp, h = s.st.qp, s.h
         # The packet the reply answers: this one, or for a timer the one that started it.
-        tmpl = Signal(tmpl_layout)
-        with m.If(is_timer):
-            m.d.comb += tmpl.eq(e_timer.template)
+        s.tmpl = tmpl = Signal(s.layouts[4])
+        with m.If(s.is_timer):
+            m.d.comb += tmpl.eq(s.e.timer.template)
         with m.Else():
             m.d.comb += [
                 tmpl.port.eq(h.port), tmpl.eth_src.eq(h.eth_src), tmpl.eth_dst.eq(h.eth_dst),
                 tmpl.vlan_valid.eq(h.vlan_valid), tmpl.vlan_tci.eq(h.vlan_tci),
                 tmpl.ipv6.eq(h.ipv6), tmpl.ip_src.eq(h.ip_src), tmpl.ip_dst.eq(h.ip_dst),
                 tmpl.flow_label.eq(h.flow_label), tmpl.udp_sport.eq(h.udp_sport),
-                tmpl.psn.eq(psn),
-                tmpl.tx_ts.eq(Mux(is_probe, h.ctl.peth.tx_timestamp, h.tseth.tx_timestamp)),
-                tmpl.ce.eq(ce & ~is_probe),
+                tmpl.psn.eq(h.bth.psn),
+                tmpl.tx_ts.eq(Mux(s.is_probe, h.ctl.peth.tx_timestamp, h.tseth.tx_timestamp)),
+                tmpl.ce.eq(s.ce & ~s.is_probe),
             ]
 
         # SACK bitmap: 64 PSNs from cack_psn + 1, or, when the trigger lies more than 64 PSNs
         # above cack_psn, from the start of the trigger's 64-aligned block (so a SACK reports
-        # the holes around a late arrival anywhere in the window). In the rotated view bit i
-        # is PSN epsn + i (before this step's advance).
+        # the holes around a late arrival anywhere in the window). Bit i of `rcv1` is PSN
+        # epsn + i (before this step's advance).
         bitmap_bits = P.SACK_BITMAP_BITS
         cack = Signal(24)
         trig_dist = Signal(24)          # trigger - cack_psn
         aligned = Signal()
         aligned_base = Signal(24)
         m.d.comb += [
-            cack.eq(new_epsn - 1),
+            cack.eq(s.new_epsn - 1),
             trig_dist.eq(tmpl.psn - cack),
-            aligned.eq(~is_probe & ~trig_dist[23] & (trig_dist > bitmap_bits)),
+            aligned.eq(~s.is_probe & ~trig_dist[23] & (trig_dist > bitmap_bits)),
             aligned_base.eq(Cat(C(0, 6), tmpl.psn[6:])),
         ]
         shift_bits = ceil_log2(window + 1)
         sack_shift = Signal(shift_bits)
-        m.d.comb += sack_shift.eq(Mux(aligned, (aligned_base - qp.epsn)[:shift_bits], advance))
-        sack_bitmap = Signal(bitmap_bits)
-        m.d.comb += sack_bitmap.eq(shift_right(m, rcv1, sack_shift, name="sack")[:bitmap_bits])
-        new_above = Signal.like(qp.above)
-        m.d.comb += new_above.eq(Mux(placed | is_cont, qp.above + placed - advance, qp.above))
-        new_rcvd = Signal(RCVD_BYTES_BITS)
-        m.d.comb += new_rcvd.eq(qp.rcvd_bytes + Mux(placed, dma_len, 0))
+        m.d.comb += sack_shift.eq(Mux(aligned, (aligned_base - qp.epsn)[:shift_bits],
+                                      s.advance))
 
-        bad_qp = is_first & ~known
-        reply = Signal(packet_beat_layout(config))
+        bad_qp = s.is_first & ~s.known
+        s.reply = Signal(_reply_layout(config))
+        reply = s.reply.beat
         r = reply.header
         seth, cc_state, neth = r.ctl.sack.seth, r.ctl.sack.cc_state, r.ctl.neth
         # The EV the trigger arrived with: UDP source port, IPv6 flow label (low 16 bits).
         entropy = Cat(tmpl.udp_sport, Mux(tmpl.ipv6, tmpl.flow_label[:16], 0))
         m.d.comb += [
+            s.reply.rcv.eq(s.rcv1), s.reply.shift.eq(sack_shift),
             reply.first.eq(1), reply.last.eq(1),
             r.port.eq(tmpl.port),
             r.eth_dst.eq(tmpl.eth_src), r.eth_src.eq(tmpl.eth_dst),
@@ -578,21 +742,21 @@ class Responder(wiring.Component):
             r.bth.pkey.eq(P.BTH_DEFAULT_PKEY),
             r.bth.dqpn.eq(Mux(bad_qp, h.bth.dqpn, qp.remote_qpn)),
         ]
-        with m.If(send_nak & is_nack):
+        with m.If(s.send_nak & s.is_nack):
             m.d.comb += [
                 r.kind.eq(PacketKind.NACK),
                 r.bth.opcode.eq(int(P.Opcode.RELIABILITY_NACK)),
                 r.bth.psn.eq(tmpl.psn),
-                neth.nack_reason.eq(nack_reason), neth.entropy.eq(entropy),
+                neth.nack_reason.eq(s.nack_reason), neth.entropy.eq(entropy),
                 neth.nack_psn.eq(tmpl.psn), neth.tx_timestamp.eq(tmpl.tx_ts),
             ]
-        with m.Elif(send_nak):
+        with m.Elif(s.send_nak):
             m.d.comb += [
                 r.kind.eq(PacketKind.AETH),
                 r.bth.opcode.eq(int(P.Opcode.ACKNOWLEDGE)),
                 r.bth.psn.eq(tmpl.psn),
-                r.aeth.syndrome.eq(P.AETH_NAK_BASE | nak_code),
-                r.aeth.msn.eq(Mux(bad_qp, 0, new_msn)),
+                r.aeth.syndrome.eq(P.AETH_NAK_BASE | s.nak_code),
+                r.aeth.msn.eq(Mux(bad_qp, 0, s.new_msn)),
             ]
         with m.Else():
             m.d.comb += [
@@ -600,26 +764,29 @@ class Responder(wiring.Component):
                 r.bth.opcode.eq(int(P.Opcode.RELIABILITY_SACK)),
                 r.bth.psn.eq(cack),
                 seth.m.eq(Mux(tmpl.ce, P.SackMark.SKIP_ONCE, P.SackMark.NONE)),
-                seth.pr.eq(is_probe),
-                seth.ack_psn_offset.eq(Mux(is_probe, h.ctl.peth.probe_id, trig_dist[:16])),
+                seth.pr.eq(s.is_probe),
+                seth.ack_psn_offset.eq(Mux(s.is_probe, h.ctl.peth.probe_id, trig_dist[:16])),
                 seth.entropy.eq(entropy),
                 seth.cack_psn.eq(cack),
                 seth.mpr.eq(qp.mpr),
                 seth.sack_psn_offset.eq(Mux(aligned, (aligned_base - cack)[:16], 1)),
-                seth.sack_bitmap.eq(sack_bitmap),
                 cc_state.tx_timestamp.eq(tmpl.tx_ts),
-                cc_state.ooo_count.eq(Mux(new_above > OOO_COUNT_MAX, OOO_COUNT_MAX, new_above)),
-                cc_state.rcvd_bytes.eq(new_rcvd),
+                cc_state.ooo_count.eq(Mux(s.new_above > OOO_COUNT_MAX, OOO_COUNT_MAX,
+                                          s.new_above)),
+                cc_state.rcvd_bytes.eq(s.new_rcvd),
             ]
 
-        # --- Execute stage: control commands -----------------------------------------------------
+    # --- S2: control commands --------------------------------------------------------------
 
-        cmd = e_cmd
+    def _control(self, m, s):
+        config = self._config
+        mr_bits = ceil_log2(self._mr_slots)
+        cmd, qp, is_ctl = s.e.cmd, s.st.qp, s.is_ctl
         C_ = ResponderCommand
-        resp = Signal(responder_response_layout(config))
-        qp_cmd_ok = Signal()
-        set_rx = Signal()
-        state_ok = Cat(cmd.state == int(s) for s in P.QpState).any()
+        s.resp = resp = Signal(responder_response_layout(config))
+        s.qp_cmd_ok = Signal()
+        s.set_rx = Signal()
+        state_ok = Cat(cmd.state == int(st) for st in P.QpState).any()
         cmd_qpn_ok = cmd.qpn < config.qps
         with m.Switch(cmd.cmd):
             with m.Case(C_.QP_WRITE):
@@ -629,113 +796,126 @@ class Responder(wiring.Component):
                             (cmd.max_wimm == 0) | (cmd.max_wimm > config.max_wimm)):
                     m.d.comb += resp.errno.eq(P.Errno.EINVAL)
                 with m.Else():
-                    m.d.comb += [qp_cmd_ok.eq(is_ctl), set_rx.eq(is_ctl & cmd.set_psn)]
+                    m.d.comb += [s.qp_cmd_ok.eq(is_ctl), s.set_rx.eq(is_ctl & cmd.set_psn)]
             with m.Case(C_.QP_READ):
                 with m.If(~cmd_qpn_ok):
                     m.d.comb += resp.errno.eq(P.Errno.ENOENT)
                 with m.Else():
                     m.d.comb += resp.data.eq(Cat(qp.state, C(0, 5), qp.epsn, qp.msn,
-                                                 wimm_used))
+                                                 s.wimm_used))
             with m.Case(C_.MR_WRITE):
                 with m.If(cmd.slot >= self._mr_slots):
                     m.d.comb += resp.errno.eq(P.Errno.ENOENT)
                 with m.Elif(cmd.valid & (cmd.rkey[:mr_bits] != cmd.slot[:mr_bits])):
                     m.d.comb += resp.errno.eq(P.Errno.EINVAL)
                 with m.Else():
-                    m.d.comb += mr_wp.en.eq(is_ctl & e_fire)
+                    m.d.comb += s.mr_wp.en.eq(is_ctl & s.e_fire)
             with m.Case(C_.CONFIG):
                 with m.If(cmd.ack_every == 0):
                     m.d.comb += resp.errno.eq(P.Errno.EINVAL)
-                with m.Elif(is_ctl & e_fire):
-                    m.d.sync += [ack_every.eq(cmd.ack_every), ack_delay.eq(cmd.ack_delay),
-                                 nak_interval.eq(cmd.nak_interval),
-                                 coalesce_gaps.eq(cmd.coalesce_gaps),
-                                 gap_depth.eq(cmd.gap_depth)]
+                with m.Elif(is_ctl & s.e_fire):
+                    m.d.sync += [s.ack_every.eq(cmd.ack_every), s.ack_delay.eq(cmd.ack_delay),
+                                 s.nak_interval.eq(cmd.nak_interval),
+                                 s.coalesce_gaps.eq(cmd.coalesce_gaps),
+                                 s.gap_depth.eq(cmd.gap_depth)]
         m.d.comb += [
-            mr_wp.addr.eq(cmd.slot[:mr_bits]),
-            mr_wp.data.valid.eq(cmd.valid), mr_wp.data.rkey.eq(cmd.rkey),
-            mr_wp.data.pd.eq(cmd.pd), mr_wp.data.base.eq(cmd.base),
-            mr_wp.data.length.eq(cmd.length),
+            s.mr_wp.addr.eq(cmd.slot[:mr_bits]),
+            s.mr_wp.data.valid.eq(cmd.valid), s.mr_wp.data.rkey.eq(cmd.rkey),
+            s.mr_wp.data.pd.eq(cmd.pd), s.mr_wp.data.base.eq(cmd.base),
+            s.mr_wp.data.limit.eq(cmd.base + cmd.length),
         ]
 
-        # --- Execute stage: outputs and table writes ---------------------------------------------
+    # --- S2: outputs and table writes ----------------------------------------------------------
 
-        need_place = (placed | (is_beat & pkt_place)) & (e_beat.keep != 0)
-        need_ack = send_ack | send_nak | send_probe_ack
-        need_completion = (placed | is_cont) & stop
-        need_timer = start_timer
+    def _outputs(self, m, s):
+        config = self._config
+        lanes = config.bytes_per_beat
+        e, h, qp = s.e, s.h, s.st.qp
+        V = ResponderVerdict
 
+        # An operation executes when every output its kind can use has room (not only the
+        # ones it turns out to need: the decision stays out of the ready path).
         place_valid = Signal()
-        ack_valid = Signal()
         resp_valid = Signal()
         place_room = ~place_valid | self.place.ready
-        ack_room = ~ack_valid | self.ack.ready
+        reply_room = s.sack_stage.i.ready
         resp_room = ~resp_valid | self.ctl_resp.ready
-        m.d.comb += e_fire.eq(e_valid & (~need_place | place_room) & (~need_ack | ack_room) &
-                              (~need_completion | cfifo.w_rdy) & (~is_ctl | resp_room))
+        room = Signal()
+        with m.Switch(e.kind):
+            with m.Case(s.FIRST):
+                m.d.comb += room.eq(place_room & reply_room & s.cfifo.w_rdy)
+            with m.Case(s.BEAT):
+                m.d.comb += room.eq(place_room)
+            with m.Case(s.CONT):
+                m.d.comb += room.eq(reply_room & s.cfifo.w_rdy)
+            with m.Case(s.TIMER):
+                m.d.comb += room.eq(reply_room)
+            with m.Case(s.CTL):
+                m.d.comb += room.eq(resp_room)
+        m.d.comb += s.e_fire.eq(s.e_valid & room)
 
-        m.d.comb += [
-            self.place.valid.eq(place_valid), self.ack.valid.eq(ack_valid),
-            self.ctl_resp.valid.eq(resp_valid),
-        ]
+        pkt_place = Signal()            # the packet in flight is being placed
+        pkt_addr = Signal(64)           # address of its next payload beat
+        need_place = (s.placed | (s.is_beat & pkt_place)) & (e.beat.keep != 0)
+        need_ack = s.send_ack | s.send_nak | s.send_probe_ack
+        need_completion = (s.placed | s.is_cont) & s.stop
+
+        m.d.comb += [self.place.valid.eq(place_valid), self.ctl_resp.valid.eq(resp_valid)]
         with m.If(self.place.ready):
             m.d.sync += place_valid.eq(0)
-        with m.If(self.ack.ready):
-            m.d.sync += ack_valid.eq(0)
         with m.If(self.ctl_resp.ready):
             m.d.sync += resp_valid.eq(0)
-        with m.If(e_fire & need_place):
+        with m.If(s.e_fire & need_place):
             m.d.sync += [
                 place_valid.eq(1),
-                self.place.payload.addr.eq(Mux(is_first, h.reth.va, pkt_addr)),
-                self.place.payload.data.eq(e_beat.data),
-                self.place.payload.keep.eq(e_beat.keep),
-                self.place.payload.last.eq(e_beat.last),
+                self.place.payload.addr.eq(Mux(s.is_first, h.reth.va, pkt_addr)),
+                self.place.payload.data.eq(e.beat.data),
+                self.place.payload.keep.eq(e.beat.keep),
+                self.place.payload.last.eq(e.beat.last),
             ]
-        with m.If(e_fire & is_first):
-            m.d.sync += [pkt_place.eq(placed), pkt_addr.eq(h.reth.va + lanes),
-                         e_ack_want.eq(ack_now)]
-        with m.Elif(e_fire & is_beat):
+        with m.If(s.e_fire & s.is_first):
+            m.d.sync += [pkt_place.eq(s.placed), pkt_addr.eq(h.reth.va + lanes),
+                         s.e_ack_want.eq(s.ack_now)]
+        with m.Elif(s.e_fire & s.is_beat):
             m.d.sync += pkt_addr.eq(pkt_addr + lanes)
-        with m.If(e_fire & need_ack):
-            m.d.sync += [ack_valid.eq(1), self.ack.payload.eq(reply)]
-        with m.If(e_fire & is_ctl):
-            m.d.sync += [resp_valid.eq(1), self.ctl_resp.payload.eq(resp)]
+        m.d.comb += [s.sack_stage.i.valid.eq(s.e_fire & need_ack),
+                     s.sack_stage.i.payload.eq(s.reply)]
+        with m.If(s.e_fire & s.is_ctl):
+            m.d.sync += [resp_valid.eq(1), self.ctl_resp.payload.eq(s.resp)]
 
         completion = Signal(completion_layout(config))
         m.d.comb += [
-            completion.qpn.eq(e_qpn), completion.side.eq(CompletionSide.RESPONDER),
-            completion.wr_id.eq(wimm_msn), completion.status.eq(P.CompletionStatus.SUCCESS),
+            completion.qpn.eq(e.qpn), completion.side.eq(CompletionSide.RESPONDER),
+            completion.wr_id.eq(s.wimm_msn), completion.status.eq(P.CompletionStatus.SUCCESS),
             completion.opcode.eq(P.WcOpcode.RECV_RDMA_WITH_IMM), completion.imm_valid.eq(1),
-            completion.imm.eq(completed_imm),
-            cfifo.w_en.eq(e_fire & need_completion), cfifo.w_data.eq(completion),
-            self.completion.valid.eq(cfifo.r_rdy), self.completion.payload.eq(cfifo.r_data),
-            cfifo.r_en.eq(self.completion.ready),
+            completion.imm.eq(s.completed_imm),
+            s.cfifo.w_en.eq(s.e_fire & need_completion), s.cfifo.w_data.eq(completion),
+            self.completion.valid.eq(s.cfifo.r_rdy), self.completion.payload.eq(s.cfifo.r_data),
+            s.cfifo.r_en.eq(self.completion.ready),
         ]
-        timer_entry = Signal(timer_layout)
+        timer_entry = Signal(s.layouts[5])
         m.d.comb += [
-            timer_entry.deadline.eq(cycles + ack_delay), timer_entry.qpn.eq(e_qpn),
-            timer_entry.template.eq(tmpl),
-            tfifo.w_en.eq(e_fire & need_timer), tfifo.w_data.eq(timer_entry),
+            timer_entry.deadline.eq(s.cycles + s.ack_delay), timer_entry.qpn.eq(e.qpn),
+            timer_entry.template.eq(s.tmpl),
+            s.tfifo.w_en.eq(s.e_fire & s.start_timer), s.tfifo.w_data.eq(timer_entry),
         ]
-        m.d.sync += timers_used.eq(timers_used + tfifo.w_en - take_timer)
+        m.d.sync += s.timers_used.eq(s.timers_used + s.tfifo.w_en - s.take_timer)
 
-        # QP table: the packet's QP (never for an unknown QPN: its low bits name another QP).
-        new_qp = Signal(qp_layout)
+        # The QP's entry (never for an unknown QPN: its low bits name another QP).
+        new_qp = s.new_state.qp
         m.d.comb += [
-            new_qp.eq(qp), new_qp.epsn.eq(new_epsn), new_qp.epos.eq(new_epos),
-            new_qp.msn.eq(new_msn), new_qp.rcvd_bytes.eq(new_rcvd),
+            new_qp.eq(qp), new_qp.epsn.eq(s.new_epsn), new_qp.epos.eq(s.new_epos),
+            new_qp.msn.eq(s.new_msn), new_qp.rcvd_bytes.eq(s.new_rcvd),
+            new_qp.above.eq(s.new_above),
         ]
-        with m.If(placed):
-            m.d.comb += new_qp.ack_count.eq(Mux(ack_now, 0, count_next))
-        with m.If(placed | is_cont):
-            # Every step sets one bit (a placed packet) and passes `advance` set bits.
-            m.d.comb += new_qp.above.eq(qp.above + placed - advance)
-        with m.If(send_ack):
+        with m.If(s.placed):
+            m.d.comb += new_qp.ack_count.eq(Mux(s.ack_now, 0, s.count_next))
+        with m.If(s.send_ack):
             m.d.comb += new_qp.ack_count.eq(0)
-        with m.If(is_first & (verdict == V.OUT_OF_WINDOW) & ~suppressed):
-            m.d.comb += [new_qp.nak_armed.eq(1), new_qp.last_nak.eq(cycles)]
-        with m.If(is_ctl):
+        with m.If(s.is_first & (s.verdict == V.OUT_OF_WINDOW) & ~s.suppressed):
+            m.d.comb += [new_qp.nak_armed.eq(1), new_qp.last_nak.eq(s.cycles)]
+        cmd = e.cmd
+        with m.If(s.is_ctl):
             m.d.comb += [
                 new_qp.state.eq(cmd.state), new_qp.remote_qpn.eq(cmd.remote_qpn),
                 new_qp.pd.eq(cmd.pd), new_qp.mpr.eq(cmd.mpr), new_qp.caps.eq(cmd.caps),
@@ -747,27 +927,31 @@ class Responder(wiring.Component):
                     new_qp.ack_count.eq(0), new_qp.nak_armed.eq(0), new_qp.last_nak.eq(0),
                     new_qp.above.eq(0), new_qp.rcvd_bytes.eq(0),
                 ]
-        rx_write = placed | is_cont | set_rx
         m.d.comb += [
-            qp_wp.addr.eq(e_qpn), qp_wp.data.eq(new_qp),
-            qp_wp.en.eq(e_fire & ((is_first & known) | is_cont | is_timer | qp_cmd_ok)),
-            bm_wp.addr.eq(e_qpn), bm_wp.data.eq(Mux(is_ctl, 0, new_bm)),
-            bm_wp.en.eq(e_fire & rx_write),
-            wt_wp.addr.eq(e_qpn), wt_wp.data.eq(Mux(is_ctl, 0, new_wt)),
-            wt_wp.en.eq(e_fire & rx_write),
+            s.new_state.bm.eq(Mux(s.set_rx, 0, s.new_bm)),
+            s.new_state.wt.eq(Mux(s.set_rx, 0, s.new_wt)),
+            s.table_write.eq(s.e_fire & ((s.is_first & s.known) | s.is_cont | s.is_timer |
+                                         s.qp_cmd_ok)),
         ]
+        for wp, part in ((s.qp_wp, s.new_state.qp), (s.bm_wp, s.new_state.bm),
+                         (s.wt_wp, s.new_state.wt)):
+            m.d.comb += [wp.addr.eq(e.qpn), wp.data.eq(part), wp.en.eq(s.table_write)]
 
-        # --- Verdict strobe and counters ---------------------------------------------------------
-
-        m.d.sync += [self.verdict_valid.eq(e_fire & is_first), self.verdict.eq(verdict)]
-        counts = {name: C(0) for name in RESPONDER_COUNTERS}
+        # Verdict strobe and counters (the counters from registered events).
+        m.d.sync += [self.verdict_valid.eq(s.e_fire & s.is_first), self.verdict.eq(s.verdict)]
+        events = {name: C(0) for name in RESPONDER_COUNTERS}
         for v in ResponderVerdict:
-            counts[v.name.lower()] = is_first & (verdict == v)
-        counts.update(acks=send_ack, naks=send_nak, naks_suppressed=suppressed,
-                      probes=send_probe_ack, probes_dropped=is_probe & ~send_probe_ack,
+            events[v.name.lower()] = s.is_first & (s.verdict == v)
+        events.update(acks=s.send_ack, naks=s.send_nak, naks_suppressed=s.suppressed,
+                      probes=s.send_probe_ack, probes_dropped=s.is_probe & ~s.send_probe_ack,
                       completions=need_completion)
-        with m.If(e_fire):
-            for name, event in counts.items():
-                counter = self.counters[name]
-                m.d.sync += counter.eq(counter + event)
-        return m
+        for name, event in events.items():
+            if isinstance(event, Const) and event.value == 0:
+                continue
+            seen = Signal(name=f"event_{name}")
+            counter = self.counters[name]
+            m.d.sync += [seen.eq(s.e_fire & event), counter.eq(counter + seen)]
+
+
+class _Namespace:
+    """The signals the stages of :meth:`Responder.elaborate` share."""

@@ -79,14 +79,17 @@ def beats(h, payload):
 
 
 def run(packets, commands, *, bubbles=0.3, backpressure=0.3, seed=0, now_ns=None,
-        after=None, timeout=200_000, counts=None, **dut_kw):
-    """Send ``commands`` (waiting for their responses), then ``packets`` ([(header, payload)]).
-    Returns the collected outputs and verdicts; ``after`` is an extra testbench step."""
+        after=None, timeout=200_000, counts=None, late_commands=(), ctl_bubbles=None, **dut_kw):
+    """Send ``commands`` (waiting for their responses), then ``late_commands`` and ``packets``
+    ([(header, payload)]) together: a command offered in the same cycle as a first beat is
+    taken first. Returns the collected outputs and verdicts; ``after`` is an extra testbench
+    step."""
     dut = Responder(config=CONFIG, **dut_kw)
     sim = Simulator(dut)
     sim.add_clock(1e-8)
     source = StreamDriver(dut.i, bubbles=bubbles, seed=seed)
-    ctl = StreamDriver(dut.ctl, bubbles=bubbles, seed=seed + 1)
+    ctl = StreamDriver(dut.ctl, bubbles=bubbles if ctl_bubbles is None else ctl_bubbles,
+                       seed=seed + 1)
     outs = {name: StreamCollector(getattr(dut, name), backpressure=backpressure, seed=seed + k)
             for k, name in enumerate(["place", "ack", "completion", "ctl_resp"], start=2)}
     for collector in outs.values():
@@ -115,10 +118,12 @@ def run(packets, commands, *, bubbles=0.3, backpressure=0.3, seed=0, now_ns=None
     async def bench(ctx):
         ctl.send(commands)
         await outs["ctl_resp"].wait(ctx, len(commands), timeout=timeout)
+        ctl.send(list(late_commands))
         for h, payload in packets:
             source.send(beats(h, payload))
         for _ in range(timeout):
-            if len(verdicts) >= sum(not is_probe(h) for h, _ in packets) and source.idle and all(
+            if len(verdicts) >= sum(not is_probe(h) for h, _ in packets) and source.idle and \
+                    len(outs["ctl_resp"].items) >= len(commands) + len(late_commands) and all(
                     len(outs[name].items) >= expected.get(name, 0) for name in outs):
                 break
             await ctx.tick()
@@ -285,6 +290,72 @@ def test_one_packet_per_cycle_same_qp():
     cycles = got["accepted"][-1] - got["accepted"][0] + 1
     assert len(got["accepted"]) == len(packets)
     assert len(packets) / cycles == 1.0, f"{len(packets)} packets in {cycles} cycles"
+
+
+@pytest.mark.parametrize("seed", [11, 12])
+def test_a_hole_under_more_than_a_chunk_of_arrivals_advances_in_steps(seed):
+    """Every PSN of the window but the expected one arrives first (WRITE_IMMs among them), then
+    the expected one: the cumulative PSN advances over more than CHUNK PSNs in several steps,
+    with the replies and completions of one long advance."""
+    rng = random.Random(seed)
+    start = 0xFFFFA0 + seed                 # wraps on the way
+    window = CONFIG.window_psns
+    packets = []
+    imms = set(rng.sample(range(1, window), CONFIG.max_wimm - 1))  # all pending at once
+    for n in list(range(1, window)) + [0]:
+        imm = n in imms
+        last = imm or rng.random() < 0.5
+        op = P.write_opcode(first=True, last=last, immediate=imm)
+        length = rng.randrange(0, LANES + 1) if last else CONFIG.mtu
+        packets.append((header(op, qpn=1, psn=P.psn_add(start, n), va=BASE + (1 << 20) + 512 * n,
+                               length=length, imm=n if imm else None),
+                        bytes(rng.getrandbits(8) for _ in range(length))))
+    commands = setup_commands([1], psn=lambda q: start, ack_every=window)
+    model = ResponderModel(CONFIG)
+    for cmd in commands:
+        model.command(cmd)
+    want = expect(model, packets)
+    assert want["acks"][-1]["ctl"]["sack"]["seth"]["cack_psn"] == P.psn_add(start, window - 1)
+    assert len(want["completions"]) == len(imms)
+    got = run(packets, commands, seed=seed, counts=counts_of(want))
+    check(got, want, model)
+
+
+def test_commands_reach_the_packets_right_behind_them():
+    """CONFIG, MR_WRITE and QP_WRITE offered with the first beats are taken first and already
+    hold for the next packet, though it reads the tables before the commands have written
+    them (the MR and QP entries are forwarded)."""
+    rng = random.Random(5)
+    commands = setup_commands([0, 1], psn=lambda q: 500, ack_every=4)
+    late = [
+        {"cmd": Cmd.CONFIG, "ack_every": 1, "ack_delay": 1 << 30, "nak_interval": 0},
+        {"cmd": Cmd.MR_WRITE, "slot": 0, "valid": 0, "rkey": 0, "pd": 0, "base": 0,
+         "length": 0},                                      # QP 0's region is gone
+        {"cmd": Cmd.QP_WRITE, "qpn": 1, "state": P.QpState.RTS, "remote_qpn": 0x2A1, "pd": 1,
+         "mpr": 1, "caps": P.QpCapability.TRIM_NACK, "max_wimm": 4, "set_psn": 0},
+    ]
+    packets = []
+    for n in range(12):
+        qpn = n % 2
+        length = rng.randrange(1, LANES + 1)
+        packets.append((header(Op.RDMA_WRITE_ONLY, qpn=qpn, psn=500 + n // 2,
+                               va=BASE + (qpn << 20) + 64 * n, length=length),
+                        bytes(rng.getrandbits(8) for _ in range(length))))
+    model = ResponderModel(CONFIG)
+    for cmd in commands + late:
+        model.command(cmd)
+    want = expect(model, packets)
+    assert want["verdicts"][0] == V.BAD_RKEY and want["verdicts"][1] == V.PLACED
+    assert all(ack["bth"]["dqpn"] == 0x2A1 for ack in want["acks"]
+               if ack["kind"] == PacketKind.SACK)
+    for bubbles, backpressure in ((0.0, 0.0), (0.3, 0.3)):
+        model = ResponderModel(CONFIG)
+        for cmd in commands + late:
+            model.command(cmd)
+        want = expect(model, packets)
+        got = run(packets, commands, late_commands=late, bubbles=bubbles,
+                  backpressure=backpressure, ctl_bubbles=0, counts=counts_of(want))
+        check(got, want, model)
 
 
 # ---------------------------------------------------------------------------------------------
