@@ -192,6 +192,8 @@ TEST_MARKS = {
         "test_random_traffic_matches_model": {"slow"},
         "test_sack_bitmap_placed_by_an_offset_other_than_one": {"slow"},
         "test_reliability_probe_is_answered_by_a_pr_sack": {"slow"},
+        "test_a_hole_under_more_than_a_chunk_of_arrivals_advances_in_steps": {"slow"},
+        "test_commands_reach_the_packets_right_behind_them": {"slow"},
     },
     "test_rgmii.py": {
         "test_transport_selftest_with_a_plane_on_the_gmii_port": {"rtl", "slow"},
