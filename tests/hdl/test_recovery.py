@@ -23,7 +23,7 @@ from hdl.transport.req_defs import (
 )
 from hdl.transport.requester import retry_expiry_gateware
 from sim.tb.amsim import const_to_dict
-from tests.hdl.test_requester import CONFIG, Bench, ack_header, nack_header
+from tests.hdl.test_requester import CONFIG, Bench, ack_header, nack_header, nak_header
 from tests.sim.test_requester_model import FAILURES, Peer
 
 W = P.WrOpcode
@@ -817,5 +817,61 @@ def test_a_peer_restarted_far_away_fails_the_qp_by_its_retries(distance):
             assert responder["out_of_window"] == 6 and responder["naks"] == 2
             assert bench.model.counters["nak_psn_out_of_window"] == 2
         assert bench.model.counters["acks"] == 0
+
+    bench.run(testbench)
+
+
+@pytest.mark.parametrize("failure", ["fatal_nak", "retry_exhausted"])
+def test_a_failed_qp_frees_the_engines_for_the_wrs_behind_it(failure):
+    """A QP fails (a fatal NAK for a PSN of its third WR, or exhausted retries) while that WR
+    holds the segmenter at the window and its next WRITE_IMM waits in the intake (the one
+    WRITE_IMM credit is taken), with another QP's WR behind them: the segmenter drops the
+    rest, the waiting WR is refused (WR_FLUSH_ERR), the other QP's packet leaves within 100
+    cycles, and the completions come in order: SUCCESS for the acknowledged WR, the NAK's
+    status for the WR holding its PSN and WR_FLUSH_ERR for the one before it (or
+    RETRY_EXC_ERR for both)."""
+    bench = TimedBench(seed=191)
+    qpn, other, psn0 = 3, 4, 0x7FFFF8
+
+    async def testbench(ctx):
+        bench.now = 500
+        await bench.control(ctx, RequesterCommand.QP_WRITE, qpn=qpn, state=P.QpState.RTS,
+                            psn=psn0, mpr=1, max_wimm=1, timeout=3, retry_linear=1)
+        await qp_write(bench, ctx, other, psn=9, timeout=20)
+        bench.post([write_wr(qpn, 0, 1),
+                    write_wr(qpn, 1, 2) | {"opcode": W.RDMA_WRITE_WITH_IMM, "imm": 5},
+                    write_wr(qpn, 2, 200),      # holds the segmenter at the window
+                    write_wr(qpn, 3, 1) | {"opcode": W.RDMA_WRITE_WITH_IMM, "imm": 6},
+                    write_wr(other, 9, 1)])     # behind them
+        await bench.settle(ctx)
+        assert len(bench.send.items) == 128
+        await bench.receive(ctx, [ack_header(qpn, psn0)])           # WR 0 only
+        await bench.settle(ctx)
+        await bench.control(ctx, RequesterCommand.QP_READ, qpn=qpn, page=1)
+        assert (int(bench.ctl_resp.items[-1].data) >> 8) & 0xFF == 1      # WRITE_IMM credit
+        assert not any(int(p.qpn) == other for p in bench.send.items)
+        if failure == "fatal_nak":
+            await bench.receive(ctx, [nak_header(qpn, P.psn_add(psn0, 7),
+                                                 P.NakCode.REMOTE_OPERATIONAL)])
+            status = S.REM_OP_ERR
+        else:
+            assert await bench.expire(ctx, qpn, bench.now + 8) == "timeout"
+            n = len(bench.completion.items)
+            bench.now += 8
+            await bench.wait(ctx, lambda: len(bench.completion.items) > n,
+                             "the first flush completion", timeout=100)
+            bench.model.now_units = bench.now
+            assert bench.model.expire(qpn) == "exceeded"
+            status = S.RETRY_EXC_ERR
+        await bench.wait(ctx, lambda: any(int(p.qpn) == other for p in bench.send.items),
+                         "the other QP's packet", timeout=100)
+        await bench.settle(ctx)
+        await bench.receive(ctx, [ack_header(other, 9)])
+        await bench.check_all(ctx)
+        earlier = S.WR_FLUSH_ERR if failure == "fatal_nak" else S.RETRY_EXC_ERR
+        assert [(c["wr_id"], c["status"]) for c in bench.model.completions] == [
+            (0, S.SUCCESS), (1, earlier), (2, status), (3, S.WR_FLUSH_ERR), (9, S.SUCCESS)]
+        assert [const_to_dict(e) for e in bench.qp_error.items] == [
+            {"qpn": qpn, "status": status}]
 
     bench.run(testbench)
