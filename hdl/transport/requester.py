@@ -215,7 +215,10 @@ class Requester(wiring.Component):
     cycles after the ACK that allows it (3 cycles per QP the completion engine visits), then
     one per cycle for the same QP.
 
-    Bad input never hangs the block: a WR it will not send completes with an error status;
+    Bad input never hangs the block: a WR it will not send completes with an error status
+    (after a QP fails, by a fatal NAK, exhausted retries or software, every outstanding WR
+    completes, in order, and nothing is sent or resent for it beyond what was already under
+    way);
     a SACK/NACK/NAK it cannot apply is dropped and counted in ``bad_acks``; a retransmit request
     for a PSN no longer outstanding is dropped and counted in ``retx_ignored``; feedback that
     finds its output full is dropped and counted in ``feedback_dropped``. ``docs/requester.md``
@@ -253,8 +256,13 @@ class Requester(wiring.Component):
     completion : ``Out(stream.Signature(completion_layout(config)))``
         Requester completions, in WR order per QP. Never dropped.
     qp_error : ``Out(stream.Signature(qp_error_layout(config)))``
-        A QP moved to ERROR by a fatal NAK or by exhausted retries (RETRY_EXC_ERR).
+        A QP moved to ERROR by a fatal NAK or by exhausted retries (RETRY_EXC_ERR); a
+        software ERROR gives none.
     ctl : ``In(stream.Signature(requester_command_layout(config)))``
+        Control commands, one at a time. QP_WRITE ERROR on a QP with WRs outstanding fails it
+        at once and flushes them (WR_FLUSH_ERR); any other state then is EBUSY. A QP_WRITE
+        answers only after every send request already decided (queued resends, the QP's
+        packet in the ``send`` register) has left.
     ctl_resp : ``Out(stream.Signature(requester_response_layout(config)))``
     now_ns : ``In(32)``
         Unused (the time is ``now_units``); kept so the NIC's wiring holds.
