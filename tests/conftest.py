@@ -157,6 +157,10 @@ TEST_MARKS = {
         "test_inferred_losses_resent_once_without_waiting": {"slow"},
         "test_progress_restarts_timer_and_resets_retries": {"slow"},
         "test_time_rule_keeps_up_with_back_to_back_acks": {"slow"},
+        "test_software_error_flushes_outstanding_wrs_and_stops_the_qp": {"slow"},
+        "test_qp_carries_traffic_again_after_each_failure": {"slow"},
+        "test_a_peer_restarted_far_away_fails_the_qp_by_its_retries": {"slow"},
+        "test_a_failed_qp_frees_the_engines_for_the_wrs_behind_it": {"slow"},
     },
     "test_replay.py": {
         "test_replay_verdicts": {"rtl", "slow"},
@@ -183,6 +187,7 @@ TEST_MARKS = {
         "test_window_and_slot_limits_match_model": {"slow"},
         "test_fatal_nak_errors_qp_with_in_order_flush": {"slow"},
         "test_one_ack_per_cycle_alternating_qps": {"slow"},
+        "test_qp_write_waits_until_no_packet_of_the_qp_is_left_in_the_send_register": {"slow"},
     },
     "test_responder.py": {
         "test_adversarial_packets_are_refused": {"slow"},
@@ -194,6 +199,7 @@ TEST_MARKS = {
         "test_reliability_probe_is_answered_by_a_pr_sack": {"slow"},
         "test_a_hole_under_more_than_a_chunk_of_arrivals_advances_in_steps": {"slow"},
         "test_commands_reach_the_packets_right_behind_them": {"slow"},
+        "test_a_requester_far_from_the_expected_psn_is_refused_never_placed": {"slow"},
     },
     "test_rgmii.py": {
         "test_transport_selftest_with_a_plane_on_the_gmii_port": {"rtl", "slow"},

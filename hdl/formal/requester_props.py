@@ -125,8 +125,9 @@ class RequesterProperties(Elaboratable):
 
         # An accepted QP_WRITE of the QP restarts next_psn = una = psn, with its mpr. It is
         # written in the cycle before its response appears; new packets of the QP cannot be
-        # on `send` then (the write needs no outstanding WR of the QP), so the wrapper applies
-        # it when the response rises.
+        # on `send` then (a QP_WRITE waits until the `send` register holds none of the QP), so
+        # the wrapper applies it when the response rises. One accepted with WRs outstanding
+        # (state ERROR) restarts nothing, but the QP sends no new packet until the next.
         cmd = dut.ctl.payload
         pending_write = Signal()
         pending_psn = Signal(P.PSN_BITS)

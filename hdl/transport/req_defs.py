@@ -160,10 +160,11 @@ def requester_command_layout(config):
 
     QP_WRITE: ``qpn``, ``state``, ``psn`` (first PSN to send), ``mpr`` (units of 128 PSNs),
     ``max_wimm``, ``timeout`` (t: 1.024 us x 2**t, 0..24), ``retry_linear`` (L, 0..7),
-    ``retry_exp`` (E, 0..25; 25 = forever). QP_READ: ``qpn``, ``page`` (0..2). CONFIG:
-    ``ackreq_every``, ``infer_k`` (0 = no count-based SACK inference), ``cc`` (1 = the ECN
-    congestion window limits each QP's PSN range), ``reo_wnd`` (units; 0 = no time-based
-    inference); CONFIG sets all four.
+    ``retry_exp`` (E, 0..25; 25 = forever); on a QP with WRs outstanding only ``state`` ERROR
+    is taken (the WRs are flushed), any other state is EBUSY. QP_READ: ``qpn``, ``page``
+    (0..3). CONFIG: ``ackreq_every``, ``infer_k`` (0 = no count-based SACK inference), ``cc``
+    (1 = the ECN congestion window limits each QP's PSN range), ``reo_wnd`` (units; 0 = no
+    time-based inference); CONFIG sets all four.
     """
     return data.StructLayout({
         "cmd": RequesterCommand,

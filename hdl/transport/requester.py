@@ -110,8 +110,8 @@ def requester_tables(config):
         "acked": (unsigned(window), qps, 2),
         # A QP has a completion trigger queued while its two bits differ (ACK side sets,
         # completion engine clears: one writer each).
-        "trig_set": (unsigned(1), qps, 1),
-        "trig_seen": (unsigned(1), qps, 1),
+        "trig_set": (unsigned(1), qps, 2),
+        "trig_seen": (unsigned(1), qps, 2),
         "meta": (data.StructLayout({"slot": _log2(slots), "time": TIME_BITS, "retx": 1}),
                  qps * window, 1),
         # The EV each PSN last went out on: read by the retransmitter (LOST feedback) and by
@@ -215,7 +215,10 @@ class Requester(wiring.Component):
     cycles after the ACK that allows it (3 cycles per QP the completion engine visits), then
     one per cycle for the same QP.
 
-    Bad input never hangs the block: a WR it will not send completes with an error status;
+    Bad input never hangs the block: a WR it will not send completes with an error status
+    (after a QP fails, by a fatal NAK, exhausted retries or software, every outstanding WR
+    completes, in order, and nothing is sent or resent for it beyond what was already under
+    way);
     a SACK/NACK/NAK it cannot apply is dropped and counted in ``bad_acks``; a retransmit request
     for a PSN no longer outstanding is dropped and counted in ``retx_ignored``; feedback that
     finds its output full is dropped and counted in ``feedback_dropped``. ``docs/requester.md``
@@ -253,8 +256,13 @@ class Requester(wiring.Component):
     completion : ``Out(stream.Signature(completion_layout(config)))``
         Requester completions, in WR order per QP. Never dropped.
     qp_error : ``Out(stream.Signature(qp_error_layout(config)))``
-        A QP moved to ERROR by a fatal NAK or by exhausted retries (RETRY_EXC_ERR).
+        A QP moved to ERROR by a fatal NAK or by exhausted retries (RETRY_EXC_ERR); a
+        software ERROR gives none.
     ctl : ``In(stream.Signature(requester_command_layout(config)))``
+        Control commands, one at a time. QP_WRITE ERROR on a QP with WRs outstanding fails it
+        at once and flushes them (WR_FLUSH_ERR); any other state then is EBUSY. A QP_WRITE
+        answers only after every send request already decided (queued resends, the QP's
+        packet in the ``send`` register) has left.
     ctl_resp : ``Out(stream.Signature(requester_response_layout(config)))``
     now_ns : ``In(32)``
         Unused (the time is ``now_units``); kept so the NIC's wiring holds.
@@ -345,10 +353,13 @@ class Requester(wiring.Component):
         cc_on = Signal()
         hold = Signal()                 # pipelines may not write the QP tables
         ctl_write = Signal()            # this cycle: QP_WRITE writes every QP table
+        # This cycle: QP_WRITE ERROR on a QP with outstanding WRs moves it to ERROR and wakes
+        # the completion engine, which flushes them (the fatal-NAK flush, WR_FLUSH_ERR).
+        ctl_flush = Signal()
         m.d.comb += hold.eq((ctl_state == CTL_HOLD) | (ctl_state == CTL_DECIDE))
         ctl_qpn = ctl_req.qpn[:qb]
         ctl_ports = {name: rport(name) for name in ("cfg", "sq", "next_psn", "ack", "cq",
-                                                      "tmr", "cc")}
+                                                      "tmr", "cc", "trig_set", "trig_seen")}
         for port in ctl_ports.values():
             m.d.comb += port.addr.eq(ctl_qpn)
 
@@ -623,11 +634,13 @@ class Requester(wiring.Component):
         from_walk = ~from_trim & w_valid
         r0_qpn = Mux(from_trim, trim_queue.r_data[:qb], Mux(w_valid, w.qpn, self.retx.payload.qpn))
         r0_psn = Mux(from_trim, trim_queue.r_data[qb:], Mux(w_valid, w.psn, self.retx.payload.psn))
-        r0_accept = r0_take & (from_trim | w_valid | self.retx.valid)
+        r0_accept = r0_take & (from_trim | w_valid | (self.retx.valid & ~hold))
+        # `retx` waits while a command holds the engines: a QP_WRITE lets the retransmissions
+        # already queued leave first (control, below), and nothing new may join them.
         m.d.comb += [
             trim_queue.r_en.eq(r0_take),
             w_step.eq(r0_take & from_walk),
-            self.retx.ready.eq(r0_take & ~from_trim & ~w_valid),
+            self.retx.ready.eq(r0_take & ~from_trim & ~w_valid & ~hold),
         ]
         r_ports = {name: rport(name) for name in ("cfg", "next_psn", "ack", "acked", "meta",
                                                     "ev")}
@@ -884,11 +897,21 @@ class Requester(wiring.Component):
                 with m.Case(nak_code):
                     m.d.comb += err_status.eq(status)
 
+        c_ack = ctl_ports["ack"].data
         with m.If(ctl_write):
             m.d.comb += [
                 wps["ack"].addr.eq(ctl_qpn), wps["ack"].en.eq(1),
                 wps["ack"].data.eq(0), wps["ack"].data.una.eq(ctl_req.psn),
                 wps["acked"].addr.eq(ctl_qpn), wps["acked"].en.eq(1), wps["acked"].data.eq(0),
+            ]
+        with m.Elif(ctl_flush):
+            # Software ERROR: the fatal-NAK error with WR_FLUSH_ERR for the oldest PSN, so
+            # the completion engine gives every outstanding WR WR_FLUSH_ERR.
+            m.d.comb += [
+                wps["ack"].addr.eq(ctl_qpn), wps["ack"].en.eq(1),
+                wps["ack"].data.una.eq(c_ack.una), wps["ack"].data.error.eq(1),
+                wps["ack"].data.err_status.eq(P.CompletionStatus.WR_FLUSH_ERR),
+                wps["ack"].data.err_psn.eq(c_ack.una),
             ]
         with m.Elif(x_apply):
             m.d.comb += [
@@ -956,14 +979,21 @@ class Requester(wiring.Component):
 
         # Completion triggers: none while one is queued for the QP (the engine reads the QP
         # when it takes the trigger, so it sees this ACK's change too).
+        # A software flush queues one the same way (ACK processing is idle while the control
+        # decides, so the two never push in the same cycle).
         trigger_bit = ~a_ports["trig_seen"].data
         trigger_push = (((a_apply & (advance | fatal)) | x_apply)
                         & (a_ports["trig_set"].data == a_ports["trig_seen"].data))
+        ctl_trigger_bit = ~ctl_ports["trig_seen"].data
+        ctl_trigger_push = ctl_flush & (ctl_ports["trig_set"].data
+                                        == ctl_ports["trig_seen"].data)
+        trigger_qpn = Mux(ctl_flush, ctl_qpn, a1_qpn)
+        trigger_value = Mux(ctl_flush, ctl_trigger_bit, trigger_bit)
         m.d.comb += [
-            ack_triggers.w_data.eq(Cat(a1_qpn, trigger_bit)),
-            ack_triggers.w_en.eq(trigger_push),
-            wps["trig_set"].addr.eq(a1_qpn), wps["trig_set"].data.eq(trigger_bit),
-            wps["trig_set"].en.eq(trigger_push),
+            ack_triggers.w_data.eq(Cat(trigger_qpn, trigger_value)),
+            ack_triggers.w_en.eq(trigger_push | ctl_trigger_push),
+            wps["trig_set"].addr.eq(trigger_qpn), wps["trig_set"].data.eq(trigger_value),
+            wps["trig_set"].en.eq(trigger_push | ctl_trigger_push),
             trim_queue.w_data.eq(Cat(a1_qpn, a1_psn)),
             trim_queue.w_en.eq(trim_queued),
         ]
@@ -1328,7 +1358,7 @@ class Requester(wiring.Component):
         count("error_completions", e_transfer & ~ok)
 
         # == control FSM ====================================================================
-        c_cfg, c_sq, c_ack, c_cq = (ctl_ports[n].data for n in ("cfg", "sq", "ack", "cq"))
+        c_cfg, c_sq, c_cq = (ctl_ports[n].data for n in ("cfg", "sq", "cq"))
         c_next = ctl_ports["next_psn"].data
         state_ok = Signal()
         with m.Switch(ctl_req.state):
@@ -1339,6 +1369,17 @@ class Requester(wiring.Component):
                         | (ctl_req.timeout > P.LOCAL_ACK_TIMEOUT_MAX)
                         | (ctl_req.retry_exp > P.RETRY_EXPONENTIAL_MAX))
         c_outstanding = (c_sq.tail - c_cq.head)[:sb + 1]
+        # A QP_WRITE first lets every send request already decided leave: the TRIM and walk
+        # queues, the walker and R1/R2 run dry (nothing refills them while the engines are
+        # held and `retx` waits) and the `send` register holds no packet of the QP. Nothing
+        # decided under the QP's old state leaves `send` after the response, neither after an
+        # ERROR nor after a re-initialisation with a new PSN.
+        retx_pending = ((trim_queue.level != 0) | (timeout_walks.level != 0)
+                        | (infer_walks.level != 0) | w_valid | r1_valid | r2_valid)
+        ctl_drain_wait = Signal()
+        m.d.comb += ctl_drain_wait.eq(
+            (ctl_req.cmd == RequesterCommand.QP_WRITE)
+            & (retx_pending | (out_valid & (out.qpn == ctl_qpn))))
         m.d.comb += [
             self.ctl.ready.eq(ctl_state == CTL_IDLE),
             self.ctl_resp.valid.eq(ctl_state == CTL_RESP),
@@ -1359,7 +1400,8 @@ class Requester(wiring.Component):
                 with m.If(self.ctl.valid):
                     m.d.sync += [ctl_req.eq(self.ctl.payload), ctl_state.eq(CTL_HOLD)]
             with m.Case(CTL_HOLD):
-                with m.If(~a1_valid & (e_state == E_IDLE) & ~infer_busy & ~v1_valid):
+                with m.If(~a1_valid & (e_state == E_IDLE) & ~infer_busy & ~v1_valid
+                          & ~ctl_drain_wait):
                     m.d.sync += ctl_state.eq(CTL_DECIDE)
             with m.Case(CTL_DECIDE):
                 m.d.sync += [ctl_state.eq(CTL_RESP), ctl_errno.eq(P.Errno.OK), ctl_data.eq(0)]
@@ -1395,7 +1437,12 @@ class Requester(wiring.Component):
                         with m.Elif(bad_qp_write):
                             m.d.sync += ctl_errno.eq(P.Errno.EINVAL)
                         with m.Elif(c_outstanding != 0):
-                            m.d.sync += ctl_errno.eq(P.Errno.EBUSY)
+                            # ERROR flushes the outstanding WRs (a QP already in ERROR keeps
+                            # its flush and statuses); any other state waits for them.
+                            with m.If(ctl_req.state == P.QpState.ERROR):
+                                m.d.comb += ctl_flush.eq(~c_ack.error)
+                            with m.Else():
+                                m.d.sync += ctl_errno.eq(P.Errno.EBUSY)
                         with m.Else():
                             m.d.comb += ctl_write.eq(1)
                     with m.Default():

@@ -195,7 +195,12 @@ class NicDriver(RegisterDriver):
 
     async def modify_qp(self, qpn, state, **attributes):
         """Move QP ``qpn`` to ``state`` with ``attributes`` (names of :class:`QpAttributes`),
-        checking the transition and the attributes it requires, then write the hardware."""
+        checking the transition and the attributes it requires, then write the hardware.
+
+        ERROR is written to the requester too: its outstanding WRs complete with
+        WR_FLUSH_ERR and nothing more is sent. Any other state with WRs outstanding is
+        refused by the requester (EBUSY): wait for their completions (after ERROR, for the
+        flush) before RESET."""
         qp = self._qp(qpn)
         state = P.QpState(state)
         unknown = set(attributes) - set(QpAttributes.__dataclass_fields__)
@@ -232,7 +237,7 @@ class NicDriver(RegisterDriver):
             await self.command("tx", op=TxCommand.CONN_WRITE, qpn=qpn, dqpn=qp.remote_qpn,
                                eth=qp.remote_mac, ip=qp.remote_ip)
         await self._write_responder(qpn, qp, state, set_psn=state == P.QpState.RTR)
-        if state in (P.QpState.RTS, P.QpState.RESET, P.QpState.INIT) or \
+        if state in (P.QpState.RTS, P.QpState.RESET, P.QpState.INIT, P.QpState.ERROR) or \
                 previous == P.QpState.RESET:
             await self._write_requester(qpn, qp, state)
         qp.state = state

@@ -151,6 +151,7 @@ class RequesterModel:
         self._current = None            # [qpn, slot, psn, remaining, index] being segmented
         self._retx = deque()            # (qpn, psn) waiting to be resent
         self._walks = deque()           # [kind, qpn, psn, count, first] ranges to walk
+        self._drained = deque()         # resends decided before a QP_WRITE, not pulled yet
         self.now_units = 0              #: the time, in 1.024 us units
         self._ev = {}                   # (qpn, psn % window) -> EV it last went out on
         self.meta = {}                  # (qpn, psn % window) -> (send time, retransmitted)
@@ -173,6 +174,10 @@ class RequesterModel:
             cmd = RequesterCommand(cmd)
         except ValueError:
             return P.Errno.EINVAL, 0
+        if cmd == RequesterCommand.QP_WRITE:
+            # The gateware lets every resend already queued leave before a QP_WRITE acts (any
+            # QP_WRITE, refused ones too): they are decided under the state before it.
+            self._drain()
         if cmd == RequesterCommand.CONFIG:
             self.ackreq_every = get("ackreq_every")
             self.infer_k = get("infer_k")
@@ -204,7 +209,14 @@ class RequesterModel:
                 or exp > P.RETRY_EXPONENTIAL_MAX):
             return P.Errno.EINVAL, 0
         if qp.slots:
-            return P.Errno.EBUSY, 0
+            if state != P.QpState.ERROR:
+                return P.Errno.EBUSY, 0
+            if not qp.error:                    # (one already in ERROR keeps its flush)
+                qp.error, qp.err_psn = True, qp.una
+                qp.err_status = P.CompletionStatus.WR_FLUSH_ERR
+                self._complete(qpn)
+                self._admit()
+            return P.Errno.OK, 0
         self._qps[qpn] = _Qp(state=state, mpr=mpr, max_wimm=max_wimm, next_psn=psn,
                              alloc_psn=psn, una=psn, timeout=timeout, retry_linear=linear,
                              retry_exp=exp, infer_to=psn, cwnd=mpr * P.MPR_UNIT_PSNS,
@@ -240,6 +252,8 @@ class RequesterModel:
         if now_units is not None:
             self.now_units = now_units
         self._admit()
+        if self._drained:
+            return self._drained.popleft()
         while self._retx:
             qpn, psn = self._retx.popleft()
             request = self._retransmission(qpn, psn)
@@ -613,6 +627,21 @@ class RequesterModel:
             self.feedback.append({"qpn": qpn, "ev": self._ev.get(key, 0),
                                   "kind": P.FeedbackKind.LOST})
         return request
+
+    def _drain(self):
+        """Decide every queued resend now (trims, ``retx`` requests, walks), as the gateware
+        does before a QP_WRITE acts; :meth:`pull` hands them out first."""
+        while self._retx:
+            qpn, psn = self._retx.popleft()
+            request = self._retransmission(qpn, psn)
+            if request is None:
+                self.counters["retx_ignored"] += 1
+            else:
+                self._drained.append(request)
+        while self._walks:
+            request = self._walk_step()
+            if request is not None:
+                self._drained.append(request)
 
     def _bad(self):
         self.counters["bad_acks"] += 1

@@ -23,7 +23,8 @@ from hdl.transport.req_defs import (
 )
 from hdl.transport.requester import retry_expiry_gateware
 from sim.tb.amsim import const_to_dict
-from tests.hdl.test_requester import CONFIG, Bench, ack_header, nack_header
+from tests.hdl.test_requester import CONFIG, Bench, ack_header, nack_header, nak_header
+from tests.sim.test_requester_model import FAILURES, Peer
 
 W = P.WrOpcode
 S = P.CompletionStatus
@@ -633,3 +634,244 @@ def test_counter_names_are_appended():
     assert REQUESTER_COUNTERS[16:] == (
         "timeouts", "retry_exceeded", "timeout_retransmissions", "inferred_losses",
         "lost_feedback", "walk_skipped", "arm_dropped", "infer_dropped", "reorder_expiries")
+
+
+# -- every QP fails cleanly, and works again -----------------------------------------------------
+
+def test_software_error_flushes_outstanding_wrs_and_stops_the_qp():
+    """QP_WRITE ERROR with WRs outstanding (one half acknowledged, one refused, one holding the
+    segmenter at its window, one waiting for a WR slot): answered at once; every outstanding WR
+    completes in order, WR_FLUSH_ERR (the refused one its own status); the other QP's WR behind
+    them is sent within a bound; nothing more is sent or resent for the QP (timer, trims,
+    `retx`, ACKs with SACK bits); no qp_error event. As the model, counters included."""
+    bench = TimedBench(seed=161)
+    qpn, other, psn0 = 1, 2, 0xFFFFF0
+
+    async def testbench(ctx):
+        bench.now = 1_000
+        await qp_write(bench, ctx, qpn, psn=psn0, timeout=3, exp=P.RETRY_INFINITE)
+        await qp_write(bench, ctx, other, psn=50, timeout=20)
+        bench.post([write_wr(qpn, 0, 2), write_wr(qpn, 1, 3),
+                    {"qpn": qpn, "opcode": W.RDMA_READ, "wr_id": 2},
+                    write_wr(qpn, 3, 200),              # holds the segmenter at the window
+                    write_wr(qpn, 4, 1),                # waits for a WR slot
+                    write_wr(other, 9, 1)])             # behind them
+        await bench.settle(ctx)
+        assert len(bench.send.items) == 128
+        await bench.receive(ctx, [ack_header(qpn, P.psn_add(psn0, 2))])    # WR 0, 1 PSN of WR 1
+        await bench.settle(ctx)
+        for state in (P.QpState.RTS, P.QpState.RESET):
+            await bench.control(ctx, RequesterCommand.QP_WRITE, qpn=qpn, state=state, mpr=1,
+                                max_wimm=1)             # EBUSY
+        await bench.receive(ctx, [nack_header(qpn, P.psn_add(psn0, 4))])  # decided before
+        await bench.control(ctx, RequesterCommand.QP_WRITE, qpn=qpn, state=P.QpState.ERROR,
+                            mpr=1, max_wimm=1)
+        assert [int(r.errno) for r in bench.ctl_resp.items[-3:]] == [
+            P.Errno.EBUSY, P.Errno.EBUSY, P.Errno.OK]
+        # The other QP's WR no longer waits behind the failed one.
+        await bench.wait(ctx, lambda: any(int(p.qpn) == other for p in bench.send.items),
+                         "the other QP's packet", timeout=100)
+        await bench.settle(ctx)
+        await bench.completion.wait(ctx, len(bench.model.completions))
+        assert [(c["wr_id"], c["status"]) for c in bench.model.completions
+                if c["qpn"] == qpn] == [
+            (0, S.SUCCESS), (1, S.WR_FLUSH_ERR), (2, S.LOC_QP_OP_ERR), (3, S.WR_FLUSH_ERR),
+            (4, S.WR_FLUSH_ERR)]
+        # Nothing more for the QP: time runs far past its timeout, trims, retransmit
+        # requests and ACKs (with SACK bits) arrive, a WR is posted.
+        sent = len(bench.send.items)
+        bench.now += 1 << 12
+        await ctx.tick().repeat(3 * SCAN_UNITS)
+        bench.retx.send([{"qpn": qpn, "psn": P.psn_add(psn0, i)} for i in (3, 5)])
+        for i in (3, 5):
+            bench.model.retransmit(qpn, P.psn_add(psn0, i))
+        await bench.idle(ctx, bench.retx)
+        await bench.receive(ctx, [nack_header(qpn, P.psn_add(psn0, 6)),
+                                  ack_header(qpn, P.psn_add(psn0, 2), sack=0b1011)])
+        bench.post([write_wr(qpn, 5, 1)])
+        await bench.settle(ctx)
+        assert len(bench.send.items) == sent
+        assert bench.events == [] and not bench.qp_error.items and not bench.model.qp_errors
+        for page in (0, 1):
+            await bench.control(ctx, RequesterCommand.QP_READ, qpn=qpn, page=page)
+        assert await bench.read_timer(ctx, qpn) & 1 == 0         # disarmed
+        await bench.receive(ctx, [ack_header(other, 50)])
+        await bench.check_all(ctx)
+        assert bench.model.counters["retx_ignored"] == 2
+        assert bench.model.counters["bad_acks"] == 2
+
+    bench.run(testbench)
+
+
+async def exchange(bench, ctx, peer, *, since=None, deliver=True, now_cycles=0, rounds=50):
+    """What the requester sends (from send request ``since`` on, default: from now) goes to
+    ``peer`` (a :class:`Peer`: a responder model QP), or is lost; the answers come back
+    (gateware and model alike), until nothing more is sent. Returns the send requests."""
+    sent = []
+    for _ in range(rounds):
+        n = len(bench.expected_sends) if since is None else since
+        since = None
+        await bench.settle(ctx)
+        new = bench.expected_sends[n:]
+        if not new:
+            return sent
+        sent += new
+        if deliver:
+            await bench.receive(ctx, [h for r in new
+                                      for h in peer.deliver(r, now_cycles=now_cycles)])
+    raise AssertionError(f"still sending after {rounds} rounds")
+
+
+def peer_wr(wr_id, packets, *, offset, **fields):
+    return {"qpn": 0, "opcode": W.RDMA_WRITE, "wr_id": wr_id,
+            "length": packets * CONFIG.mtu - 5, "remote_addr": Peer.BASE + offset,
+            "local_addr": 0x90000 + wr_id * 0x1000, "rkey": Peer.RKEY, "imm": 0} | fields
+
+
+@pytest.mark.parametrize("failure", FAILURES)
+def test_qp_carries_traffic_again_after_each_failure(failure):
+    """Retry exhaustion, a fatal NAK (a bad rkey at the peer) or software ERROR; once the
+    flush completions are out, QP_WRITE with a new PSN (through RESET for one failure, straight
+    to RTS for the others) and the peer QP re-initialised with it: the QP carries traffic
+    again, every WR succeeds and lands in the peer's memory. Gateware and model alike."""
+    bench = TimedBench(seed=171 + FAILURES.index(failure))
+    peer = Peer(CONFIG, psn=0x10)
+
+    async def testbench(ctx):
+        bench.now = 2_000
+        await qp_write(bench, ctx, 0, psn=0x10, timeout=3, linear=1, exp=0)
+        first = peer_wr(1, 3, offset=0x8000)
+        bench.post([first])
+        await exchange(bench, ctx, peer)
+        if failure == "fatal_nak":
+            bench.post([peer_wr(10, 2, offset=0, rkey=0x66), peer_wr(11, 1, offset=0x1000)])
+            await exchange(bench, ctx, peer)
+            expected = [(10, S.REM_ACCESS_ERR), (11, S.WR_FLUSH_ERR)]
+        else:
+            bench.post([peer_wr(10, 2, offset=0), peer_wr(11, 1, offset=0x1000)])
+            await exchange(bench, ctx, peer, deliver=False)
+            if failure == "software_error":
+                await bench.control(ctx, RequesterCommand.QP_WRITE, qpn=0,
+                                    state=P.QpState.ERROR, mpr=1, max_wimm=2)
+                expected = [(10, S.WR_FLUSH_ERR), (11, S.WR_FLUSH_ERR)]
+            else:
+                assert await bench.expire(ctx, 0, bench.now + 8) == "timeout"
+                assert await bench.expire(ctx, 0, bench.now + 8) == "exceeded"
+                expected = [(10, S.RETRY_EXC_ERR), (11, S.RETRY_EXC_ERR)]
+        await bench.completion.wait(ctx, len(bench.model.completions))
+        assert [(c["wr_id"], c["status"]) for c in bench.model.completions] == [
+            (1, S.SUCCESS), *expected]
+        assert peer.holds(first)
+        psn = 0xFFFFFC                              # the new incarnation wraps the PSN space
+        if failure == "retry_exhausted":
+            await bench.control(ctx, RequesterCommand.QP_WRITE, qpn=0,
+                                state=P.QpState.RESET, mpr=1, max_wimm=1)
+        await qp_write(bench, ctx, 0, psn=psn, timeout=3, linear=1, exp=0)
+        peer.restart(psn)
+        wrs = [peer_wr(20, 5, offset=0x20000),
+               peer_wr(21, 2, offset=0x30000, opcode=W.RDMA_WRITE_WITH_IMM, imm=0x77)]
+        bench.post(wrs)
+        sent = await exchange(bench, ctx, peer)
+        assert [r["context"]["psn"] for r in sent] == [P.psn_add(psn, i) for i in range(7)]
+        await bench.check_all(ctx)
+        assert [(c["wr_id"], c["status"]) for c in bench.model.completions][-2:] == [
+            (20, S.SUCCESS), (21, S.SUCCESS)]
+        assert all(peer.holds(w) for w in wrs)
+        assert peer.responder.counters["completions"] == 1      # the WRITE_IMM
+        await bench.control(ctx, RequesterCommand.QP_READ, qpn=0)
+        await bench.control(ctx, RequesterCommand.QP_READ, qpn=0, page=1)
+
+    bench.run(testbench)
+
+
+@pytest.mark.parametrize("distance", [1 << 22, -(1 << 22)], ids=["peer_ahead", "peer_behind"])
+def test_a_peer_restarted_far_away_fails_the_qp_by_its_retries(distance):
+    """The peer QP re-initialised 2**22 PSNs away. Ahead: its duplicate SACKs name a
+    cumulative PSN beyond anything sent (bad ACKs); behind: it NACKs PSN_OOR_WINDOW, once per
+    nak_interval (counted). Nothing is acknowledged, so the retransmit timer runs out and the
+    QP fails with RETRY_EXC_ERR for every WR and one qp_error event, within a bound: the QP is
+    never left silent. Gateware and model alike."""
+    bench = TimedBench(seed=181)
+    peer = Peer(CONFIG, psn=P.psn_add(0x100, distance), nak_interval=1000)
+
+    async def testbench(ctx):
+        bench.now = 3_000
+        await qp_write(bench, ctx, 0, psn=0x100, timeout=3, linear=1, exp=0)
+        bench.post([peer_wr(1, 2, offset=0), peer_wr(2, 1, offset=0x1000)])
+        sent = await exchange(bench, ctx, peer, now_cycles=0)
+        n = len(bench.expected_sends)
+        assert await bench.expire(ctx, 0, bench.now + 8) == "timeout"
+        sent += await exchange(bench, ctx, peer, since=n, now_cycles=8 << 10)
+        assert await bench.expire(ctx, 0, bench.now + 8) == "exceeded"
+        await bench.qp_error.wait(ctx, 1, timeout=1_000)
+        assert [const_to_dict(e) for e in bench.qp_error.items] == [
+            {"qpn": 0, "status": S.RETRY_EXC_ERR}]
+        await bench.check_all(ctx)
+        assert [(c["wr_id"], c["status"]) for c in bench.model.completions] == [
+            (1, S.RETRY_EXC_ERR), (2, S.RETRY_EXC_ERR)]
+        responder = peer.responder.counters
+        assert len(sent) == 6 and responder["placed"] == 0
+        if distance > 0:
+            assert responder["duplicate"] == 6 and bench.model.counters["bad_acks"] == 6
+        else:
+            assert responder["out_of_window"] == 6 and responder["naks"] == 2
+            assert bench.model.counters["nak_psn_out_of_window"] == 2
+        assert bench.model.counters["acks"] == 0
+
+    bench.run(testbench)
+
+
+@pytest.mark.parametrize("failure", ["fatal_nak", "retry_exhausted"])
+def test_a_failed_qp_frees_the_engines_for_the_wrs_behind_it(failure):
+    """A QP fails (a fatal NAK for a PSN of its third WR, or exhausted retries) while that WR
+    holds the segmenter at the window and its next WRITE_IMM waits in the intake (the one
+    WRITE_IMM credit is taken), with another QP's WR behind them: the segmenter drops the
+    rest, the waiting WR is refused (WR_FLUSH_ERR), the other QP's packet leaves within 100
+    cycles, and the completions come in order: SUCCESS for the acknowledged WR, the NAK's
+    status for the WR holding its PSN and WR_FLUSH_ERR for the one before it (or
+    RETRY_EXC_ERR for both)."""
+    bench = TimedBench(seed=191)
+    qpn, other, psn0 = 3, 4, 0x7FFFF8
+
+    async def testbench(ctx):
+        bench.now = 500
+        await bench.control(ctx, RequesterCommand.QP_WRITE, qpn=qpn, state=P.QpState.RTS,
+                            psn=psn0, mpr=1, max_wimm=1, timeout=3, retry_linear=1)
+        await qp_write(bench, ctx, other, psn=9, timeout=20)
+        bench.post([write_wr(qpn, 0, 1),
+                    write_wr(qpn, 1, 2) | {"opcode": W.RDMA_WRITE_WITH_IMM, "imm": 5},
+                    write_wr(qpn, 2, 200),      # holds the segmenter at the window
+                    write_wr(qpn, 3, 1) | {"opcode": W.RDMA_WRITE_WITH_IMM, "imm": 6},
+                    write_wr(other, 9, 1)])     # behind them
+        await bench.settle(ctx)
+        assert len(bench.send.items) == 128
+        await bench.receive(ctx, [ack_header(qpn, psn0)])           # WR 0 only
+        await bench.settle(ctx)
+        await bench.control(ctx, RequesterCommand.QP_READ, qpn=qpn, page=1)
+        assert (int(bench.ctl_resp.items[-1].data) >> 8) & 0xFF == 1      # WRITE_IMM credit
+        assert not any(int(p.qpn) == other for p in bench.send.items)
+        if failure == "fatal_nak":
+            await bench.receive(ctx, [nak_header(qpn, P.psn_add(psn0, 7),
+                                                 P.NakCode.REMOTE_OPERATIONAL)])
+            status = S.REM_OP_ERR
+        else:
+            assert await bench.expire(ctx, qpn, bench.now + 8) == "timeout"
+            n = len(bench.completion.items)
+            bench.now += 8
+            await bench.wait(ctx, lambda: len(bench.completion.items) > n,
+                             "the first flush completion", timeout=100)
+            bench.model.now_units = bench.now
+            assert bench.model.expire(qpn) == "exceeded"
+            status = S.RETRY_EXC_ERR
+        await bench.wait(ctx, lambda: any(int(p.qpn) == other for p in bench.send.items),
+                         "the other QP's packet", timeout=100)
+        await bench.settle(ctx)
+        await bench.receive(ctx, [ack_header(other, 9)])
+        await bench.check_all(ctx)
+        earlier = S.WR_FLUSH_ERR if failure == "fatal_nak" else S.RETRY_EXC_ERR
+        assert [(c["wr_id"], c["status"]) for c in bench.model.completions] == [
+            (0, S.SUCCESS), (1, earlier), (2, status), (3, S.WR_FLUSH_ERR), (9, S.SUCCESS)]
+        assert [const_to_dict(e) for e in bench.qp_error.items] == [
+            {"qpn": qpn, "status": status}]
+
+    bench.run(testbench)

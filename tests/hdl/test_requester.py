@@ -618,3 +618,54 @@ def test_block_ram_bits_of_default_build():
     bits = block_ram_bits(NicConfig(), copies=False)
     assert bits["meta"] == 256 * 256 * (4 + 16 + 1)
     assert bits["acked"] == 256 * 256
+
+
+def test_qp_write_waits_until_no_packet_of_the_qp_is_left_in_the_send_register():
+    """A packet (and a resend behind it) decided before a fatal NAK still sits in the `send`
+    register while the transmit side stalls. A QP_WRITE that re-initialises the QP with a new
+    PSN answers only after they have left: nothing of the old QP follows the response."""
+    bench = Bench(seed=171)
+    sends, responses = CycleLog(bench.dut.send), CycleLog(bench.dut.ctl_resp)
+    bench.sim.add_process(sends.process)
+    bench.sim.add_process(responses.process)
+
+    async def testbench(ctx):
+        await bench.control(ctx, RequesterCommand.QP_WRITE, qpn=1, state=P.QpState.RTS,
+                            psn=100, mpr=1, max_wimm=1)
+        bench.send.backpressure = 1.0               # the transmit side stalls
+        bench.post([{"qpn": 1, "opcode": W.RDMA_WRITE, "wr_id": 1, "length": 8}])
+        bench.expected_sends += bench.model.pull_all()
+        await bench.wait(ctx, lambda: ctx.get(bench.dut.send.valid), "PSN 100 in `send`")
+        # A trim of PSN 100: its resend is decided now and waits behind the register.
+        await bench.receive(ctx, [nack_header(1, 100)])
+        bench.expected_sends += bench.model.pull_all()
+        await ctx.tick().repeat(20)
+        await bench.receive(ctx, [nak_header(1, 100, P.NakCode.REMOTE_ACCESS)])
+        assert [c["status"] for c in bench.model.completions] == [
+            P.CompletionStatus.REM_ACCESS_ERR]
+        fields = {"cmd": RequesterCommand.QP_WRITE, "qpn": 1, "state": P.QpState.RTS,
+                  "psn": 500, "mpr": 1, "max_wimm": 1}
+        want = bench.model.control(**fields)
+        bench.ctl.send([fields])
+        await ctx.tick().repeat(300)
+        assert len(bench.ctl_resp.items) == 1 and not bench.send.items      # still waiting
+        bench.send.backpressure = 0.3
+        await bench.ctl_resp.wait(ctx, 2)
+        got = bench.ctl_resp.items[1]
+        assert (int(got.errno), int(got.data)) == (int(want[0]), want[1])
+        await bench.send.wait(ctx, 2)
+        assert [(int(p.context.psn), int(p.context.retransmission))
+                for p in bench.send.items] == [(100, 0), (100, 1)]
+        assert sends.cycles[1] < responses.cycles[1]
+        bench.post([{"qpn": 1, "opcode": W.RDMA_WRITE, "wr_id": 2, "length": 300}])
+        await bench.settle_sends(ctx)
+        assert [int(p.context.psn) for p in bench.send.items[2:]] == [500, 501]
+        await bench.report_evs(ctx)
+        await bench.receive(ctx, [ack_header(1, 501)])
+        assert [c["status"] for c in bench.model.completions] == [
+            P.CompletionStatus.REM_ACCESS_ERR, P.CompletionStatus.SUCCESS]
+        bench.check_completions()
+        bench.check_feedback(ctx)
+        bench.check_counters(ctx)
+
+    bench.run(testbench)

@@ -526,6 +526,36 @@ def test_reliability_probe_is_answered_by_a_pr_sack(seed):
     assert got["counters"]["probes"] == 4 and got["counters"]["probes_dropped"] == 1
 
 
+def test_a_requester_far_from_the_expected_psn_is_refused_never_placed():
+    """A QP re-initialised (set_psn) far from the PSNs its requester still sends: a PSN up to
+    2**23 - 1 ahead of the expected one is out of the window (a NACK PSN_OOR_WINDOW, then
+    suppressed within nak_interval), one 2**23 or more ahead, that is behind, a duplicate
+    answered by a SACK of the QP's own cumulative PSN. Nothing is placed; a PSN in the window
+    still is afterwards."""
+    expected = 0x400000
+    commands = setup_commands([0], psn=lambda q: 0x100, nak_interval=1 << 30)
+    commands += [dict(commands[1], psn=expected)]            # restarted
+    psns = [expected + (1 << 22), expected + (1 << 22) + 1, expected - (1 << 22),
+            expected + (1 << 23) - 1, expected + (1 << 23), expected - 1,
+            0x100, 0x101, expected]
+    packets = [(header(Op.RDMA_WRITE_ONLY, qpn=0, psn=psn % P.PSN_MODULUS, va=BASE + 8 * n,
+                       length=8, ackreq=1), bytes(range(n, n + 8)))
+               for n, psn in enumerate(psns)]
+    model = ResponderModel(CONFIG)
+    for cmd in commands:
+        model.command(cmd)
+    want = expect(model, packets)
+    assert want["verdicts"] == [V.OUT_OF_WINDOW, V.OUT_OF_WINDOW, V.DUPLICATE, V.OUT_OF_WINDOW,
+                                V.DUPLICATE, V.DUPLICATE, V.DUPLICATE, V.DUPLICATE, V.PLACED]
+    got = run(packets, commands, counts=counts_of(want), seed=9)
+    check(got, want, model)
+    kinds = [PacketKind(a["kind"]) for a in want["acks"]]
+    assert kinds == [PacketKind.NACK] + [PacketKind.SACK] * 6
+    assert {a["bth"]["psn"] for a in want["acks"][1:-1]} == {expected - 1}
+    assert place_writes(got["place"]) == [(BASE + 8 * 8, bytes(range(8, 16)))]
+    assert got["counters"]["naks_suppressed"] == 2
+
+
 def test_commands_answer_like_the_model():
     commands = [
         {"cmd": Cmd.QP_WRITE, "qpn": 4, "state": 3, "mpr": 1, "max_wimm": 1},

@@ -8,6 +8,7 @@ from hdl.config import NicConfig
 from hdl.packet.headers import PacketKind
 from hdl.transport.req_defs import RequesterCommand
 from sim.model.requester import RequesterModel
+from sim.model.responder import ResponderModel, full_header
 
 O = P.Opcode
 S = P.CompletionStatus
@@ -532,3 +533,240 @@ def test_time_rule_alone_resends_without_lost_feedback_with_the_count_rule_with_
     assert [r["context"]["psn"] for r in m.pull_all()] == [3, 4, 5]
     assert lost() == [3, 4, 5]
     assert m.counters["inferred_losses"] == 4 and m.counters["lost_feedback"] == 3
+
+
+# -- every QP fails cleanly, and works again -----------------------------------------------------
+
+class Peer:
+    """A responder QP (:class:`ResponderModel`) answering a requester's send requests packet by
+    packet: every placed packet is SACKed at once (``ack_every`` 1), out-of-window ones NACKed
+    at most once per ``nak_interval`` cycles. Shared by the RTL benches."""
+
+    RKEY = 0x55                     # MR slot 5 of 16 (as :func:`wr` and the RTL benches use)
+    PD = 1
+    BASE = 0x10000
+
+    def __init__(self, config, *, qpn=2, requester_qpn=0, psn=0, mpr=1, max_wimm=2,
+                 nak_interval=0):
+        self.config, self.qpn, self.requester_qpn = config, qpn, requester_qpn
+        self.mpr, self.max_wimm = mpr, max_wimm
+        self.responder = ResponderModel(config)
+        assert self.responder.configure(ack_every=1, ack_delay=1 << 20,
+                                        nak_interval=nak_interval) == P.Errno.OK
+        assert self.responder.mr_write(self.RKEY % 16, valid=1, rkey=self.RKEY, pd=self.PD,
+                                       base=self.BASE, length=1 << 24) == P.Errno.OK
+        self.restart(psn)
+
+    def restart(self, psn):
+        """Re-initialise the QP: RTS, expecting ``psn`` next, nothing received."""
+        assert self.responder.qp_write(
+            self.qpn, state=P.QpState.RTS, remote_qpn=self.requester_qpn, pd=self.PD, psn=psn,
+            set_psn=True, mpr=self.mpr, caps=P.QpCapability.TRIM_NACK,
+            max_wimm=self.max_wimm) == P.Errno.OK
+
+    @staticmethod
+    def payload(local_addr, length):
+        return bytes((local_addr + i) % 251 for i in range(length))
+
+    def deliver(self, request, *, now_cycles=0):
+        """The data packet of one send request arrives; returns the replies (header dicts)."""
+        c = request["context"]
+        header = full_header({
+            "kind": PacketKind.DATA, "payload_len": c["dma_len"],
+            "bth": {"opcode": c["opcode"], "dqpn": self.qpn, "psn": c["psn"],
+                    "ackreq": c["ackreq"], "rtx": c["retransmission"], "ts": 1},
+            "meth": {"msn": c["msn"], "rqmsn": c["rqmsn"]},
+            "reth": {"va": c["va"], "rkey": c["rkey"], "dma_len": c["dma_len"]},
+            "immdt": {"imm": c["imm"]},
+        }, self.config)
+        result = self.responder.receive(header, self.payload(c["local_addr"], c["dma_len"]),
+                                        now_cycles=now_cycles)
+        return result.replies
+
+    def holds(self, wr):
+        """The peer's memory holds WR ``wr``'s payload at its remote address."""
+        return (self.responder.memory.read(wr["remote_addr"], wr["length"])
+                == self.payload(wr["local_addr"], wr["length"]))
+
+
+def exchange(m, peer, *, deliver=True, now_cycles=0, rounds=50):
+    """Send what ``m`` can send to ``peer`` (or lose it), apply the answers, until nothing more
+    goes out. Returns every send request."""
+    sent = []
+    for _ in range(rounds):
+        sends = m.pull_all()
+        if not sends:
+            return sent
+        sent += sends
+        replies = [h for r in sends for h in (peer.deliver(r, now_cycles=now_cycles)
+                                              if deliver else [])]
+        for header in replies:
+            m.receive(header)
+    raise AssertionError(f"still sending after {rounds} rounds")
+
+
+def status_of(m, qpn=0):
+    return [(c["wr_id"], c["status"]) for c in m.completions if c["qpn"] == qpn]
+
+
+def test_software_error_flushes_outstanding_wrs_in_order_and_stops_the_qp():
+    """QP_WRITE ERROR on a QP with outstanding WRs: at once, nothing more is sent or resent for
+    it (the rest of a half-sent WR, trims, retx, timer, inference), every outstanding WR
+    completes in order with WR_FLUSH_ERR (a refused one with its own status), later WRs are
+    flushed, later ACKs dropped, no qp_error event; the head-of-line WR of another QP goes."""
+    m = model(psn=0xFFFFF0, qps=(0, 1))
+    m.qp_write(0, psn=0xFFFFF0, max_wimm=2, timeout=2, retry_exp=P.RETRY_INFINITE)
+    m.post(wr(length=2 * 256, wr_id=0))
+    m.post(wr(length=3 * 256, wr_id=1))
+    m.post(wr(opcode=W.RDMA_READ, wr_id=2))
+    m.post(wr(length=200 * 256, wr_id=3))                 # waits for the window
+    m.post(wr(qpn=1, length=10, wr_id=9))                 # behind it
+    sent = m.pull_all(now_units=100)
+    assert len(sent) == 128
+    m.receive(ack(0, P.psn_add(0xFFFFF0, 2)))             # WR 0 and 1 PSN of WR 1
+    assert status_of(m) == [(0, S.SUCCESS)]
+    assert m.qp_write(0, state=P.QpState.RTS, psn=7)[0] == P.Errno.EBUSY
+    m.receive(nack(0, P.NackReason.TRIMMED, P.psn_add(0xFFFFF0, 4)))   # queued before
+    assert m.qp_write(0, state=P.QpState.ERROR, psn=7, max_wimm=2) == (P.Errno.OK, 0)
+    assert status_of(m) == [(0, S.SUCCESS), (1, S.WR_FLUSH_ERR), (2, S.LOC_QP_OP_ERR),
+                            (3, S.WR_FLUSH_ERR)]
+    assert m.counters["error_completions"] == 3
+    # The trim decided before the write still goes; then only the other QP's WR.
+    after = m.pull_all()
+    assert [(r["qpn"], r["context"]["psn"], r["context"]["retransmission"])
+            for r in after] == [(0, P.psn_add(0xFFFFF0, 4), 1), (1, 0xFFFFF0, 0)]
+    m.receive(ack(1, 0xFFFFF0))
+    m.retransmit(0, P.psn_add(0xFFFFF0, 5))
+    assert m.poll_timers(now_units=1 << 20) == []
+    assert m.pull_all() == []
+    assert m.receive(ack(0, P.psn_add(0xFFFFF0, 9), sack=0b111)) == "dropped"
+    assert m.counters["retx_ignored"] == 1 and m.counters["timeouts"] == 0
+    m.post(wr(length=10, wr_id=4))
+    assert status_of(m)[-1] == (4, S.WR_FLUSH_ERR) and m.pull_all() == []
+    assert m.qp_errors == []
+    una = P.psn_add(0xFFFFF0, 3)
+    assert m.control(RequesterCommand.QP_READ, qpn=0)[1] == (
+        P.QpState.ERROR | P.psn_add(0xFFFFF0, 128) << 8 | una << 32)
+    assert m.control(RequesterCommand.QP_READ, qpn=0, page=1)[1] >> 32 == (
+        S.WR_FLUSH_ERR | una << 8)
+
+
+@pytest.mark.parametrize("state", [P.QpState.RESET, P.QpState.INIT, P.QpState.RTR,
+                                   P.QpState.RTS])
+def test_qp_write_to_another_state_with_outstanding_wrs_is_busy_and_changes_nothing(state):
+    m = model(psn=40)
+    m.post(wr(length=2 * 256, wr_id=1))
+    m.pull_all()
+    before = m.qp(0)
+    assert m.qp_write(0, state=state, psn=5)[0] == P.Errno.EBUSY
+    assert m.qp(0) == before and m.completions == []
+    m.receive(ack(0, 41))
+    assert status_of(m, 0) == [(1, S.SUCCESS)]
+
+
+def test_software_error_of_a_qp_already_in_error_keeps_its_statuses():
+    """A QP the retries failed, written ERROR again (no WR outstanding any more): it stays in
+    ERROR; its completions keep RETRY_EXC_ERR."""
+    m = timed_model(timeout=1, linear=0, exp=0)
+    m.post(wr(length=256, wr_id=1))
+    m.pull_all(now_units=0)
+    assert m.poll_timers(now_units=2) == [(0, "exceeded")]
+    assert m.qp_write(0, state=P.QpState.ERROR, psn=0)[0] == P.Errno.OK
+    assert status_of(m) == [(1, S.RETRY_EXC_ERR)]
+    assert m.qp(0)["state"] == P.QpState.ERROR
+
+
+FAILURES = ["fatal_nak", "retry_exhausted", "software_error"]
+
+
+def fail_qp(m, peer, failure):
+    """Make QP 0 (two WRs outstanding, ids 10 and 11) fail in one of three ways; returns the
+    statuses its WRs must complete with."""
+    if failure == "fatal_nak":                  # a bad rkey: REMOTE_ACCESS on its first PSN
+        m.post(wr(length=2 * 256, wr_id=10, remote_addr=Peer.BASE) | {"rkey": 0x66})
+        m.post(wr(length=256, wr_id=11, remote_addr=Peer.BASE + 0x1000))
+        exchange(m, peer)
+        return [(10, S.REM_ACCESS_ERR), (11, S.WR_FLUSH_ERR)]
+    m.post(wr(length=2 * 256, wr_id=10, remote_addr=Peer.BASE))
+    m.post(wr(length=256, wr_id=11, remote_addr=Peer.BASE + 0x1000))
+    exchange(m, peer, deliver=False)            # lost on the way
+    if failure == "software_error":
+        assert m.qp_write(0, state=P.QpState.ERROR, max_wimm=2) == (P.Errno.OK, 0)
+        return [(10, S.WR_FLUSH_ERR), (11, S.WR_FLUSH_ERR)]
+    verdicts = []
+    for now in range(m.now_units, m.now_units + 64):
+        verdicts += [v for _, v in m.poll_timers(now_units=now)]
+        exchange(m, peer, deliver=False)
+    assert verdicts == ["timeout", "exceeded"]
+    return [(10, S.RETRY_EXC_ERR), (11, S.RETRY_EXC_ERR)]
+
+
+@pytest.mark.parametrize("via_reset", [True, False], ids=["via_reset", "straight_to_rts"])
+@pytest.mark.parametrize("failure", FAILURES)
+def test_qp_carries_traffic_again_after_each_failure(failure, via_reset):
+    """Retry exhaustion, a fatal NAK or software ERROR; once the flush completions are out,
+    QP_WRITE (RESET then RTS, or RTS at once) with a new PSN, the peer re-initialised with it:
+    the QP moves data again, every WR succeeds and lands in the peer's memory."""
+    m = timed_model(timeout=1, linear=0, exp=1, psn=0x10)
+    peer = Peer(CONFIG, psn=0x10)
+    first = wr(length=3 * 256 - 5, wr_id=1, remote_addr=Peer.BASE + 0x8000)
+    m.post(first)
+    exchange(m, peer)
+    assert status_of(m) == [(1, S.SUCCESS)] and peer.holds(first)
+    expected = fail_qp(m, peer, failure)
+    assert status_of(m)[1:] == expected
+    assert m.qp(0)["state"] == P.QpState.ERROR and m.qp(0)["outstanding_wrs"] == 0
+    psn = 0xFFFFFC                                  # the new incarnation wraps the PSN space
+    if via_reset:
+        assert m.qp_write(0, state=P.QpState.RESET, psn=0)[0] == P.Errno.OK
+        assert m.qp(0)["state"] == P.QpState.RESET
+    assert m.qp_write(0, state=P.QpState.RTS, psn=psn, max_wimm=2, timeout=1,
+                      retry_exp=1)[0] == P.Errno.OK
+    peer.restart(psn)
+    wrs = [wr(length=5 * 256, wr_id=20, remote_addr=Peer.BASE + 0x20000),
+           wr(length=300, wr_id=21, opcode=W.RDMA_WRITE_WITH_IMM, imm=0x77,
+              remote_addr=Peer.BASE + 0x30000)]
+    for w in wrs:
+        m.post(w | {"local_addr": 0x90000 + w["wr_id"] * 0x1000})
+    sent = exchange(m, peer)
+    assert [r["context"]["psn"] for r in sent] == [P.psn_add(psn, i) for i in range(7)]
+    assert status_of(m)[-2:] == [(20, S.SUCCESS), (21, S.SUCCESS)]
+    assert all(peer.holds(w | {"local_addr": 0x90000 + w["wr_id"] * 0x1000}) for w in wrs)
+    assert m.qp(0)["state"] == P.QpState.RTS and m.qp(0)["outstanding_wrs"] == 0
+    assert peer.responder.counters["completions"] == 1      # the WRITE_IMM
+
+
+@pytest.mark.parametrize("distance", [1 << 22, -(1 << 22)], ids=["peer_ahead", "peer_behind"])
+def test_a_peer_restarted_far_away_is_refused_and_the_qp_fails_cleanly(distance):
+    """The peer's QP re-initialised 2**22 PSNs away from the requester. Ahead of it: every
+    packet is a duplicate there, answered by a SACK whose cumulative PSN lies beyond anything
+    sent (a bad ACK here). Behind it: every packet is beyond the peer's window, NACKed
+    PSN_OOR_WINDOW at most once per nak_interval (counted here). Nothing is placed; the
+    retransmit timer runs out and the QP goes to ERROR with every WR RETRY_EXC_ERR."""
+    m = timed_model(timeout=2, linear=1, exp=1, psn=0x100)
+    peer = Peer(CONFIG, psn=P.psn_add(0x100, distance), nak_interval=1000)
+    m.post(wr(length=2 * 256, wr_id=1))
+    m.post(wr(length=256, wr_id=2))
+    transmissions = len(exchange(m, peer, now_cycles=0))
+    verdicts = []
+    for now in range(1, 64):
+        verdicts += [v for _, v in m.poll_timers(now_units=now)]
+        transmissions += len(exchange(m, peer, now_cycles=now * 1024))
+        if m.qp(0)["state"] == P.QpState.ERROR:
+            break
+    assert verdicts == ["timeout", "timeout", "exceeded"]        # 1 + L + E sends of 0x100
+    assert status_of(m) == [(1, S.RETRY_EXC_ERR), (2, S.RETRY_EXC_ERR)]
+    assert m.qp_errors == [{"qpn": 0, "status": S.RETRY_EXC_ERR}]
+    r = peer.responder.counters
+    assert r["placed"] == 0 and m.counters["acks"] == 0 and m.qp(0)["una"] == 0x100
+    if distance > 0:
+        assert r["duplicate"] == r["acks"] == transmissions
+        assert m.counters["bad_acks"] == transmissions
+    else:
+        assert r["out_of_window"] == transmissions
+        # One NACK per round of sends (the first, then a walk per timeout, each within one
+        # nak_interval), the rest suppressed.
+        assert transmissions == 9
+        assert r["naks"] == 3 and r["naks_suppressed"] == 6
+        assert m.counters["nak_psn_out_of_window"] == r["naks"]
+    assert m.pull_all(now_units=1 << 12) == []
