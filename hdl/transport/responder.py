@@ -437,17 +437,26 @@ class Responder(wiring.Component):
         with m.If(take_timer):
             m.d.sync += [s1_valid.eq(1), s1.kind.eq(s.TIMER), s1.timer.eq(timer_head),
                          s1.qpn.eq(issue_qpn)]
-        # S1 -> S2. The entry S2 starts from: this cycle's write of the same QP, else last
-        # cycle's (a register), else the table's data.
-        prev = Signal(data.StructLayout({"valid": 1, "qpn": config.qpn_bits,
-                                         "state": s.state_layout}))
+        # S2's write-backs reach the tables a cycle later, from a register (`prev`), so no
+        # logic sits in front of the block RAM's write port. S1 -> S2: the entry S2 starts
+        # from is this cycle's write-back of the same QP, else the last cycle's (`prev`, not
+        # in the table yet), else the one before (`prev2`, written while the table was
+        # read), else the table's data.
+        written = data.StructLayout({"valid": 1, "qpn": config.qpn_bits,
+                                     "state": s.state_layout})
+        prev = Signal(written)
+        prev2 = Signal(written)
         m.d.sync += [prev.valid.eq(s.table_write), prev.qpn.eq(e.qpn),
-                     prev.state.eq(s.new_state)]
+                     prev.state.eq(s.new_state), prev2.eq(prev)]
+        for wp, part in ((s.qp_wp, prev.state.qp), (s.bm_wp, prev.state.bm),
+                         (s.wt_wp, prev.state.wt)):
+            m.d.comb += [wp.addr.eq(prev.qpn), wp.data.eq(part), wp.en.eq(prev.valid)]
         stored = Signal(s.state_layout)
         m.d.comb += [stored.qp.eq(s.qp_rp.data), stored.bm.eq(s.bm_rp.data),
                      stored.wt.eq(s.wt_rp.data)]
         same_now = s.table_write & (e.qpn == s1.qpn)
         same_prev = prev.valid & (prev.qpn == s1.qpn)
+        same_prev2 = prev2.valid & (prev2.qpn == s1.qpn)
         # The MR table likewise (written by MR_WRITE commands).
         mr_prev = Signal(data.StructLayout({"valid": 1, "slot": max(1, mr_bits),
                                             "entry": s.layouts[3]}))
@@ -463,7 +472,8 @@ class Responder(wiring.Component):
                 e_valid.eq(1), e.eq(s1),
                 s.mr.eq(Mux(mr_now, s.mr_wp.data, Mux(mr_same_prev, mr_prev.entry, s.mr_rp.data))),
                 s.va_end.eq(s1.beat.header.reth.va + s1.beat.header.reth.dma_len),
-                s.st.eq(Mux(same_now, s.new_state, Mux(same_prev, prev.state, stored))),
+                s.st.eq(Mux(same_now, s.new_state,
+                            Mux(same_prev, prev.state, Mux(same_prev2, prev2.state, stored)))),
             ]
         with m.Elif(s.e_fire):
             m.d.sync += e_valid.eq(0)
@@ -840,14 +850,20 @@ class Responder(wiring.Component):
         place_room = ~place_valid | self.place.ready
         reply_room = s.sack_stage.i.ready
         resp_room = ~resp_valid | self.ctl_resp.ready
+        # Completions and timers reach their FIFOs a cycle later, from a register (no decision
+        # logic in front of a FIFO); the completion FIFO's room counts the one on its way.
+        completion_req = Signal(completion_layout(config))
+        completion_pending = Signal()
+        completion_room = Signal()
+        m.d.comb += completion_room.eq(s.cfifo.level + completion_pending < self._completions)
         room = Signal()
         with m.Switch(e.kind):
             with m.Case(s.FIRST):
-                m.d.comb += room.eq(place_room & reply_room & s.cfifo.w_rdy)
+                m.d.comb += room.eq(place_room & reply_room & completion_room)
             with m.Case(s.BEAT):
                 m.d.comb += room.eq(place_room)
             with m.Case(s.CONT):
-                m.d.comb += room.eq(reply_room & s.cfifo.w_rdy)
+                m.d.comb += room.eq(reply_room & completion_room)
             with m.Case(s.TIMER):
                 m.d.comb += room.eq(reply_room)
             with m.Case(s.CTL):
@@ -889,7 +905,7 @@ class Responder(wiring.Component):
             completion.wr_id.eq(s.wimm_msn), completion.status.eq(P.CompletionStatus.SUCCESS),
             completion.opcode.eq(P.WcOpcode.RECV_RDMA_WITH_IMM), completion.imm_valid.eq(1),
             completion.imm.eq(s.completed_imm),
-            s.cfifo.w_en.eq(s.e_fire & need_completion), s.cfifo.w_data.eq(completion),
+            s.cfifo.w_en.eq(completion_pending), s.cfifo.w_data.eq(completion_req),
             self.completion.valid.eq(s.cfifo.r_rdy), self.completion.payload.eq(s.cfifo.r_data),
             s.cfifo.r_en.eq(self.completion.ready),
         ]
@@ -897,9 +913,16 @@ class Responder(wiring.Component):
         m.d.comb += [
             timer_entry.deadline.eq(s.cycles + s.ack_delay), timer_entry.qpn.eq(e.qpn),
             timer_entry.template.eq(s.tmpl),
-            s.tfifo.w_en.eq(s.e_fire & s.start_timer), s.tfifo.w_data.eq(timer_entry),
         ]
-        m.d.sync += s.timers_used.eq(s.timers_used + s.tfifo.w_en - s.take_timer)
+        timer_req = Signal(s.layouts[5])
+        timer_pending = Signal()
+        timer_start = s.e_fire & s.start_timer
+        m.d.sync += [
+            completion_pending.eq(s.e_fire & need_completion), completion_req.eq(completion),
+            timer_pending.eq(timer_start), timer_req.eq(timer_entry),
+            s.timers_used.eq(s.timers_used + timer_start - s.take_timer),
+        ]
+        m.d.comb += [s.tfifo.w_en.eq(timer_pending), s.tfifo.w_data.eq(timer_req)]
 
         # The QP's entry (never for an unknown QPN: its low bits name another QP).
         new_qp = s.new_state.qp
@@ -933,9 +956,6 @@ class Responder(wiring.Component):
             s.table_write.eq(s.e_fire & ((s.is_first & s.known) | s.is_cont | s.is_timer |
                                          s.qp_cmd_ok)),
         ]
-        for wp, part in ((s.qp_wp, s.new_state.qp), (s.bm_wp, s.new_state.bm),
-                         (s.wt_wp, s.new_state.wt)):
-            m.d.comb += [wp.addr.eq(e.qpn), wp.data.eq(part), wp.en.eq(s.table_write)]
 
         # Verdict strobe and counters (the counters from registered events).
         m.d.sync += [self.verdict_valid.eq(s.e_fire & s.is_first), self.verdict.eq(s.verdict)]
