@@ -165,7 +165,7 @@ def register(subparsers):
                    help="random seed (mutants, live traffic, fabric), 0 or more")
     p.add_argument("--json", type=Path, default=BUILD / "fuzz" / "fuzz.json",
                    metavar="OUT.json", help="the report")
-    p.add_argument("--load", type=float, default=0.25, metavar="X",
+    p.add_argument("--load", type=float, default=0.5, metavar="X",
                    help=f"hostile beats per engine cycle, {LOADS[0]} to {LOADS[1]} (the "
                         f"receive path takes one)")
     p.add_argument("--planes", type=int, default=8, metavar="N", help="planes (NIC ports), 1-16")
@@ -227,7 +227,7 @@ def build_dir_for(scn):
     return BUILD / "sim" / "rtl" / f"{scn.sim}-{key}"
 
 
-def run_fuzz(*, packets, seed, load=0.25, planes=8, mtu=1024, out=None, vectors=None,
+def run_fuzz(*, packets, seed, load=0.5, planes=8, mtu=1024, out=None, vectors=None,
              build_dir=None, quick_build=False, log=print, stall_cycles=STALL_CYCLES,
              progress_cycles=PROGRESS_CYCLES, check_cycles=CHECK_CYCLES, max_cycles=None):
     """Run the fuzzer; write the report to ``out`` (and each failure's vector into

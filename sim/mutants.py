@@ -24,6 +24,7 @@ carried. A placement that starts with the magic names the MR and the QP it may l
 bench checks every placed packet against it.
 """
 
+import ipaddress
 import random
 import zlib
 from collections import deque
@@ -38,7 +39,8 @@ from hdl.packet.crc import icrc_bytes
 from . import defaults
 from . import packets as pk
 
-__all__ = ["FrameKit", "Mutator", "View", "QpView", "MUTANTS", "MAGIC", "signature",
+__all__ = ["FrameKit", "Mutator", "View", "QpView", "MUTANTS", "PARSER_MUTANTS", "MAGIC",
+           "signature", "add_vlan", "srv6_encapsulate",
            "read_signature", "icrc", "psn_add", "psn_diff"]
 
 PSN_MASK = (1 << 24) - 1
@@ -342,6 +344,34 @@ class FrameKit:
         return self.finish(bytearray(buffer))
 
 
+def add_vlan(frame, tci):
+    """``frame`` with an 802.1Q tag (the ICRC does not cover the Ethernet header)."""
+    return frame[:12] + P.ETHERTYPE_VLAN.to_bytes(2, "big") + tci.to_bytes(2, "big") + frame[12:]
+
+
+def srv6_encapsulate(frame, *, dst, segment=None):
+    """``frame``'s IP packet inside an outer IPv6 header to ``dst`` (16 bytes), with an SRH of
+    one ``segment`` when given (:func:`sim.packets.srv6_encapsulate` on bytes; the ICRC covers
+    the inner packet only, so it stands)."""
+    inner = frame[_ETH:]
+    inner_nh = P.IP_PROTO_IPV6 if inner[0] >> 4 == 6 else P.IP_PROTO_IPV4
+    srh = b""
+    if segment is not None:
+        buffer = bytearray(_size(L.SRH))
+        _set(buffer, 0, L.SRH, next_header=inner_nh, hdr_ext_len=2, routing_type=4,
+             segments_left=1, last_entry=0,
+             segment=int.from_bytes(segment, "big"))
+        srh = bytes(buffer)
+    outer = bytearray(_size(L.IPV6))
+    _set(outer, 0, L.IPV6, version=6, payload_length=len(srh) + len(inner),
+         next_header=P.IP_PROTO_ROUTING if srh else inner_nh, hop_limit=64,
+         src=(int.from_bytes(bytes(inner[8:24]), "big") if inner_nh == P.IP_PROTO_IPV6
+              else int(ipaddress.IPv6Address(defaults.NIC_A.ipv6))),
+         dst=int.from_bytes(dst, "big"))
+    return (frame[:12] + P.ETHERTYPE_IPV6.to_bytes(2, "big") + bytes(outer) + srh
+            + bytes(inner))
+
+
 # -- the run as the mutator sees it -----------------------------------------------------------
 
 @dataclass
@@ -395,6 +425,8 @@ MUTANTS = {
     "bad_header": (3, "ab", "ethertype, IP version or protocol, UDP port, BTH version or pad "
                             "count wrong (ICRC recomputed)"),
     "unsupported_opcode": (2, "ab", "an opcode MRC does not have (SEND, READ, ATOMIC, RC ...)"),
+    "junk": (1, "ab", "random bytes: empty, shorter than an Ethernet header, around the "
+                      "Ethernet minimum, around the longest legal frame"),
     # live QPs: what a correct responder or requester drops or answers harmlessly
     "replay_data": (4, "b", "a legitimate data frame sent earlier, again"),
     "duplicate_flood": (0.3, "b", "one legitimate data frame 8 to 32 times"),
@@ -429,6 +461,12 @@ MUTANTS = {
     "victim_nak": (2, "a", "a forged in-window fatal NAK for a victim"),
 }
 
+#: The mutants a correct parser drops (built on live-QP frames, never inside a window).
+PARSER_MUTANTS = frozenset({
+    "bit_flip", "bad_icrc", "truncated", "truncated_refit", "extended", "extended_refit",
+    "ip_length", "udp_length", "dma_len", "oversize", "bad_header", "unsupported_opcode",
+    "junk"})
+
 _DATA = tuple(P.DATA_OPCODES)
 _UNSUPPORTED = (0x00, 0x04, 0x06, 0x0A, 0x0C, 0x10, 0x11, 0x12, 0x13, 0x64, 0x81, 0xC0, 0xCC,
                 0xD0, 0xDB, 0xDF, 0xFF)
@@ -444,10 +482,14 @@ class Mutator:
     ip_version : 4 or 6
     trim_dscp : int
         The DSCP code point that marks trimmed packets.
+    wrap : float
+        How often a frame the transport should see gets another underlay: an 802.1Q tag, or
+        an SRv6 outer header (with or without an SRH).
     """
 
-    def __init__(self, view, *, seed, ip_version=6, trim_dscp=P.DEFAULT_TRIM_DSCP):
+    def __init__(self, view, *, seed, ip_version=6, trim_dscp=P.DEFAULT_TRIM_DSCP, wrap=0.06):
         self.view = view
+        self.wrap = wrap
         self.rng = random.Random(f"mrc-fuzz/{seed}")
         self.to_b = FrameKit(ip_version=ip_version, src=defaults.NIC_A, dst=defaults.NIC_B)
         self.to_a = FrameKit(ip_version=ip_version, src=defaults.NIC_B, dst=defaults.NIC_A)
@@ -633,6 +675,18 @@ class Mutator:
         if choice == 4:
             return [(dst, kit.rewrite(frame, L.BTH, version=rng.randrange(1, 16)))]
         return [(dst, kit.rewrite(frame, L.BTH, padcount=rng.randrange(1, 4)))]
+
+    def _m_junk(self, dst):
+        rng = self.rng
+        longest = 174 + self.view.mtu
+        length = rng.choice((0, rng.randrange(1, 14), rng.randrange(14, 100), 60,
+                             rng.randrange(longest - 8, longest + 64), 2 * longest))
+        frame = bytearray(rng.randbytes(length))
+        if length >= 14 and rng.random() < 0.5:
+            # Most past the ethertype check, so the later checks see random headers.
+            frame[12:14] = rng.choice((P.ETHERTYPE_IPV6, P.ETHERTYPE_IPV4,
+                                       P.ETHERTYPE_VLAN)).to_bytes(2, "big")
+        return [(self._dst("junk"), bytes(frame))]
 
     def _m_unsupported_opcode(self, dst):
         dst, frame = self._base_frame(dst)
@@ -881,10 +935,27 @@ class Mutator:
 
     # -- the source ---------------------------------------------------------------------------
 
+    def _wrap(self, frame):
+        """Now and then a frame's underlay as another sender may build it: an 802.1Q tag,
+        or the IP packet inside an SRv6 outer header (with an SRH or not). Neither changes
+        what the frame means to the transport."""
+        rng = self.rng
+        roll = rng.random()
+        if roll < self.wrap / 2:
+            return add_vlan(frame, rng.getrandbits(16))
+        if roll < self.wrap:
+            segment = rng.randbytes(16) if rng.random() < 0.5 else None
+            return srv6_encapsulate(frame, dst=rng.randbytes(16), segment=segment)
+        return frame
+
     def next(self, name=None):
         """One mutant: ``(name, [(dst, frame), ...])``; ``name`` forces the kind."""
         if name is None:
             name = self.rng.choices(self.names, self.weights)[0]
         frames = getattr(self, f"_m_{name}")(self._dst(name))
+        if frames and name not in PARSER_MUTANTS:
+            wrapped = self._wrap(frames[0][1])
+            if wrapped is not frames[0][1]:
+                frames = [(dst, wrapped) for dst, _ in frames]
         self.counts[name] += len(frames)
         return name, frames

@@ -121,6 +121,8 @@ class Bench:
         self.failures = []
         self.last_progress = 0
         self.responder_seen = {}
+        self.rearming = set()
+        self.done = False
         self.stopping = False
         self.qp_errors = {"a": [], "b": []}
         self.ev_events = []
@@ -179,6 +181,11 @@ class Bench:
             why = f"a payload carrying rkey {rkey:#x} for QP {qpn} outside that MR or PD"
             if allowed and qpn in F.VICTIM_QPS:
                 self.victim["placed_bytes"] += nbytes
+            if qpn in F.LEGIT_QPS:
+                # The fuzzer forges live-QP data only where no window can take it.
+                self.state_errors.append(self.failure("state_error", {
+                    "nic": side, "qpn": qpn, "lo": lo, "bytes": nbytes,
+                    "what": "a forged packet for a live QP was placed"}))
         if not allowed:
             self.outside_bytes += nbytes
             if len(self.outside) < 32:
@@ -425,11 +432,12 @@ class Bench:
         """A victim QP pair back to RTS on fresh PSNs, once its ERROR flush completed."""
         psn = self.rng.getrandbits(24)
         q = stream.qpn
-        for side, own, remote in ((stream.side, psn, psn), (stream.peer, psn, psn)):
+        self.rearming.add(q)
+        for side in (stream.side, stream.peer):
             await self.drivers[side].modify_qp(q, P.QpState.RESET)
-            await self.connect(side, q, own, remote, victim=True)
-        self.responder_seen.pop((stream.peer, q), None)
+            await self.connect(side, q, psn, psn, victim=True)
         stream.restart(psn)
+        self.rearming.discard(q)
         self.victim["rearms"] += 1
 
     # -- control and checks -------------------------------------------------------------------
@@ -480,6 +488,9 @@ class Bench:
             peer = "b" if side == "a" else "a"
             for qpn in F.VICTIM_QPS + F.LEGIT_QPS + F.INIT_QPS:
                 live = qpn in F.LEGIT_QPS
+                if qpn in self.rearming:
+                    continue
+                epoch = self.streams["a"][qpn].epoch if qpn in F.VICTIM_QPS else 0
                 resp = _qp_read_responder((await d.command(
                     "responder", cmd=ResponderCommand.QP_READ, qpn=qpn))["data"])
                 req = _qp_read_requester((await d.command(
@@ -500,12 +511,14 @@ class Bench:
                         problems.append(f"requester next {req['next']:#x} beyond every PSN "
                                         f"posted ({own.next_psn:#x})")
                     sender = self.streams[peer].get(qpn)
-                    key = (side, qpn)
+                    key = (side, qpn, epoch)
                     seen = self.responder_seen.get(key)
-                    if seen is not None and M.psn_diff(resp["expected"], seen) < 0:
+                    if seen is not None and M.psn_diff(resp["expected"], seen) < 0 \
+                            and qpn not in self.rearming:
                         problems.append(f"responder expected PSN moved backwards, "
                                         f"{seen:#x} to {resp['expected']:#x}")
-                    if sender is not None and M.psn_diff(sender.next_psn, resp["expected"]) < 0:
+                    # (A victim's responder takes forged PSNs its peer never sent.)
+                    if live and M.psn_diff(sender.next_psn, resp["expected"]) < 0:
                         problems.append(f"responder expected PSN {resp['expected']:#x} beyond "
                                         f"every PSN its peer posted ({sender.next_psn:#x})")
                     self.responder_seen[key] = resp["expected"]
@@ -526,7 +539,6 @@ async def fuzz_run(dut):
     Clock(dut.clk, PERIOD_NS, unit="ns").start()
     dut.rst.value = 1
     bench = Bench(dut)
-    bench.done = False
     dpi = bench.dpi
     await ClockCycles(dut.clk, 3)
     dut.rst.value = 0
