@@ -141,6 +141,33 @@ class HostileSource:
         return out
 
 
+class ReplaySource:
+    """A hostile source that injects a vector's frames again (``frames`` as
+    :func:`write_vectors` saves them), each at its recorded distance from the first, starting
+    ``warmup_ns`` into the run, on its plane (modulo ``planes``)."""
+
+    def __init__(self, frames, *, planes, period_ns, warmup_ns, history, cycle_of):
+        first = frames[0]["cycle"] if frames else 0
+        self.frames = [((f["cycle"] - first) * period_ns + warmup_ns, f["dst"],
+                        f["plane"] % planes, bytes.fromhex(f["hex"]), f["mutant"])
+                       for f in frames]
+        self.total = len(self.frames)
+        self.history = history
+        self.cycle_of = cycle_of
+        self.injected = 0
+        self.paused = False
+
+    def __call__(self, now):
+        out = []
+        while self.injected < self.total and self.frames[self.injected][0] <= now:
+            _, dst, plane, frame, mutant = self.frames[self.injected]
+            out.append((dst, plane, frame))
+            self.history.append({"cycle": self.cycle_of(now), "mutant": mutant, "dst": dst,
+                                 "plane": plane, "hex": frame.hex()})
+            self.injected += 1
+        return out
+
+
 # -- command line -----------------------------------------------------------------------------
 
 #: Bounds of the checks (docs/fuzz.md, "Hangs").
@@ -173,6 +200,9 @@ def register(subparsers):
                    help="path MTU: 256, 512, 1024, 2048 or 4096")
     p.add_argument("--vectors", type=Path, default=BUILD / "fuzz" / "vectors", metavar="DIR",
                    help="where each failure's vector goes (the frames before it, as JSON)")
+    p.add_argument("--vector", type=Path, default=None, metavar="VECTOR.json",
+                   help="inject a vector's frames again instead of new mutants (on its "
+                        "seed, planes and MTU; the flags above are not used)")
     p.set_defaults(func=run)
 
 
@@ -194,7 +224,28 @@ def _check_args(args):
     return 0
 
 
+def read_vector(path):
+    """A vector file (:func:`write_vectors`) as a dict; :class:`UsageError` naming
+    ``--vector`` when it cannot be read or is not one."""
+    from .errors import UsageError
+    try:
+        vector = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise UsageError("--vector", f"{path}: cannot read: {e.strerror}") from None
+    except ValueError as e:
+        raise UsageError("--vector", f"{path}: not valid JSON: {e}") from None
+    if not isinstance(vector, dict) or not isinstance(vector.get("run"), dict) \
+            or not vector.get("frames"):
+        raise UsageError("--vector", f"{path}: not a fuzz vector (needs run and frames)")
+    return vector
+
+
 def run(args):
+    if args.vector is not None:
+        vector = read_vector(args.vector)
+        run_ = vector["run"]
+        args.seed, args.planes, args.mtu = run_["seed"], run_["planes"], run_["mtu"]
+        args.load, args.packets = run_.get("load", 0.5), len(vector["frames"])
     status = _check_args(args)
     if status:
         return status
@@ -204,7 +255,8 @@ def run(args):
         except OSError as e:
             return fail(f"{path}: cannot create: {e.strerror}", field=flag)
     report = run_fuzz(packets=args.packets, seed=args.seed, load=args.load, planes=args.planes,
-                      mtu=args.mtu, out=args.json, vectors=args.vectors)
+                      mtu=args.mtu, out=args.json, vectors=args.vectors,
+                      replay=vector["frames"] if args.vector is not None else None)
     print(summary(report))
     return 0 if report["ok"] else 1
 
@@ -229,9 +281,11 @@ def build_dir_for(scn):
 
 def run_fuzz(*, packets, seed, load=0.5, planes=8, mtu=1024, out=None, vectors=None,
              build_dir=None, quick_build=False, log=print, stall_cycles=STALL_CYCLES,
-             progress_cycles=PROGRESS_CYCLES, check_cycles=CHECK_CYCLES, max_cycles=None):
+             progress_cycles=PROGRESS_CYCLES, check_cycles=CHECK_CYCLES, max_cycles=None,
+             replay=None):
     """Run the fuzzer; write the report to ``out`` (and each failure's vector into
-    ``vectors``) when given; return the report.
+    ``vectors``) when given; return the report. ``replay``: a vector's frames, injected
+    again instead of new mutants (:class:`ReplaySource`; ``packets`` is then their count).
 
     ``build_dir``/``quick_build`` as :func:`sim.mainjob.run_scenario`'s (the build is the main
     job's, with the C++ agents: ``<build_dir>-dpi``)."""
@@ -253,16 +307,19 @@ def run_fuzz(*, packets, seed, load=0.5, planes=8, mtu=1024, out=None, vectors=N
     wall0 = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         result_path = Path(tmp) / "result.json"
+        job_path = Path(tmp) / "job.json"
         job = {"scenario": scn.to_dict(), "seed": seed, "packets": packets, "load": load,
                "stall_cycles": stall_cycles, "progress_cycles": progress_cycles,
                "check_cycles": check_cycles, "max_cycles": max_cycles,
-               "result": str(result_path)}
+               "result": str(result_path), "replay": replay}
+        # In a file: a vector's frames are too long for the environment.
+        job_path.write_text(json.dumps(job))
         run_cocotb(lambda: DpiPair(config), toplevel=DPI_TOP, test_module="sim.tb.cocotb_fuzz",
                    build_dir=build, sim="verilator", waves=False, log=log, reuse=True,
                    quick_build=quick_build,
                    export_key=source_key("nic_pair-dpi", config.to_dict(), dpi_key()),
                    verilator_args=verilator_args(),
-                   extra_env={"FUZZ": json.dumps(job), "MRC_DPI": "1"})
+                   extra_env={"FUZZ_JOB": str(job_path), "MRC_DPI": "1"})
         result = json.loads(result_path.read_text())
     result["total_wall_s"] = time.monotonic() - wall0
     report = make_report(result, seed=seed, load=load, packets=packets, config=config,

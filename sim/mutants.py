@@ -291,6 +291,20 @@ class FrameKit:
         self._ev(buffer, udp_sport, flow_label, tclass)
         return self.finish(buffer)
 
+    def endpoint(self, opcode, *, request_id, op, dqpn=P.ENDPOINT_QPN, udp_sport=0xC000,
+                 flow_label=0, tclass=0b10, **fields):
+        """ENDPOINT_REQUEST (ERTH) or ENDPOINT_RESPONSE (EETH), ``request_id`` in the BTH PSN
+        (:func:`sim.packets.endpoint_request`, :func:`~sim.packets.endpoint_response`)."""
+        request = opcode == P.Opcode.ENDPOINT_REQUEST
+        build = pk.endpoint_request if request else pk.endpoint_response
+        buffer = self._template((int(opcode),), lambda: build(
+            request_id=0, op=P.EndpointOp.EV_PROBE, **self._underlay()))
+        _set(buffer, self.bth_at, L.BTH, dqpn=dqpn, psn=request_id)
+        _set(buffer, self.bth_at + _size(L.BTH), L.ERTH if request else L.EETH, op=op,
+             **fields)
+        self._ev(buffer, udp_sport, flow_label, tclass)
+        return self.finish(buffer)
+
     # -- reading and rewriting a frame ---------------------------------------------------------
 
     def bth(self, frame):
@@ -443,8 +457,10 @@ MUTANTS = {
     "sack_malformed": (2, "a", "a SACK whose BTH PSN and SETH cack_psn differ"),
     "nack_stale": (2, "a", "a NACK (trimmed, out of window, unknown reason) for a PSN a live "
                            "QP does not have outstanding"),
-    "nak_stale": (2, "a", "a fatal NAK or an AETH ACK for a PSN a live QP does not have "
-                          "outstanding"),
+    "nak_stale": (2, "a", "an AETH NAK (any syndrome: fatal codes, others, RNR) or an AETH "
+                          "ACK for a PSN a live QP does not have outstanding"),
+    "endpoint": (2, "ab", "endpoint requests (EV probes, port status) and responses with "
+                          "random ids, ops, masks and timestamps, to the endpoint QP or not"),
     # victim QPs: anything
     "victim_in_window": (5, "b", "data inside a victim's window, valid rkey, in bounds"),
     "victim_bad_rkey": (4, "b", "in-window data with an unregistered rkey, another PD's, or "
@@ -743,9 +759,7 @@ class Mutator:
             frame = self.to_a.nack(dqpn=qpn, nack_psn=psn,
                                    nack_reason=rng.choice(list(P.NackReason)), **self._ev())
         else:
-            frame = self.to_a.aeth(dqpn=qpn, psn=psn,
-                                   syndrome=P.nak_syndrome(rng.choice(list(P.NakCode))),
-                                   **self._ev())
+            frame = self.to_a.aeth(dqpn=qpn, psn=psn, syndrome=self._syndrome(), **self._ev())
         return [("a", frame)]
 
     def _m_probe(self, dst):
@@ -756,6 +770,23 @@ class Mutator:
         return [("b", self.to_b.probe(dqpn=qpn, psn=rng.getrandbits(24),
                                       probe_id=rng.getrandbits(16),
                                       tx_timestamp=rng.getrandbits(16), **self._ev()))]
+
+    def _m_endpoint(self, dst):
+        rng = self.rng
+        dst = self._dst("endpoint")
+        kit = self._kit(dst)
+        dqpn = P.ENDPOINT_QPN if rng.random() < 0.8 else rng.getrandbits(24)
+        op = rng.randrange(4)
+        if rng.random() < 0.5:
+            frame = kit.endpoint(P.Opcode.ENDPOINT_REQUEST, request_id=rng.getrandbits(16),
+                                 op=op, dqpn=dqpn, port_status_mask=rng.getrandbits(32),
+                                 tx_timestamp=rng.getrandbits(16), tsr=rng.randrange(2),
+                                 ftype=rng.randrange(16), **self._ev())
+        else:
+            frame = kit.endpoint(P.Opcode.ENDPOINT_RESPONSE, request_id=rng.getrandbits(16),
+                                 op=op, dqpn=dqpn, tx_timestamp=rng.getrandbits(16),
+                                 **self._ev())
+        return [(dst, frame)]
 
     def _m_stale_ack(self, dst):
         if not self.view.ack_frames:
@@ -816,11 +847,16 @@ class Mutator:
         return [("a", self.to_a.nack(dqpn=qp.remote_qpn, nack_psn=self._not_outstanding(qp),
                                      nack_reason=int(reason), **self._ev()))]
 
+    def _syndrome(self):
+        rng = self.rng
+        return rng.choice((P.AETH_ACK, P.nak_syndrome(rng.choice(list(P.NakCode))),
+                           P.AETH_NAK_BASE | rng.randrange(32), 0x20 | rng.randrange(32),
+                           rng.randrange(256)))
+
     def _m_nak_stale(self, dst):
         qp = self._live()
         rng = self.rng
-        syndrome = (P.AETH_ACK if rng.random() < 0.2
-                    else P.nak_syndrome(rng.choice(list(P.NakCode))))
+        syndrome = self._syndrome()
         return [("a", self.to_a.aeth(dqpn=qp.remote_qpn, psn=self._not_outstanding(qp),
                                      syndrome=syndrome, msn=rng.getrandbits(24),
                                      **self._ev()))]
@@ -929,9 +965,10 @@ class Mutator:
 
     def _m_victim_nak(self, dst):
         qp = self._victim()
-        code = self.rng.choice(list(P.NakCode))
+        syndrome = (P.nak_syndrome(self.rng.choice(list(P.NakCode)))
+                    if self.rng.random() < 0.7 else self._syndrome())
         return [("a", self.to_a.aeth(dqpn=qp.remote_qpn, psn=self._in_window(qp),
-                                     syndrome=P.nak_syndrome(code), **self._ev()))]
+                                     syndrome=syndrome, **self._ev()))]
 
     # -- the source ---------------------------------------------------------------------------
 

@@ -226,7 +226,7 @@ TEST_MARKS = {
     },
     "test_fuzz.py": {
         "test_short_run_is_clean_and_reaches_every_verdict": {"rtl", "slow"},
-        "test_regression_vector": {"rtl", "slow"},
+        "test_regression_vectors": {"rtl", "slow"},
     },
     "test_wirecheck.py": {
         "test_a_two_nic_run_with_loss_trimming_and_a_plane_failure_passes": {"slow"},

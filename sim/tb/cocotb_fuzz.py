@@ -1,9 +1,9 @@
 """The fuzzer's bench: two RTL NICs over the fabric, legitimate traffic both ways, and a
 hostile source injecting forged frames into NIC b (data, probes) and NIC a (acknowledgements).
 
-Runs the job in ``FUZZ`` (JSON from :func:`sim.fuzz.run_fuzz`) on the C++ stream agents of
-:mod:`sim.tb.dpi` and writes its raw result to ``FUZZ["result"]``; :mod:`sim.fuzz` makes the
-report. What it checks, and the bounds it uses, are in ``docs/fuzz.md``:
+Runs the job in the file ``FUZZ_JOB`` (JSON from :func:`sim.fuzz.run_fuzz`) on the C++ stream
+agents of :mod:`sim.tb.dpi` and writes its raw result to the job's ``result`` file;
+:mod:`sim.fuzz` makes the report. What it checks, and the bounds it uses, are in ``docs/fuzz.md``:
 
 * every placed packet (the agents' placement log) lies inside a registered MR whose rkey the
   packet carried, of the PD of the QP it named (the fuzzer's payloads say which: their
@@ -46,7 +46,7 @@ from sim.tb.dpi import DpiAgents, DpiBus
 from sim.tb.streams import pack, unpack
 from sim.workload import fabric_config_for
 
-JOB = json.loads(os.environ.get("FUZZ", "{}"))
+JOB = json.loads(Path(os.environ["FUZZ_JOB"]).read_text()) if "FUZZ_JOB" in os.environ else {}
 SCENARIO = Scenario.from_dict(JOB.get("scenario", {}))
 CONFIG = nic_config_for(SCENARIO)
 PERIOD_NS = 1e9 / CONFIG.clock_hz
@@ -55,6 +55,7 @@ TICK = 256                  # cycles between the bench's own wakes (pacing, post
 POLL_CYCLES = 500           # EV events and QP errors
 BACKLOG_LIMIT = 4096        # beats queued at a NIC's receive ports above which injection waits
 HISTORY = 256               # hostile frames kept for a failure's vector
+REPLAY_WARMUP = 5000        # cycles of live traffic before a vector's first frame
 
 
 def _qp_read_responder(data):
@@ -491,6 +492,10 @@ class Bench:
                 if qpn in self.rearming:
                     continue
                 epoch = self.streams["a"][qpn].epoch if qpn in F.VICTIM_QPS else 0
+                own = self.streams[side].get(qpn)
+                # Completions seen before the read: una had passed them when it was read
+                # (those handled while the read is on the bus may be later than it).
+                completed = own.acked_end if own is not None else None
                 resp = _qp_read_responder((await d.command(
                     "responder", cmd=ResponderCommand.QP_READ, qpn=qpn))["data"])
                 req = _qp_read_requester((await d.command(
@@ -505,7 +510,6 @@ class Bench:
                     if not 0 <= in_flight <= WINDOW:
                         problems.append(f"requester next {req['next']:#x} - una "
                                         f"{req['una']:#x} = {in_flight}, not 0 to {WINDOW}")
-                    own = self.streams[side].get(qpn)
                     if own is not None and req["state"] == P.QpState.RTS and \
                             M.psn_diff(own.next_psn, req["next"]) < 0:
                         problems.append(f"requester next {req['next']:#x} beyond every PSN "
@@ -526,9 +530,9 @@ class Bench:
                         if req["state"] != P.QpState.RTS or resp["state"] != P.QpState.RTS:
                             problems.append(f"live QP not in RTS: responder {resp['state']}, "
                                             f"requester {req['state']}")
-                        if own is not None and M.psn_diff(req["una"], own.acked_end) < 0:
+                        if own is not None and M.psn_diff(req["una"], completed) < 0:
                             problems.append(f"requester una {req['una']:#x} behind PSNs "
-                                            f"already completed ({own.acked_end:#x})")
+                                            f"already completed ({completed:#x})")
                 for text in problems:
                     self.state_errors.append(self.failure("state_error", {
                         "nic": side, "qpn": qpn, "what": text}))
@@ -574,10 +578,19 @@ async def fuzz_run(dut):
     bench.observed = 0
     bench.mutator = M.Mutator(view, seed=JOB["seed"], ip_version=CONFIG.ip_version,
                               trim_dscp=CONFIG.trim_dscp)
-    source = bench.source = F.HostileSource(
-        bench.mutator, total=JOB["packets"], load=JOB["load"], planes=CONFIG.ports,
-        period_ns=PERIOD_NS, seed=JOB["seed"], history=bench.history,
-        cycle_of=lambda ns: round(ns / PERIOD_NS))
+    if JOB.get("replay"):
+        source = F.ReplaySource(JOB["replay"], planes=CONFIG.ports, period_ns=PERIOD_NS,
+                                warmup_ns=REPLAY_WARMUP * PERIOD_NS, history=bench.history,
+                                cycle_of=lambda ns: round(ns / PERIOD_NS))
+        for frame in JOB["replay"]:
+            bench.mutator.counts[frame["mutant"]] = bench.mutator.counts.get(
+                frame["mutant"], 0) + 1
+    else:
+        source = F.HostileSource(
+            bench.mutator, total=JOB["packets"], load=JOB["load"], planes=CONFIG.ports,
+            period_ns=PERIOD_NS, seed=JOB["seed"], history=bench.history,
+            cycle_of=lambda ns: round(ns / PERIOD_NS))
+    bench.source = source
     fabric_config = fabric_config_for(SCENARIO, CONFIG)
     import dataclasses
     bench.fabric = Fabric(dataclasses.replace(fabric_config, capture=False), hostile=source)

@@ -138,7 +138,8 @@ def _seth(frame):
                                   "wrong_state_qp", "sack_below", "sack_beyond",
                                   "sack_malformed", "nack_stale", "nak_stale", "victim_in_window",
                                   "victim_bad_rkey", "victim_out_of_bounds", "victim_sack",
-                                  "victim_nack", "victim_nak", "victim_wimm_flood"])
+                                  "victim_nack", "victim_nak", "victim_wimm_flood",
+                                  "endpoint"])
 def test_transport_mutants_pass_the_parser(name):
     """They are meant for the transport: a valid ICRC and every length right."""
     for frame in forged(name, 20, wrap=0.5):
@@ -255,6 +256,13 @@ def test_fabric_injects_hostile_frames_past_its_queues():
     (["--planes", "17"], "mrc-nic fuzz: --planes: must be an integer from 1 to 16, not 17"),
     (["--mtu", "1000"], "mrc-nic fuzz: --mtu: must be one of 256, 512, 1024, 2048, 4096, "
                         "not 1000"),
+    (["--vector", "/nonexistent/v.json"], "mrc-nic fuzz: --vector: /nonexistent/v.json: cannot "
+                                          "read: No such file or directory"),
+    (["--vector", str(VECTORS)], f"mrc-nic fuzz: --vector: {VECTORS}: cannot read: Is a "
+                                 f"directory"),
+    (["--vector", str(VECTORS / "README.md")], f"mrc-nic fuzz: --vector: {VECTORS}/README.md: "
+                                               f"not valid JSON: Expecting value: line 1 "
+                                               f"column 1 (char 0)"),
 ])
 def test_bad_flags_are_one_line(capsys, argv, message):
     status = main(["fuzz", *argv])
@@ -335,14 +343,20 @@ def test_short_run_is_clean_and_reaches_every_verdict(tmp_path):
     assert report["legit"]["wrs_verified"] > 100
 
 
-@pytest.mark.parametrize("vector", sorted(VECTORS.glob("*.json")), ids=lambda p: p.stem)
-def test_regression_vector(tmp_path, vector):
-    """The run that found a failure, again (runs are deterministic for a seed): it must now
-    be clean."""
-    run = json.loads(vector.read_text())["run"]
-    report = F.run_fuzz(**run, build_dir=BUILD / "tests" / "fuzz-vectors", quick_build=True,
-                        out=tmp_path / "fuzz.json", log=lambda *_: None)
-    _assert_clean(report)
+def test_regression_vectors(tmp_path):
+    """Every failure the fuzzer found, its frames injected again into a pair brought up as in
+    the run that found it (its seed, planes and MTU): the run must now be clean."""
+    for vector in sorted(VECTORS.glob("*.json")):
+        saved = F.read_vector(vector)
+        run = saved["run"]
+        shared = (run["planes"], run["mtu"]) == (4, 512)
+        report = F.run_fuzz(packets=len(saved["frames"]), seed=run["seed"],
+                            planes=run["planes"], mtu=run["mtu"], replay=saved["frames"],
+                            build_dir=BUILD / "tests" / ("nic_pair" if shared else "fuzz-vectors"),
+                            quick_build=True, out=tmp_path / f"{vector.stem}.json",
+                            log=lambda *_: None)
+        assert report["packets"] == len(saved["frames"])
+        _assert_clean(report)
 
 
 def test_docs_name_every_mutant_and_every_report_key():
