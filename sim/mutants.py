@@ -44,6 +44,11 @@ __all__ = ["FrameKit", "Mutator", "View", "QpView", "MUTANTS", "PARSER_MUTANTS",
            "read_signature", "icrc", "psn_add", "psn_diff"]
 
 PSN_MASK = (1 << 24) - 1
+#: PSNs a live QP may still send between a frame's forging and its arrival at the receive
+#: path (a fabric latency and the receive backlog, tens of microseconds: some tens of PSNs at
+#: line rate). A live-QP PSN "beyond" is beyond this margin too, so that the QP never reaches
+#: it while the frame is on its way.
+LIVE_MARGIN = 2048
 #: The first bytes of every payload the fuzzer writes.
 MAGIC = b"\xf0zzMRC\x0f\xee"
 SIGNATURE_BYTES = 16
@@ -445,7 +450,7 @@ MUTANTS = {
     "replay_data": (4, "b", "a legitimate data frame sent earlier, again"),
     "duplicate_flood": (0.3, "b", "one legitimate data frame 8 to 32 times"),
     "psn_below": (4, "b", "data for a live QP just below its cumulative PSN (any rkey)"),
-    "psn_beyond": (4, "b", "data for a live QP at or far beyond its window"),
+    "psn_beyond": (4, "b", "data for a live QP beyond its window (and a margin)"),
     "unknown_qp": (4, "ab", "a QPN at or above the QP table (or its low bits a live QP's)"),
     "wrong_state_qp": (4, "ab", "a QP in RESET or INIT"),
     "probe": (3, "b", "reliability probes (stale ids and timestamps) for live, unknown, "
@@ -553,15 +558,17 @@ class Mutator:
         return psn_add(qp.acked_end, -back)
 
     def _beyond(self, qp):
-        """A PSN at least a window beyond anything ``qp``'s requester sent: just, or far."""
+        """A PSN a window and :data:`LIVE_MARGIN` beyond anything ``qp``'s requester was given:
+        just, or far."""
         ahead = (self.rng.randrange(64) if self.rng.random() < 0.7
                  else self.rng.randrange(1 << 21))
-        return psn_add(qp.posted_end, qp.window + ahead)
+        return psn_add(qp.posted_end, qp.window + LIVE_MARGIN + ahead)
 
     def _in_window(self, qp):
-        """A PSN between the victim's acknowledged PSNs and its window's end."""
+        """A PSN from just below the victim's acknowledged PSNs to just beyond its window's
+        end (both edges included)."""
         span = max(1, psn_diff(qp.posted_end, qp.acked_end)) + qp.window
-        return psn_add(qp.acked_end, self.rng.randrange(-4, span))
+        return psn_add(qp.acked_end, self.rng.randrange(-4, span + 4))
 
     def _unknown_qpn(self):
         v = self.view

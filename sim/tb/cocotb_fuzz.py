@@ -18,6 +18,7 @@ agents of :mod:`sim.tb.dpi` and writes its raw result to the job's ``result`` fi
   byte for byte, and every immediate arrives in order.
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -99,6 +100,7 @@ class Bench:
         self.start = None
         self.zero_ps = None
         self.fabric = None
+        self.source = None
         self.drivers = {}
         self.wr_layout = work_request_layout(CONFIG)
         self.cq_layout = completion_layout(CONFIG)
@@ -152,8 +154,10 @@ class Bench:
         """Record a failure and, for the first few, the hostile frames that led to it."""
         record = {"kind": kind, "cycle": self.cycle - (self.start or 0), **detail}
         if len(self.failures) < 8:
-            self.failures.append({**record, "packets": self.source.injected if
-                                  self.fabric else 0, "frames": list(self.history)})
+            cocotb.log.warning(f"fuzz: {kind} at cycle {record['cycle']}: "
+                               f"{ {k: v for k, v in detail.items() if k != 'head'} }")
+            injected = self.source.injected if self.source is not None else 0
+            self.failures.append({**record, "packets": injected, "frames": list(self.history)})
         return record
 
     # -- memory -------------------------------------------------------------------------------
@@ -248,7 +252,9 @@ class Bench:
                     while not stream.dead and len(stream.outstanding) < 2 and not self.stopping:
                         self.post(stream)
                     continue
-                while len(stream.outstanding) < F.OUTSTANDING and not self.stopping:
+                # A live QP that failed posts no more: its errors are in the report.
+                while len(stream.outstanding) < F.OUTSTANDING and not self.stopping \
+                        and not stream.dead:
                     self.post(stream)
         self.update_view()
 
@@ -305,6 +311,7 @@ class Bench:
             return
         self.last_progress = cycle
         if not ok:
+            stream.dead = True
             self.legit_error("legitimate WR completed with an error", nic=side, qpn=qpn,
                              wr_id=wr["wr_id"], status=P.CompletionStatus(c["status"]).name)
             return
@@ -592,7 +599,6 @@ async def fuzz_run(dut):
             cycle_of=lambda ns: round(ns / PERIOD_NS))
     bench.source = source
     fabric_config = fabric_config_for(SCENARIO, CONFIG)
-    import dataclasses
     bench.fabric = Fabric(dataclasses.replace(fabric_config, capture=False), hostile=source)
 
     counters0 = {side: await bench.drivers[side].counters() for side in "ab"}
