@@ -25,7 +25,7 @@ help:
 	@echo "make sim     run the most end-to-end flow that exists (mrc-nic sim)"
 	@echo "make pcap    write build/sample.pcap with one packet of every type"
 	@echo "make verilog write build/verilog/mrc_nic.sv and lint it with Verilator"
-	@echo "make bench   benchmarks, JSON into build/bench/"
+	@echo "make bench   benchmarks (and a million-frame fuzz run), JSON into build/bench/"
 	@echo "make lint    ruff"
 	@echo "make clean   remove build outputs and caches (keeps .venv)"
 
@@ -82,6 +82,7 @@ verilog: venv
 
 bench: venv
 	$(VENV)/bin/mrc-nic bench
+	$(VENV)/bin/mrc-nic fuzz --packets 1000000 --seed 1 --json build/bench/fuzz.json
 
 lint: venv
 	$(VENV)/bin/ruff check hdl sim boards tests

@@ -10,7 +10,7 @@ means the same thing everywhere: ``--sim`` the simulator, ``--config`` a NicConf
 import os
 import sys
 
-from . import bench, dissector, evtool, flow, mainjob, regtool, replay, wirecheck
+from . import bench, dissector, evtool, flow, fuzz, mainjob, regtool, replay, wirecheck
 from .errors import CliParser, UsageError, fail, nic_config_from, set_command
 
 
@@ -99,6 +99,7 @@ def build_parser():
     dissector.register(sub)
     flow.register(sub)
     mainjob.register(sub)
+    fuzz.register(sub)
     replay.register(sub)
     wirecheck.register(sub)
     bench.register(sub)

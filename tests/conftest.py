@@ -232,6 +232,10 @@ TEST_MARKS = {
         "test_port_loop_window_under_each_simulator": {"rtl", "slow"},
         "test_two_nics_window_without_rebuild": {"rtl", "slow"},
     },
+    "test_fuzz.py": {
+        "test_short_run_is_clean_and_reaches_every_verdict": {"rtl", "slow"},
+        "test_regression_vectors": {"rtl", "slow"},
+    },
     "test_wirecheck.py": {
         "test_a_two_nic_run_with_loss_trimming_and_a_plane_failure_passes": {"slow"},
     },
@@ -264,6 +268,7 @@ LONGEST_FIRST = [
     "test_nic_rtl.py",              # builds the pair with the C++ agents
     "test_waves.py",                # builds the traceable pair (Python agents)
     "test_dpi_agents.py",           # runs on both builds
+    "test_fuzz.py",                 # a fuzz run on the C++-agents build
     "test_path_select.py::test_ten_thousand_picks_are_uniform_over_64_evs",
     "test_cli.py",
     "test_transport.py::test_transport_selftest_routes_around_a_killed_plane",

@@ -8,6 +8,12 @@ A frame handed to :meth:`Fabric.send` crosses, on its plane and in its direction
    (``path_rate_gbps``), then the path's propagation latency;
 3. the failure schedule, random and burst loss, corruption, reordering and duplication.
 
+A *hostile source* (``hostile``, the fuzzer's: ``sim/fuzz.py``) stands beside the impairments:
+a callable asked, at every hand-over and whenever a bench calls :meth:`Fabric.run_hostile`, for
+forged frames, which :meth:`Fabric.inject` puts on a plane towards an endpoint as an attacker
+on the last hop would: past every queue and impairment, one path latency later, marked
+``hostile``.
+
 Everything is decided at send time (the queues are FIFO, so a later frame cannot change an
 earlier one's fate); :meth:`Fabric.deliver` only pops the frames that are due. Times are ns at
 the interface and integer picoseconds inside, so back-to-back arrival times are exact.
@@ -97,12 +103,17 @@ class Fabric:
         Every frame, in hand-over order (when ``config.capture``).
     stats : :class:`~sim.fabric.stats.Statistics`
 
+    hostile : callable or None
+        The hostile source: ``hostile(now)`` (ns) returns the forged frames due by then, as
+        ``(dst, plane, frame)``; each is injected (:meth:`inject`) at ``now``. Asked at every
+        :meth:`send` (before the frame handed over) and at every :meth:`run_hostile`.
+
     A frame sent by one endpoint on plane p arrives at the other endpoint on plane p (NIC
     port p <-> plane p). ``send`` times must not decrease. Frames the fabric cannot parse
     are forwarded as opaque frames (hashed on their first bytes, never marked or trimmed).
     """
 
-    def __init__(self, config=None):
+    def __init__(self, config=None, *, hostile=None):
         if config is None:
             config = FabricConfig()
         if not isinstance(config, FabricConfig):
@@ -133,6 +144,7 @@ class Fabric:
         self._last_send_ps = 0
         self.records = []
         self.stats = Statistics(c.planes, c.bin_ns)
+        self.hostile = hostile
 
     # -- the interface of a bench -------------------------------------------------------------
 
@@ -150,6 +162,8 @@ class Fabric:
             raise ValueError(f"send times must not decrease: {now} ns after "
                              f"{self._last_send_ps / 1000} ns")
         self._last_send_ps = now_ps
+        if self.hostile is not None:
+            self.run_hostile(now)
         frame = bytes(frame)
         sent_len = len(frame)
         c = self.config
@@ -198,6 +212,35 @@ class Fabric:
             self._record(now_ps, copy_ps, src, dst, plane, path, "delivered", copy_marks,
                          frame, info, sent_len, sent=False)
         return record
+
+    def inject(self, dst, plane, frame, now):
+        """Put a forged ``frame`` on ``plane`` towards endpoint ``dst`` at ``now`` ns, as an
+        attacker on the last hop: no queue, no impairment, no failure; it arrives one latency
+        of path 0 later. Recorded (and counted) as delivered with the mark ``hostile``, sent
+        by the other endpoint (whose addresses a forged frame carries). Returns its
+        :class:`Record`."""
+        src = self._peer.get(dst)
+        if src is None:
+            raise ValueError(f"dst must be one of {', '.join(self.config.endpoints)}, "
+                             f"not {dst!r}")
+        if not isinstance(plane, int) or not 0 <= plane < self.config.planes:
+            raise ValueError(f"plane must be from 0 to {self.config.planes - 1}, not {plane!r}")
+        now_ps = round(now * 1000)
+        frame = bytes(frame)
+        arrival_ps = now_ps + self._latency_ps[0]
+        self._push(arrival_ps, dst, plane, frame)
+        return self._record(now_ps, arrival_ps, src, dst, plane, 0, "delivered", ["hostile"],
+                            frame, None, len(frame))
+
+    def run_hostile(self, now):
+        """Inject what the hostile source has due by ``now`` ns; returns how many frames."""
+        if self.hostile is None:
+            return 0
+        count = 0
+        for dst, plane, frame in self.hostile(now):
+            self.inject(dst, plane, frame, now)
+            count += 1
+        return count
 
     def deliver(self, now):
         """Frames due at ``now`` ns, in arrival order, as ``(dst, plane, frame)``. Costs one
@@ -348,7 +391,8 @@ class Fabric:
         arrival_ns = None if arrival_ps is None else arrival_ps / 1000
         record = Record(sent_ps / 1000, arrival_ns, src, dst, plane, path, outcome,
                         tuple(marks), frame, sent_len)
-        payload = roce_payload_bytes(frame, info) if outcome == "delivered" else 0
+        payload = (roce_payload_bytes(frame, info) if outcome == "delivered" and info is not None
+                   else 0)
         self.stats.add(src, plane, path, record.time_ns, outcome, record.marks, len(frame),
                        payload, sent)
         if self.config.capture:

@@ -7,7 +7,8 @@ __all__ = ["Statistics", "Bin", "OUTCOMES", "MARKS", "in_us"]
 #: What finally happened to a frame (exactly one per captured frame).
 OUTCOMES = ("delivered", "dropped-loss", "dropped-failure", "dropped-queue")
 #: What happened to it on the way (any number).
-MARKS = ("trimmed", "ecn-marked", "corrupted", "reordered", "duplicated", "duplicate")
+MARKS = ("trimmed", "ecn-marked", "corrupted", "reordered", "duplicated", "duplicate",
+         "hostile")
 
 
 def in_us(values):
@@ -46,7 +47,8 @@ class Bin:
     -------
     goodput_bytes : int
         RDMA payload bytes of data packets delivered intact: not trimmed, not corrupted,
-        not the fabric's duplicate copy (bytes after the data headers, before the ICRC).
+        not the fabric's duplicate copy, not injected by a hostile source (bytes after the
+        data headers, before the ICRC).
         Both directions; ``goodput_by_src`` splits them by sending endpoint.
     frames, wire_bytes : int
         Frames delivered (every copy) and their bytes (without FCS).
@@ -104,7 +106,7 @@ class Statistics:
         if outcome == "delivered":
             entry.frames += 1
             entry.wire_bytes += wire_bytes
-            if payload_bytes and not {"trimmed", "corrupted", "duplicate"} & set(marks):
+            if payload_bytes and not {"trimmed", "corrupted", "duplicate", "hostile"} & set(marks):
                 entry.goodput_bytes += payload_bytes
                 entry.goodput_by_src[src] += payload_bytes
                 self.goodput_bytes += payload_bytes

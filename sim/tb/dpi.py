@@ -58,7 +58,9 @@ _SOURCES = (RX, BEAT_SOURCE, FETCH)
 _FIELDS = ("data", "keep", "last", "first", "addr", "length")
 
 # Event kinds of ``mrc_drain``.
-_FRAME, _COMPLETION, _BACKLOG, _ERROR = range(4)
+_FRAME, _COMPLETION, _BACKLOG, _ERROR, _PLACEMENT, _STALL = range(6)
+#: First bytes of a placed packet that a placement record keeps (``PLACE_HEAD`` in the C++).
+PLACE_HEAD = 16
 
 
 @dataclass(frozen=True)
@@ -263,6 +265,10 @@ class DpiAgents:
         lib.mrc_bus_access.argtypes = [i32, i32, ctypes.c_uint32, ctypes.c_uint32]
         lib.mrc_bus_result.argtypes = [i32]
         lib.mrc_bus_result.restype = ctypes.c_uint32
+        lib.mrc_set_place_log.argtypes = [i32]
+        lib.mrc_set_stall_bound.argtypes = [i64]
+        lib.mrc_max_stall.argtypes = [i32]
+        lib.mrc_max_stall.restype = i64
         lib.mrc_reset(first_step_edge, backlog_cycles)
         self.plan = stream_plan(config)
         self.ids = {}
@@ -281,8 +287,25 @@ class DpiAgents:
             for p in range(config.ports):
                 self.tx_port[self.ids[f"{name}_tx__{p}"]] = (name, p)
         self.cq_side = {self.ids[f"{name}_completion"]: name for name in "ab"}
+        self.place_side = {self.ids[f"{name}_place"]: name for name in "ab"}
+        self.names = {index: s.prefix for index, s in enumerate(self.plan)}
         self._buffer = ctypes.create_string_buffer(1 << 16)
         self.backlog = []           # (cycle, [queued beats per receive port, a then b])
+
+    def set_place_log(self, on=True):
+        """Record every placed packet (``("placement", ...)`` from :meth:`drain`); a placement
+        byte outside every host region is then counted in its record instead of stopping the
+        run."""
+        self._lib.mrc_set_place_log(int(bool(on)))
+
+    def set_stall_bound(self, cycles):
+        """Raise ``("stall", cycle, stream)`` from :meth:`drain` when a source's beat has
+        waited ``cycles`` cycles for ready (0: off)."""
+        self._lib.mrc_set_stall_bound(cycles)
+
+    def max_stall(self, prefix):
+        """The most cycles a beat of source ``prefix`` (``a_rx__0``) waited for ready."""
+        return self._lib.mrc_max_stall(self.ids[prefix])
 
     def set_random(self, side, bubbles, backpressure, seed):
         """Random bubbles on every source and backpressure on every sink of ``side`` (0 for
@@ -355,8 +378,11 @@ class DpiAgents:
     def drain(self):
         """The frames sent and completions taken since the last call, in the order the agents
         took them: ``("frame", cycle, side, port, bytes)`` and ``("completion", cycle, side,
-        bits)``; backlog samples go to :attr:`backlog`. Raises :class:`ValueError` for a host
-        access outside memory."""
+        bits)``; with the watches on, ``("placement", cycle, side, lo, hi, nbytes, outside,
+        head)`` (a placed packet: its byte span [lo, hi), bytes written, bytes outside every
+        host region, its first :data:`PLACE_HEAD` bytes) and ``("stall", cycle, prefix)``;
+        backlog samples go to :attr:`backlog`. Raises :class:`ValueError` for a host access
+        outside memory."""
         lib = self._lib
         size = lib.mrc_drain(None, 0)
         if not size:
@@ -381,6 +407,12 @@ class DpiAgents:
                             int.from_bytes(body, "little")))
             elif kind == _BACKLOG:
                 self.backlog.append((cycle, list(struct.unpack(f"<{length // 4}I", body))))
+            elif kind == _PLACEMENT:
+                lo, hi, nbytes, outside = struct.unpack_from("<4Q", body)
+                out.append(("placement", cycle, self.place_side[stream], lo, hi, nbytes,
+                            outside, body[32:]))
+            elif kind == _STALL:
+                out.append(("stall", cycle, self.names[stream]))
             elif kind == _ERROR:
                 self.check()
         return out

@@ -11,6 +11,11 @@
 // bubbles or backpressure is not beat for beat the Python agents' run). Python wakes only when something it must see happened: a
 // frame left a NIC, a completion arrived, or an access fell outside host memory (the
 // attention counter of the wrapper changes).
+//
+// Two watches serve the fuzzer (sim/fuzz.py), both off unless asked for: the placement log
+// (one record per placed packet: its address span, byte count, the bytes that fell outside
+// every host region, counted instead of stopping the run, and its first bytes) and the stall
+// watch (a source whose beat has waited for ready a given number of cycles raises an event).
 
 #include <cstdint>
 #include <cstring>
@@ -68,6 +73,12 @@ struct Stream {
     // random bubbles (sources) or backpressure (sinks): probability in 1/2**32, generator state
     uint64_t chance = 0;
     uint64_t rng = 0;
+    // the stall watch (sources): cycles the current beat has waited for ready, the longest wait
+    int64_t stall = 0;
+    int64_t max_stall = 0;
+    // the placement log (placement sinks): the packet being placed
+    uint64_t place_lo = UINT64_MAX, place_hi = 0, place_bytes = 0, place_outside = 0;
+    std::vector<uint8_t> place_head;
 };
 
 struct Region {
@@ -111,6 +122,13 @@ std::vector<uint8_t> events;        // serialised records for Python (mrc_drain)
 std::string error;
 
 bool any_backpressure = false;
+bool place_log = false;             // record every placed packet (mrc_set_place_log)
+int64_t stall_bound = 0;            // raise a stall event after this many cycles (0: off)
+constexpr size_t PLACE_HEAD = 16;   // first bytes of a placed packet kept in its record
+
+// Event kinds of mrc_drain (sim/tb/dpi.py).
+// (0 frame, 1 completion, 2 backlog sample, 3 error: written as numbers where they are made.)
+enum Event { EVENT_PLACEMENT = 4, EVENT_STALL = 5 };
 
 bool stepping() { return edge >= first_edge; }
 
@@ -172,6 +190,13 @@ Region *find(int side, uint64_t address, uint64_t length) {
         error = text;
         put_event(3, 0, cycle, nullptr, 0);
     }
+    return nullptr;
+}
+
+// The region holding byte `address`, or none (no error: the placement log counts it).
+Region *lookup(int side, uint64_t address) {
+    for (auto &region : sides[side].regions)
+        if (region.base <= address && address - region.base < region.bytes.size()) return &region;
     return nullptr;
 }
 
@@ -263,9 +288,12 @@ svBit mrc_source(int id, svBit ready, svBitVecVal *payload) {
     }
     if (s.valid) {
         if (!ready) {
+            if (++s.stall > s.max_stall) s.max_stall = s.stall;
+            if (stall_bound && s.stall == stall_bound) put_event(EVENT_STALL, id, cycle, nullptr, 0);
             copy_out(s.current, payload);
             return 1;
         }
+        s.stall = 0;
         s.beats++;
     } else if (s.queue.empty()) {
         copy_out(s.current, payload);
@@ -325,9 +353,38 @@ void mrc_sink(int id, const svBitVecVal *payload) {
         uint64_t keep = get_bits(payload, s.keep.at, s.keep.width);
         for (int lane = 0; lane < lanes; lane++) {
             if (!(keep >> lane & 1)) continue;
-            Region *region = find(s.side, address + lane, 1);
-            if (region) region->bytes[address + lane - region->base] =
-                get_byte(payload, s.data.at + 8 * lane);
+            uint8_t value = get_byte(payload, s.data.at + 8 * lane);
+            Region *region = place_log ? lookup(s.side, address + lane) : find(s.side, address + lane, 1);
+            if (region) region->bytes[address + lane - region->base] = value;
+            if (!place_log) continue;
+            // The span of a packet that wraps the 64-bit address space is not one interval:
+            // its bytes at the top count as outside (no region reaches 2**64).
+            if (address + lane < s.place_lo) s.place_lo = address + lane;
+            if (address + lane + 1 > s.place_hi) s.place_hi = address + lane + 1;
+            s.place_bytes++;
+            if (!region) s.place_outside++;
+            if (s.place_head.size() < PLACE_HEAD) s.place_head.push_back(value);
+        }
+        if (place_log && get_bits(payload, s.last.at, 1)) {
+            uint8_t record[4 * 8 + PLACE_HEAD] = {};
+            uint64_t fields[4] = {s.place_bytes ? s.place_lo : address, s.place_hi,
+                                  s.place_bytes, s.place_outside};
+            std::memcpy(record, fields, sizeof fields);
+            std::memcpy(record + sizeof fields, s.place_head.data(), s.place_head.size());
+            // Not an attention event: the records are read at Python's next wake.
+            size_t at = events.size();
+            uint32_t length = (uint32_t)(sizeof fields + s.place_head.size());
+            events.resize(at + 15 + length);
+            uint8_t *p = events.data() + at;
+            p[0] = EVENT_PLACEMENT;
+            uint16_t stream = (uint16_t)id;
+            std::memcpy(p + 1, &stream, 2);
+            std::memcpy(p + 3, &cycle, 8);
+            std::memcpy(p + 11, &length, 4);
+            std::memcpy(p + 15, record, length);
+            s.place_lo = UINT64_MAX;
+            s.place_hi = s.place_bytes = s.place_outside = 0;
+            s.place_head.clear();
         }
         break;
     }
@@ -411,6 +468,8 @@ void mrc_reset(int64_t first_step_edge, int64_t backlog_cycles) {
     for (auto &side : sides) side = Side();
     for (auto &bus : buses) bus = BusMaster();
     any_backpressure = false;
+    place_log = false;
+    stall_bound = 0;
     edge = 0;
     first_edge = first_step_edge;
     cycle = 0;
@@ -490,6 +549,16 @@ void mrc_send_beats(int id, const uint32_t *words, int count, int per_beat) {
     for (int i = 0; i < count; i++)
         s.queue.emplace_back(words + i * per_beat, words + (i + 1) * per_beat);
 }
+
+// The placement log (on: one PLACEMENT record per placed packet; bytes outside every region
+// are counted in it instead of stopping the run).
+void mrc_set_place_log(int on) { place_log = on != 0; }
+
+// The stall watch: a STALL event when a source's beat has waited `cycles` cycles for ready.
+void mrc_set_stall_bound(int64_t cycles) { stall_bound = cycles; }
+
+// The longest a beat of source `id` waited for ready, in cycles.
+int64_t mrc_max_stall(int id) { return streams[id].max_stall; }
 
 uint64_t mrc_queued(int id) { return streams[id].queue.size() + streams[id].pending.size(); }
 uint64_t mrc_beats(int id) { return streams[id].beats; }

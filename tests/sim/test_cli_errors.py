@@ -289,6 +289,7 @@ HELP = [
     (["dissector"], "default: sim/wireshark/mrc.lua"),
     (["flow"], "(default: 262144)"),
     (["sim"], "(default: 8)"),
+    (["fuzz"], "(default: 10000)"),
     (["replay"], "(default: 0)"),
     (["wirecheck"], "(default: 33)"),
     (["bench"], "(default: 40)"),
