@@ -300,10 +300,8 @@ def _ice40_top(board):
 ENGINE_HZ = NicConfig().clock_hz
 
 #: The clock of the transport self-test (the whole NIC), made by the PLL for
-#: ``ecpix5-transport`` and ``ecpix5-rgmii``. The transport blocks were built for simulation and
-#: have not been pipelined for an FPGA yet: the NIC's longest path runs through the responder
-#: from its QP table's LUT-RAM read through the receive bitmaps and the ACK payload
-#: (docs/boards.md).
+#: ``ecpix5-transport`` and ``ecpix5-rgmii``. Not every transport block is pipelined for an
+#: FPGA yet: the requester's ACK handling is one long cycle (docs/boards.md).
 TRANSPORT_HZ = 10_000_000
 
 #: The ULX3S self-test's clock, made by the PLL from the 25 MHz oscillator. The LFE5U-85F on
