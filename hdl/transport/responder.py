@@ -9,6 +9,8 @@ previous cycle from a register, the write of this cycle from the execute stage).
 ``docs/responder.md`` explains the rules, the tables and their cost.
 """
 
+from types import SimpleNamespace
+
 from amaranth import *
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
@@ -311,7 +313,7 @@ class Responder(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         config = self._config
-        s = _Namespace()
+        s = SimpleNamespace()
         s.layouts = _layouts(config, self._mr_slots)
         qp_layout, bm_layout, wt_layout, mr_layout, _tmpl, timer_layout = s.layouts
         s.state_layout = data.StructLayout({"qp": qp_layout, "bm": bm_layout, "wt": wt_layout})
@@ -959,19 +961,12 @@ class Responder(wiring.Component):
 
         # Verdict strobe and counters (the counters from registered events).
         m.d.sync += [self.verdict_valid.eq(s.e_fire & s.is_first), self.verdict.eq(s.verdict)]
-        events = {name: C(0) for name in RESPONDER_COUNTERS}
-        for v in ResponderVerdict:
-            events[v.name.lower()] = s.is_first & (s.verdict == v)
+        events = {v.name.lower(): s.is_first & (s.verdict == v) for v in ResponderVerdict}
         events.update(acks=s.send_ack, naks=s.send_nak, naks_suppressed=s.suppressed,
                       probes=s.send_probe_ack, probes_dropped=s.is_probe & ~s.send_probe_ack,
                       completions=need_completion)
+        assert set(events) == set(RESPONDER_COUNTERS)
         for name, event in events.items():
-            if isinstance(event, Const) and event.value == 0:
-                continue
             seen = Signal(name=f"event_{name}")
             counter = self.counters[name]
             m.d.sync += [seen.eq(s.e_fire & event), counter.eq(counter + seen)]
-
-
-class _Namespace:
-    """The signals the stages of :meth:`Responder.elaborate` share."""
