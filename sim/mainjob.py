@@ -18,6 +18,7 @@ from .analysis import analyse
 from .env import BUILD, REPO
 from .errors import fail, nic_config_from
 from .scenario import (
+    PATTERNS,
     SCENARIOS,
     ScenarioError,
     allowed,
@@ -37,6 +38,10 @@ __all__ = ["register", "run_scenario", "make_report", "payload_capacity_gbps",
 FLAGS = [
     # (flag, scenario field, type, help); --help adds the allowed values (sim/scenario.py) and
     # the default scenario's value.
+    ("--nics", "nics", int, "NICs on the fabric (more than 2: a switch per plane; the model "
+                            "backend)"),
+    ("--pattern", "pattern", str, "who sends to whom: pairs (NIC 2k <-> 2k + 1), incast "
+                                  "(every NIC to NIC a) or all-to-all"),
     ("--planes", "planes", int, "planes (NIC ports)"),
     ("--qps", "qps", int, "QPs each way"),
     ("--bytes", "bytes", int, "payload bytes per direction"),
@@ -67,13 +72,23 @@ FLAGS = [
      "later received above a hole, even when coalescing (0: off)"),
     ("--fate", "fate", int, "port fate sharing: 1 = a loss abandons its whole plane until "
      "probes answer, 0 = per EV only"),
-    ("--cc", "cc", int, "ECN congestion window: 1 = each QP takes 1/8 off the window it used "
-     "per marked window and widens by one PSN per cwnd/4 PSNs acknowledged, 0 = MPR only"),
+    ("--cc", "cc", str, "congestion window: ecn = the RTL's ECN window (each QP takes 1/8 off "
+     "the window it used per marked window and widens by one PSN per cwnd/4 PSNs "
+     "acknowledged), nscc = UET's NSCC (the model backend only, for now), off = MPR only"),
     ("--max-us", "max_us", float, "give up after this much simulated time"),
 ]
 
 
+#: ``--cc``'s values: (scenario ``cc``, ``cc_algorithm`` or None to keep it). 1 and 0 are
+#: the flag's former spellings.
+CC_VALUES = {"ecn": (1, "ecn"), "nscc": (1, "nscc"), "off": (0, None), "1": (1, "ecn"),
+             "0": (0, None)}
+
+
 def _default(field):
+    if field == "cc":
+        default = SCENARIOS["default"]
+        return default.cc_algorithm if default.cc else "off"
     value = getattr(SCENARIOS["default"], field)
     return "none" if value is None else str(value).lower() if isinstance(value, bool) else value
 
@@ -96,9 +111,12 @@ def register(subparsers):
                         "evs_per_profile bound --qps and --evs (default: 16 QPs, 64 EVs, one "
                         "port per plane)")
     for flag, field, kind, text in FLAGS:
-        metavar = "US" if field.endswith("_us") else "N" if kind is int else "X"
+        metavar = "US" if field.endswith("_us") else "N" if kind is int else \
+            "|".join(PATTERNS) if field == "pattern" else "ecn|nscc|off" if field == "cc" \
+            else "X"
+        shown = "one of ecn, nscc, off" if field == "cc" else allowed(field)
         p.add_argument(flag, dest=field, type=kind, default=None, metavar=metavar,
-                       help=f"{text}: {allowed(field)} (default: {_default(field)})")
+                       help=f"{text}: {shown} (default: {_default(field)})")
     p.add_argument("--backend", choices=("rtl", "model"), default=None,
                    help=f"rtl: two RTL NICs under --sim; model: the reference model "
                         f"(default: {_default('backend')})")
@@ -143,10 +161,32 @@ def scenario_from_args(args):
     if args.one_way:
         overrides["both_ways"] = False
         labels["both_ways"] = "--one-way"
+    if "cc" in overrides:
+        if overrides["cc"] not in CC_VALUES:
+            raise ScenarioError("cc", f"must be one of ecn, nscc, off, not {overrides['cc']!r}",
+                                labels={"cc": "--cc"})
+        overrides["cc"], algorithm = CC_VALUES[overrides["cc"]]
+        if algorithm is not None:
+            overrides["cc_algorithm"] = algorithm
+            labels["cc_algorithm"] = "--cc"
     try:
         return load(args.scenario, overrides, labels=labels)
     except ScenarioError as e:
         raise e.relabel({"scenario": "--scenario"}) from None
+
+
+def backend_refusal(scn):
+    """``(flag, message)`` when the scenario's backend cannot run it, else None: the RTL
+    backend runs two RTL NICs in pairs with the ECN window (NSCC and the switched fabric of
+    more NICs are the model's only, for now)."""
+    if scn.backend != "rtl":
+        return None
+    if scn.nics != 2 or scn.pattern != "pairs":
+        return ("--nics" if scn.nics != 2 else "--pattern",
+                "the RTL backend runs two NICs in pairs: add --backend model")
+    if scn.cc and scn.cc_algorithm == "nscc":
+        return "--cc", "NSCC is the model NIC's only, for now: add --backend model"
+    return None
 
 
 def run(args):
@@ -162,6 +202,9 @@ def run(args):
         return fail(str(e))
     if scn.waves and scn.backend != "rtl":
         return fail("the model backend has no waveforms: use --backend rtl", field="--waves")
+    refusal = backend_refusal(scn)
+    if refusal is not None:
+        return fail(refusal[1], field=refusal[0])
     out = args.out or BUILD / "sim" / scn.name
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -206,6 +249,9 @@ def run_scenario(scn, out, *, log=print, build_dir=None, quick_build=False,
     ``build/sim/rtl/<sim>-<hash>``) and whether Verilator compiles without optimisation
     (tests: faster to build, slower to run). ``scenario_file``: the scenario file ``scn`` was
     read from, echoed in the report (``null`` without one)."""
+    refusal = backend_refusal(scn)
+    if refusal is not None:
+        raise ValueError(f"{refusal[0]}: {refusal[1]}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for stale in ("result.json", "report.json"):
@@ -246,16 +292,28 @@ def run_scenario(scn, out, *, log=print, build_dir=None, quick_build=False,
                 f"time: --fail-at and the report's times count from there")
     else:
         from .fabric import Fabric
+        from .model.multi import fabric_config_multi, run_nics
         from .model.pair import run_model
         from .workload import fabric_config_for
-        fabric = Fabric(fabric_config_for(scn, nic_config_for(scn)))
+        config = nic_config_for(scn)
+        two = scn.nics == 2 and scn.pattern == "pairs"
+        fabric = Fabric(fabric_config_for(scn, config) if two
+                        else fabric_config_multi(scn, config))
         def progress(p):
-            done = " ".join(f"{side} {p['completions'][side]}/{p['expected'][side]}"
-                            for side in sorted(p["expected"]))
-            log(f"t={p['sim_us']:8.1f} us  completions {done}")
-        result = run_model(scn, network=fabric, progress=progress)
-        result["analysis"] = analyse(fabric, scn, nic_config_for(scn),
-                                     end_ns=result["sim_us"] * 1e3)
+            done = sum(p["completions"].values())
+            expected = sum(p["expected"].values())
+            detail = " ".join(f"{side} {p['completions'][side]}/{p['expected'][side]}"
+                              for side in sorted(p["expected"])) if len(p["expected"]) <= 4 \
+                else f"{done}/{expected} ({100 * done / max(expected, 1):.0f} %)"
+            log(f"t={p['sim_us']:8.1f} us  completions {detail}")
+        if two:
+            result = run_model(scn, network=fabric, progress=progress)
+        else:
+            log(f"{scn.nics} model NICs, {scn.pattern}, over a switch per plane")
+            result = run_nics(scn, network=fabric, progress=progress)
+        result["analysis"] = analyse(fabric, scn, config, end_ns=result["sim_us"] * 1e3)
+        result["fabric_summary"] = {"queue_delay_us": fabric.stats.queue_delay_us(),
+                                    "data_drops": fabric.stats.data_drops}
         fabric.save(out)
         (out / "result.json").write_text(json.dumps(result, default=str))
     result["total_wall_s"] = time.monotonic() - wall0
@@ -308,29 +366,83 @@ def _report_event(event):
     return {**event, "state": P.EvState(state).name if isinstance(state, int) else state}
 
 
+def _by_qp(posted):
+    """A NIC's posted WRs by QP, each QP's in posting order."""
+    out = {}
+    for wr in posted:
+        out.setdefault(wr["qpn"], []).append(wr)
+    return out
+
+
+def flow_figures(result):
+    """``(flows, jain)`` of a model run: per sending QP ``{src, dst, qp, bytes,
+    goodput_gbps}`` (the bytes of its WRs that completed successfully over the time from the
+    run's first send to its last such completion), and Jain's fairness index over their
+    goodputs (None without a flow)."""
+    times = result.get("completion_times_us")
+    if times is None:
+        return None, None
+    start = result.get("first_send_us", 0.0)
+    flows = []
+    for name, posted in result["work"].items():
+        done = {}
+        for c, t in zip(result["completions"][name], times[name], strict=True):
+            if c["side"] == 0 and c["status"] == P.CompletionStatus.SUCCESS:
+                done[c["wr_id"]] = t
+        for qpn, wrs in sorted(_by_qp(posted).items()):
+            finished = [wr for wr in wrs if wr["wr_id"] in done]
+            nbytes = sum(wr["length"] for wr in finished)
+            end = max((done[wr["wr_id"]] for wr in finished), default=start)
+            span_ns = (end - start) * 1e3
+            flows.append({"src": name, "dst": wrs[0].get("dst", "b" if name == "a" else "a"),
+                          "qp": qpn, "bytes": nbytes,
+                          "goodput_gbps": round(nbytes * 8 / span_ns, 4) if span_ns > 0
+                          else 0.0})
+    rates = [f["goodput_gbps"] for f in flows]
+    squares = sum(r * r for r in rates)
+    jain = round(sum(rates) ** 2 / (len(rates) * squares), 4) if rates and squares else None
+    return flows, jain
+
+
+def cc_figures(scn, config):
+    """``{"algorithm", "target_qdelay_us"}``: the congestion window's algorithm (``off``,
+    ``ecn``, ``nscc``) and NSCC's target queueing delay (None for the others)."""
+    if not scn.cc:
+        return {"algorithm": "off", "target_qdelay_us": None}
+    if scn.cc_algorithm != "nscc":
+        return {"algorithm": scn.cc_algorithm, "target_qdelay_us": None}
+    from .model.nscc import NsccParameters, setting_for
+    target = NsccParameters(setting_for(scn, config)).target_ns
+    return {"algorithm": "nscc", "target_qdelay_us": round(target / 1000, 3)}
+
+
 def make_report(scn, result, out):
     """``report.json`` from a raw result (both backends write the same raw keys)."""
     config = nic_config_for(scn)
     work = result["work"]
     completions = result["completions"]
-    directions = 2 if scn.both_ways else 1
+    flows = result.get("flows")
+    # Per receiving NIC: two NICs each way, one one way; an N-NIC run's distinct receivers.
+    directions = len({dst for _, dst in flows}) if flows else 2 if scn.both_ways else 1
     offered = sum(wr["length"] for side in work.values() for wr in side)
     bad = {(m["side"], m["wr_id"]) for m in result["memory_mismatches"]}
     delivered = corrupted = 0
     completed = 0
     in_order = True
     for name, posted in work.items():
-        peer = "b" if name == "a" else "a"
         own = [c for c in completions[name] if c["side"] == 0]
         status = {c["wr_id"]: c["status"] for c in own}
-        for qpn in range(scn.qps):
-            posted_q = [wr["wr_id"] for wr in posted if wr["qpn"] == qpn]
+        for qpn, wrs in _by_qp(posted).items():
+            # Two NICs: QP q talks to the other's QP q; more: the WR names its receiver's.
+            peer = wrs[0].get("dst", "b" if name == "a" else "a")
+            peer_qpn = wrs[0].get("dst_qpn", qpn)
+            posted_q = [wr["wr_id"] for wr in wrs]
             done_q = [c["wr_id"] for c in own if c["qpn"] == qpn]
             if done_q != posted_q[:len(done_q)]:
                 in_order = False
-            imms = [wr["imm"] for wr in posted if wr["qpn"] == qpn
-                    and wr["opcode"] == P.WrOpcode.RDMA_WRITE_WITH_IMM]
-            got = [c["imm"] for c in completions[peer] if c["side"] == 1 and c["qpn"] == qpn]
+            imms = [wr["imm"] for wr in wrs if wr["opcode"] == P.WrOpcode.RDMA_WRITE_WITH_IMM]
+            got = [c["imm"] for c in completions[peer] if c["side"] == 1
+                   and c["qpn"] == peer_qpn]
             if got != imms[:len(got)]:
                 in_order = False
         for wr in posted:
@@ -384,6 +496,18 @@ def make_report(scn, result, out):
         "scenario": scn.to_dict(),
         "counters": counters,
     }
+    flow_list, jain = flow_figures(result)
+    if flow_list is not None:
+        report["flows"] = flow_list
+        report["jain_fairness"] = jain
+    fabric_summary = result.get("fabric_summary")
+    if fabric_summary is not None:
+        report["queue_delay_us"] = fabric_summary["queue_delay_us"]
+        report["fabric_data_drops"] = fabric_summary["data_drops"]
+    report["cc"] = cc_figures(scn, config)
+    if scn.pattern == "incast":
+        # What the one receiver's downlinks carry at most: goodput_gbps is over it.
+        report["receiver_payload_capacity_gbps"] = round(capacity, 4)
     if "rx_backlog" in result:
         # RTL only: beats the fabric had delivered that a NIC's receive path had not yet taken
         # (sampled every 1,000 cycles), as time at one beat per cycle.

@@ -30,9 +30,14 @@ from hdl.path.watch import WATCH_WINDOW_BITS
 from hdl.transport.req_defs import INFER_K_BITS, REO_WND_BITS
 from hdl.transport.resp_defs import GAP_DEPTH_BITS
 
+# The requester's congestion window when ``cc`` is 1: ``ecn`` (the RTL's) or ``nscc`` (the
+# model NIC's only, for now).
+from sim.model.nscc import CC_ALGORITHMS
+
 __all__ = ["Scenario", "ScenarioError", "SCENARIOS", "SCENARIO_DIR", "scenario", "load",
            "scenario_names", "describe_scenarios", "allowed", "nic_config_for",
-           "line_rate_gbps", "MAX_QPS", "MAX_EVS"]
+           "line_rate_gbps", "MAX_QPS", "MAX_EVS", "MAX_NICS", "PATTERNS", "CC_ALGORITHMS",
+           "qps_per_nic"]
 
 #: The NIC build of the main job without ``nic_config``: the flagship 64-bit datapath and
 #: 125 MHz clock with one port per plane; tables sized for a handful of QPs so two NICs
@@ -40,6 +45,11 @@ __all__ = ["Scenario", "ScenarioError", "SCENARIOS", "SCENARIO_DIR", "scenario",
 MAX_QPS = 16
 MAX_EVS = 64
 MTUS = (256, 512, 1024, 2048, 4096)
+#: NICs a fabric joins (a switch per plane beyond two; ``sim/fabric/fabric.py``).
+MAX_NICS = 16
+#: Who sends to whom (``sim/model/multi.py``): NIC 2k and NIC 2k + 1 (each way unless
+#: ``both_ways`` is false); every other NIC to NIC 0; every NIC to every other.
+PATTERNS = ("pairs", "incast", "all-to-all")
 
 #: Where the named scenarios live, one TOML file each.
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
@@ -106,6 +116,8 @@ _RULES = {
     "nic_config": ("config",),
     "planes": _int(1, 16),
     "paths": _int(1, 64),
+    "nics": _int(2, MAX_NICS),
+    "pattern": _choice(*PATTERNS),
     "qps": _int(1, MAX_QPS),
     "bytes": _int(1, 1 << 30),
     "msg_size": _int(0, 1 << 30),
@@ -134,6 +146,7 @@ _RULES = {
     "port_quiet": _int(0, (1 << WATCH_WINDOW_BITS) - 1),
     "fate": _int(0, 1),
     "cc": _int(0, 1),
+    "cc_algorithm": _choice(*CC_ALGORITHMS),
     "ack_every": _int(1, 255),
     "ack_delay": _int(1, (1 << 32) - 1),
     "coalesce_gaps": _int(0, 1),
@@ -182,6 +195,7 @@ def allowed(name):
                f"--config",
         "evs": f"an integer from 1 to {MAX_EVS}, or to the evs_per_profile of --config",
         "planes": "an integer from 1 to 16; with --config, its ports",
+        "nics": f"an integer from 2 to {MAX_NICS}, even with --pattern pairs",
         "mtu": f"one of {', '.join(map(str, MTUS))}; with --config, its mtu",
         "fail_plane": "an integer from 0 to planes - 1, or -1 for no failure",
         "fail_at_us": f"a number from 0 to {10**9}",
@@ -205,6 +219,8 @@ class Scenario:
     name: str = "default"
     planes: int = 8
     paths: int = 4
+    nics: int = 2
+    pattern: str = "pairs"
     qps: int = 4
     bytes: int = 192 * 1024
     msg_size: int = 16 * 1024
@@ -233,6 +249,7 @@ class Scenario:
     port_quiet: int = 20
     fate: int = 1
     cc: int = 1
+    cc_algorithm: str = "ecn"
     ack_every: int = 4
     ack_delay: int = 128
     coalesce_gaps: int = 0
@@ -281,6 +298,9 @@ class Scenario:
                     raise ScenarioError(name, f"must be {getattr(config, built)} (the {built} "
                                               f"of {{nic_config}}), not "
                                               f"{getattr(self, name)!r}")
+        if self.pattern == "pairs" and self.nics % 2:
+            raise ScenarioError("nics", f"must be even when {{pattern}} is pairs (NIC 2k "
+                                        f"talks to NIC 2k + 1), not {self.nics!r}")
         if not (isinstance(self.name, str) and self.name
                 and self.name.replace("-", "").replace("_", "").isalnum()):
             self._fail("name", "letters, digits, '-' and '_'")
@@ -363,8 +383,17 @@ def nic_config_for(scn):
     EV counts are table sizes chosen to cover every allowed value."""
     if scn.nic_config is not None:
         return NicConfig.from_dict(scn.nic_config)
-    return NicConfig(ports=scn.planes, qps=MAX_QPS, mpr_units=1, ev_profiles=1,
+    qps = MAX_QPS
+    while qps < qps_per_nic(scn):           # more NICs: one block of QPs per peer
+        qps *= 2
+    return NicConfig(ports=scn.planes, qps=qps, mpr_units=1, ev_profiles=1,
                      evs_per_profile=MAX_EVS, max_wimm=4, wr_slots=4, mtu=scn.mtu)
+
+
+def qps_per_nic(scn):
+    """QPs the busiest NIC of a scenario uses: ``qps`` per peer it talks to."""
+    peers = 1 if scn.pattern == "pairs" else scn.nics - 1
+    return scn.qps * peers
 
 
 def line_rate_gbps(config):

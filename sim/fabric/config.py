@@ -13,7 +13,10 @@ from hdl.config import NicConfig
 
 from .schedule import Failure
 
-__all__ = ["FabricConfig", "line_rate_gbps"]
+__all__ = ["FabricConfig", "line_rate_gbps", "MAX_ENDPOINTS"]
+
+#: Most endpoints a fabric joins (a switch per plane beyond two).
+MAX_ENDPOINTS = 16
 
 
 def line_rate_gbps(config):
@@ -89,8 +92,12 @@ class FabricConfig:
         DSCP code point a trimmed packet carries, 0 to 63.
     failures : tuple of :class:`~sim.fabric.schedule.Failure`
         The failure schedule.
-    endpoints : tuple of two str
-        Endpoint names; a frame sent by one arrives at the other.
+    endpoints : tuple of str
+        Endpoint names, 2 to 16. Two: a frame sent by one arrives at the other. More: each
+        plane is a switch that forwards a frame by its destination MAC (``macs``).
+    macs : tuple of int
+        The MAC of each endpoint (48-bit integers, distinct), in the order of ``endpoints``:
+        needed with more than two endpoints, optional with two (unused).
     seed : int
         Seed of every random choice (and of the ECMP hash).
     bin_ns : float
@@ -119,6 +126,7 @@ class FabricConfig:
     trim_dscp: int = P.DEFAULT_TRIM_DSCP
     failures: tuple = ()
     endpoints: tuple = ("a", "b")
+    macs: tuple = ()
     seed: int = 1
     bin_ns: float = 10_000.0
     capture: bool = True
@@ -166,11 +174,23 @@ class FabricConfig:
             raise ValueError(f"FabricConfig.capture must be True or False, not "
                              f"{self.capture!r}")
         endpoints = tuple(self.endpoints) if isinstance(self.endpoints, (tuple, list)) else ()
-        if len(endpoints) != 2 or not all(isinstance(e, str) and e for e in endpoints) \
-                or endpoints[0] == endpoints[1]:
-            raise ValueError(f"FabricConfig.endpoints must be two distinct names, "
-                             f"not {self.endpoints!r}")
+        if not 2 <= len(endpoints) <= MAX_ENDPOINTS \
+                or not all(isinstance(e, str) and e for e in endpoints) \
+                or len(set(endpoints)) != len(endpoints):
+            raise ValueError(f"FabricConfig.endpoints must be 2 to {MAX_ENDPOINTS} distinct "
+                             f"names, not {self.endpoints!r}")
         object.__setattr__(self, "endpoints", endpoints)
+        macs = tuple(self.macs) if isinstance(self.macs, (tuple, list)) else None
+        needed = len(endpoints) > 2 or bool(macs)
+        if macs is None or (needed and (
+                len(macs) != len(endpoints) or len(set(macs)) != len(macs)
+                or not all(isinstance(m, int) and not isinstance(m, bool)
+                           and 0 <= m < 1 << 48 for m in macs))):
+            raise ValueError(f"FabricConfig.macs must be {len(endpoints)} distinct 48-bit "
+                             f"integers, one per endpoint"
+                             f"{'' if len(endpoints) > 2 else ', or empty'}, "
+                             f"not {self.macs!r}")
+        object.__setattr__(self, "macs", macs)
         failures = tuple(self.failures) if isinstance(self.failures, (tuple, list)) else None
         if failures is None:
             raise ValueError(f"FabricConfig.failures must be a list of Failure, "

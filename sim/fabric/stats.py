@@ -1,11 +1,13 @@
 """Fabric statistics: counters per plane and per path, and per-plane time bins."""
 
+import math
 from collections import Counter, defaultdict
 
 __all__ = ["Statistics", "Bin", "OUTCOMES", "MARKS", "in_us"]
 
 #: What finally happened to a frame (exactly one per captured frame).
-OUTCOMES = ("delivered", "dropped-loss", "dropped-failure", "dropped-queue")
+OUTCOMES = ("delivered", "dropped-loss", "dropped-failure", "dropped-queue",
+            "dropped-unroutable")
 #: What happened to it on the way (any number).
 MARKS = ("trimmed", "ecn-marked", "corrupted", "reordered", "duplicated", "duplicate",
          "hostile")
@@ -80,6 +82,13 @@ class Statistics:
         Per plane, keyed by bin index (time // bin_ns); bins with no frame are absent.
     goodput_bytes : int
         Total goodput bytes (see :class:`Bin`) over every plane.
+    data_drops : int
+        Data frames (trimmed or not) the fabric dropped, for any reason.
+    queue_waits : list of ``(time_ns, receiver, plane, wait_ns)``
+        Every data frame (trimmed or not) an egress queue admitted (the switch's egress port
+        towards ``receiver`` on ``plane``; without a switch, the port link towards it): when
+        it arrived and how long it waited behind the frames ahead of it. ACKs, which mostly
+        cross idle reverse queues, are left out.
     """
 
     def __init__(self, planes, bin_ns):
@@ -90,6 +99,8 @@ class Statistics:
         self.bins = [defaultdict(Bin) for _ in range(planes)]
         self.last_ns = 0.0
         self.goodput_bytes = 0
+        self.data_drops = 0
+        self.queue_waits = []
 
     def add(self, src, plane, path, time_ns, outcome, marks, wire_bytes, payload_bytes, sent):
         counters = self.counters[plane]
@@ -113,6 +124,21 @@ class Statistics:
         else:
             entry.drops[outcome] += 1
         self.last_ns = max(self.last_ns, time_ns)
+
+    def add_queue_wait(self, receiver, plane, time_ns, wait_ns):
+        self.queue_waits.append((time_ns, receiver, plane, wait_ns))
+
+    def queue_delay_us(self):
+        """``{"p50", "p99", "max"}`` of the egress queue waits in us (nearest rank), over
+        every egress queue; ``None`` each without a sample."""
+        waits = sorted(w for _, _, _, w in self.queue_waits)
+        if not waits:
+            return {"p50": None, "p99": None, "max": None}
+
+        def rank(q):
+            return round(waits[min(len(waits) - 1, max(0, math.ceil(q * len(waits)) - 1))]
+                         / 1000, 4)
+        return {"p50": rank(0.5), "p99": rank(0.99), "max": round(waits[-1] / 1000, 4)}
 
     def bin_count(self):
         return int(self.last_ns // self.bin_ns) + 1

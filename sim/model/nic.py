@@ -296,16 +296,19 @@ class ModelNic:
         self._timer_dirty = True
 
     def configure_requester(self, *, ackreq_every=0, infer_k=INFER_K_DEFAULT, cc=False,
-                            reo_wnd=0):
+                            reo_wnd=0, cc_algorithm="ecn", nscc=None):
         """The requester's CONFIG: an ACK request every ``ackreq_every`` packets (0: only on
         the last of a message), SACK loss inference after ``infer_k`` later PSNs (0: off),
-        the ECN congestion window (``cc``) and time-based inference after a reorder window of
-        ``reo_wnd`` units (0: off).
+        a congestion window (``cc``) and time-based inference after a reorder window of
+        ``reo_wnd`` units (0: off). ``cc_algorithm``: the window's algorithm, ``"ecn"`` (the
+        RTL's) or ``"nscc"`` (the model's only, with the :class:`~sim.model.nscc.NsccSetting`
+        ``nscc``); set before the QPs are connected.
         """
         errno, _ = self.requester.control(RequesterCommand.CONFIG, ackreq_every=ackreq_every,
                                           infer_k=infer_k, cc=int(cc), reo_wnd=reo_wnd)
         self._check(errno, "requester", {"ackreq_every": ackreq_every, "infer_k": infer_k,
                                          "reo_wnd": reo_wnd})
+        self.requester.set_cc_algorithm(cc_algorithm, nscc)
 
     def set_port_watch(self, window, quiet=0):
         """The port watch's window and quiet time (1.024 us units; window 0: off;
@@ -362,7 +365,7 @@ class ModelNic:
             elif kind == PacketKind.NACK:
                 echo = header["ctl"]["neth"]["tx_timestamp"]
                 self._port_watch(self.watch.ack(plane, echo, now_ns))
-            self.requester.receive(header, self._units(now_ns))
+            self.requester.receive(header, self._units(now_ns), now_ns=now_ns)
             self._timer_dirty = True
             self._collect_requester()
         else:

@@ -33,6 +33,7 @@ from sim.workload import fabric_config_for
 from sim.workload import make_work as shared_make_work
 
 from .nic import ModelNic
+from .nscc import setting_for
 
 __all__ = ["run_model", "make_work", "bring_up", "DelayNetwork", "SIDES", "SRC_BASE",
            "PSN_BASE", "PD", "default_network", "fabric_config"]
@@ -198,7 +199,9 @@ def bring_up(scn, config, work):
         nic.memory.add(SRC_BASE, max(1, sent))
         for wr in work[side]:
             nic.memory.write(wr["local_addr"], wr["data"])
-        nic.configure_requester(infer_k=scn.infer_k, cc=bool(scn.cc), reo_wnd=scn.reo_wnd)
+        nic.configure_requester(infer_k=scn.infer_k, cc=bool(scn.cc), reo_wnd=scn.reo_wnd,
+                                cc_algorithm=scn.cc_algorithm,
+                                nscc=setting_for(scn, config))
         nic.set_port_watch(scn.port_wnd, scn.port_quiet)
         nic.configure_acks(ack_every=scn.ack_every, ack_delay=scn.ack_delay,
                            nak_interval=extra.get("nak_interval", 1024),
@@ -343,6 +346,7 @@ def run_model(scenario, *, network=None, progress=None):
         "wall_s": time.monotonic() - started,
         "finished": done,
         "completions": {s: list(nics[s].completions) for s in SIDES},
+        "completion_times_us": {s: [t / 1e3 for t in nics[s].completion_times] for s in SIDES},
         "work": {s: [{k: v for k, v in wr.items() if k != "data"} for wr in work[s]]
                  for s in SIDES},
         "memory_mismatches": _mismatches(nics, work),

@@ -40,6 +40,7 @@ from hdl.transport.req_defs import (
     REQUESTER_COUNTERS,
     RETRY_COUNT_BITS,
     TIME_BITS,
+    TIME_SHIFT,
     YOUNG_CAP_LOG2,
     RequesterCommand,
     WalkKind,
@@ -50,6 +51,8 @@ from hdl.transport.req_defs import (
     wr_packets,
     wr_refusal,
 )
+
+from .nscc import CC_ALGORITHMS, Nscc, NsccSetting
 
 __all__ = ["RequesterModel", "WorkRequest"]
 
@@ -117,6 +120,7 @@ class _Qp:
     cwnd: int = 0               #: congestion window, PSNs from una (CONFIG ``cc``)
     cc_acc: int = 0             #: PSNs acknowledged (unmarked) since the window last widened
     cc_recover: int = 0         #: marks on PSNs before this were already answered
+    nscc: Nscc | None = None    #: NSCC's state (``cc_algorithm`` "nscc", the model's only)
 
     @property
     def effective_state(self):
@@ -159,6 +163,8 @@ class RequesterModel:
         self.infer_k = INFER_K_DEFAULT
         self.reo_wnd = 0
         self.cc = False
+        self.cc_algorithm = "ecn"
+        self._nscc_setting = None
         self.completions = []
         self.feedback = []
         self.qp_errors = []
@@ -220,9 +226,23 @@ class RequesterModel:
         self._qps[qpn] = _Qp(state=state, mpr=mpr, max_wimm=max_wimm, next_psn=psn,
                              alloc_psn=psn, una=psn, timeout=timeout, retry_linear=linear,
                              retry_exp=exp, infer_to=psn, cwnd=mpr * P.MPR_UNIT_PSNS,
-                             cc_recover=psn)
+                             cc_recover=psn,
+                             nscc=Nscc(self._nscc_setting, self.now_units << TIME_SHIFT)
+                             if self.cc_algorithm == "nscc" else None)
         self._admit()
         return P.Errno.OK, 0
+
+    def set_cc_algorithm(self, algorithm, setting=None):
+        """The congestion window's algorithm (it limits sending only with CONFIG ``cc``):
+        ``"ecn"``, the RTL's ECN window (the default), or ``"nscc"``
+        (:mod:`sim.model.nscc`, the model's only, with its :class:`NsccSetting`). QPs
+        written afterwards use it."""
+        if algorithm not in CC_ALGORITHMS:
+            raise ValueError(f"cc algorithm must be one of {', '.join(CC_ALGORITHMS)}, "
+                             f"not {algorithm!r}")
+        if algorithm == "nscc" and not isinstance(setting, NsccSetting):
+            raise ValueError(f"nscc needs an NsccSetting, not {setting!r}")
+        self.cc_algorithm, self._nscc_setting = algorithm, setting
 
     def qp_write(self, qpn, *, state=P.QpState.RTS, psn=0, mpr=1, max_wimm=1, timeout=0,
                  retry_linear=0, retry_exp=0):
@@ -272,8 +292,8 @@ class RequesterModel:
                 self._admit()
                 continue
             ahead, window = P.psn_diff(psn, qp.una), qp.mpr * P.MPR_UNIT_PSNS
-            if self.cc:
-                window = min(window, qp.cwnd)   # the congestion window
+            if self.cc:                         # the congestion window
+                window = min(window, qp.cwnd if qp.nscc is None else qp.nscc.window_psns())
             if ahead >= window:
                 return None                     # window full: wait for ACKs
             dma_len = min(self.config.mtu, remaining)
@@ -387,7 +407,7 @@ class RequesterModel:
 
     # -- received ACKs and NAKs --------------------------------------------------------------
 
-    def receive(self, header, now_units=None):
+    def receive(self, header, now_units=None, *, now_ns=None):
         """Apply one received SACK, NACK or AETH NAK (a packet header dict) at time
         ``now_units`` (default: the time already set). Returns ``"applied"`` or
         ``"dropped"``.
@@ -396,9 +416,12 @@ class RequesterModel:
         i: PSN ``cack_psn + sack_psn_offset + i``, applied wherever it overlaps the window);
         the PSN it names (``cack_psn + ack_psn_offset``; a probe answer, ``pr = 1``, names
         none) gives path feedback for the EV that PSN last went out on. A NACK refuses one
-        PSN (TRIMMED: resend it; PSN_OOR_WINDOW: counted); an AETH NAK is fatal."""
+        PSN (TRIMMED: resend it; PSN_OOR_WINDOW: counted); an AETH NAK is fatal.
+        ``now_ns``: the time in ns, for NSCC's round trips (default: ``now_units``')."""
         if now_units is not None:
             self.now_units = now_units
+        if now_ns is None:
+            now_ns = self.now_units << TIME_SHIFT
         h = header
         bth = h["bth"]
         qpn = bth["dqpn"]
@@ -450,7 +473,7 @@ class RequesterModel:
             qp.acked = {p for p in qp.acked if P.psn_diff(p, new_una) >= 0}
             qp.una = new_una
             qp.start, qp.retries = self.now_units, 0        # progress restarts the timer
-        new_bits = False
+        new_bits = 0
         width = P.SACK_BITMAP_BITS
         lo = min(width, max(0, P.psn_diff(qp.una, base)))
         hi = min(width, max(0, P.psn_diff(qp.next_psn, base)))
@@ -461,14 +484,19 @@ class RequesterModel:
             p = P.psn_add(base, i)
             if p not in qp.acked:
                 qp.acked.add(p)
-                new_bits = True
+                new_bits += 1
         ev = self._ev.get((qpn, psn % self.window), 0)
         if kind == PacketKind.SACK:
             self.counters["acks"] += 1
             if not advance and not new_bits:
                 self.counters["duplicate_acks"] += 1
             ecn = mark == P.SackMark.SKIP_ONCE and not probe_answer
-            self._congestion(qp, psn, ecn, advanced, flight)
+            if qp.nscc is None:
+                self._congestion(qp, psn, ecn, advanced, flight)
+            elif not probe_answer and (advanced or new_bits or ecn):
+                echo = h["ctl"]["sack"]["cc_state"]["tx_timestamp"]
+                qp.nscc.on_ack(now_ns, (advanced + new_bits) * self.config.mtu,
+                               P.timestamp_age_ns(int(now_ns), echo), ecn)
             if psn_sent and not probe_answer:
                 feedback = {P.SackMark.SKIP_ONCE: P.FeedbackKind.ECN,
                             P.SackMark.ALWAYS_SKIP: P.FeedbackKind.LOST}.get(
@@ -482,6 +510,8 @@ class RequesterModel:
                                           "kind": P.FeedbackKind.TRIMMED})
                 if psn_outstanding and psn not in qp.acked:
                     self._retx.append((qpn, psn))
+                if qp.nscc is not None:
+                    qp.nscc.on_nack(now_ns, self.config.mtu)
         else:
             self.counters[NAK_COUNTERS[code]] += 1
             qp.error, qp.err_psn, qp.err_status = True, psn, FATAL_NAK_STATUS[code]

@@ -202,7 +202,9 @@ SIM_FLAG_VALUES = {
     "--coalesce-gaps": ("2", "must be an integer from 0 to 1, not 2"),
     "--gap-depth": ("16", "must be an integer from 0 to 15, not 16"),
     "--fate": ("2", "must be an integer from 0 to 1, not 2"),
-    "--cc": ("2", "must be an integer from 0 to 1, not 2"),
+    "--cc": ("2", "must be one of ecn, nscc, off, not '2'"),
+    "--nics": ("17", "must be an integer from 2 to 16, not 17"),
+    "--pattern": ("ring", "must be one of pairs, incast, all-to-all, not 'ring'"),
     "--max-us": ("0.5", "must be a number from 1.0 to 10000000, not 0.5"),
 }
 

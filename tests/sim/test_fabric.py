@@ -538,7 +538,8 @@ def test_plot_without_matplotlib_names_the_package(tmp_path, monkeypatch):
     ({"ecn_threshold_bytes": 70000}, r"FabricConfig\.ecn_threshold_bytes must be an integer "
                                      r"from 0 to 65536"),
     ({"trim_dscp": 64}, r"FabricConfig\.trim_dscp must be an integer from 0 to 63"),
-    ({"endpoints": ("a", "a")}, r"FabricConfig\.endpoints must be two distinct names"),
+    ({"endpoints": ("a", "a")}, r"FabricConfig\.endpoints must be 2 to 16 distinct names"),
+    ({"endpoints": ("a", "b", "c")}, r"FabricConfig\.macs must be 3 distinct 48-bit integers"),
     ({"failures": [Failure(kind="blackhole", plane=9)]},
      r"FabricConfig\.failures\[0\]\.plane must be from 0 to 7, not 9"),
     ({"failures": [Failure(kind="blackhole", plane=0, path=4)]},

@@ -1,0 +1,262 @@
+"""NSCC, the congestion control of UET 1.0, for the model requester (model only, for now).
+
+A window in bytes per QP, driven by every ACK's round trip (the SACK's CC_STATE echo of the
+data packet's TSETH timestamp), its ECN echo and the NACKs of trimmed packets. The RTL
+requester implements the ECN window of ``docs/requester.md`` instead; the model's default
+stays that window (``cc_algorithm = "ecn"``) so the RTL-versus-model equivalence tests
+compare like with like, and ``nscc`` is selected explicitly (``mrc-nic sim --cc nscc``).
+
+The rules, as UEC's public htsim model (``initNsccParams`` and the NSCC update) states them:
+
+* Scale: a reference network of :data:`REFERENCE_RATE_GBPS` and :data:`REFERENCE_RTT_NS`;
+  ``a`` = BDP / reference BDP, ``b`` = target queueing delay / reference RTT; the target is
+  :data:`TARGET_RTTS_TRIMMING` x the base RTT when the fabric trims, else
+  :data:`TARGET_RTTS` x; ``alpha`` = 4 MSS a b / target, ``fi`` = 5 MSS a, ``eta`` = 0.15 MSS
+  a, ``fi_scale`` = 0.25 a; the window stays in [MTU, 1.5 x BDP].
+* Per ACK (delay = RTT - base RTT, the base RTT the least RTT seen; ``acked`` its newly
+  acknowledged bytes): no CE and delay below target: ``inc += alpha acked (target -
+  delay)``; no CE, delay at or above target: ``inc += fi acked``; CE below target: nothing;
+  CE at or above target: ``cwnd *= max(1 - gamma (avg - target) / avg, 0.5)`` (``avg`` the
+  delay's EWMA), at most once per base RTT.
+* Every adjust period (one base RTT or :data:`ADJUST_MTUS` MTUs acknowledged, whichever
+  first): ``cwnd += inc / cwnd``, and ``eta`` once per base RTT.
+* Fast increase: once a whole window was acknowledged with delays under
+  :data:`FAST_INCREASE_DELAY_NS`, each such ACK adds ``acked x fi_scale`` (and nothing else).
+* Quick adapt, checked at most once per base RTT + target: after a NACK, a trim or a delay
+  over :data:`QUICK_ADAPT_TARGETS` x target, if the bytes acknowledged in that period are
+  under the maximum window >> :data:`QUICK_ADAPT_GATE`, the window becomes those bytes.
+* A NACK takes its bytes off the window.
+
+Acknowledged bytes count whole PSNs at the MTU (a message's shorter last packet counts as a
+full one). Times are ns.
+"""
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["NsccSetting", "NsccParameters", "Nscc", "setting_for", "CC_ALGORITHMS",
+           "REFERENCE_RATE_GBPS",
+           "REFERENCE_RTT_NS", "TARGET_RTTS", "TARGET_RTTS_TRIMMING", "GAMMA",
+           "DELAY_EWMA_WEIGHT", "QUICK_ADAPT_TARGETS", "QUICK_ADAPT_GATE", "ADJUST_MTUS",
+           "FAST_INCREASE_DELAY_NS", "MAX_WINDOW_BDPS", "MD_FLOOR"]
+
+#: The congestion window's algorithms: the RTL's ECN window and NSCC (the model's only).
+CC_ALGORITHMS = ("ecn", "nscc")
+#: The reference network the parameters scale from.
+REFERENCE_RATE_GBPS = 100.0
+REFERENCE_RTT_NS = 12_000.0
+#: Target queueing delay in base RTTs, with and without trimming in the fabric.
+TARGET_RTTS = 1.0
+TARGET_RTTS_TRIMMING = 0.75
+#: alpha = ALPHA_MSS x MSS x a x b / target; fi = FI_MSS x MSS x a; eta = ETA_MSS x MSS x a;
+#: fi_scale = FI_SCALE x a.
+ALPHA_MSS = 4.0
+FI_MSS = 5.0
+ETA_MSS = 0.15
+FI_SCALE = 0.25
+#: Multiplicative decrease: gamma, and the least factor a decrease multiplies by.
+GAMMA = 0.8
+MD_FLOOR = 0.5
+#: Weight of a new sample in the delay's EWMA.
+DELAY_EWMA_WEIGHT = 0.0125
+#: Quick adapt: a delay over this many targets triggers it; it acts only when the bytes of
+#: the period are under max window >> QUICK_ADAPT_GATE.
+QUICK_ADAPT_TARGETS = 4.0
+QUICK_ADAPT_GATE = 3
+#: The adjust period ends after a base RTT or this many MTUs acknowledged.
+ADJUST_MTUS = 8
+#: Fast increase: delays under this for a whole window.
+FAST_INCREASE_DELAY_NS = 1000.0
+#: The window's ceiling in BDPs (its floor is one MTU).
+MAX_WINDOW_BDPS = 1.5
+
+
+@dataclass(frozen=True, kw_only=True)
+class NsccSetting:
+    """What NSCC scales from: the sender's line rate (Gbit/s), the network's idle round trip
+    (ns), the MTU (the MSS, bytes) and whether the fabric trims."""
+    line_rate_gbps: float
+    base_rtt_ns: float
+    mtu: int
+    trimming: bool = False
+
+    def __post_init__(self):
+        for name in ("line_rate_gbps", "base_rtt_ns", "mtu"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not value > 0 or math.isinf(value):
+                raise ValueError(f"NsccSetting.{name} must be a positive number, not {value!r}")
+
+
+@dataclass(frozen=True)
+class NsccParameters:
+    """The parameters derived from a :class:`NsccSetting` (bytes, ns)."""
+    setting: NsccSetting
+
+    @property
+    def bdp(self):
+        return self.setting.line_rate_gbps / 8 * self.setting.base_rtt_ns
+
+    @property
+    def a(self):
+        return self.bdp / (REFERENCE_RATE_GBPS / 8 * REFERENCE_RTT_NS)
+
+    @property
+    def target_ns(self):
+        rtts = TARGET_RTTS_TRIMMING if self.setting.trimming else TARGET_RTTS
+        return rtts * self.setting.base_rtt_ns
+
+    @property
+    def b(self):
+        return self.target_ns / REFERENCE_RTT_NS
+
+    @property
+    def alpha(self):
+        return ALPHA_MSS * self.setting.mtu * self.a * self.b / self.target_ns
+
+    @property
+    def fi(self):
+        return FI_MSS * self.setting.mtu * self.a
+
+    @property
+    def eta(self):
+        return ETA_MSS * self.setting.mtu * self.a
+
+    @property
+    def fi_scale(self):
+        return FI_SCALE * self.a
+
+    @property
+    def max_window(self):
+        return MAX_WINDOW_BDPS * self.bdp
+
+    @property
+    def min_window(self):
+        return float(self.setting.mtu)
+
+
+class Nscc:
+    """One QP's NSCC state. ``cwnd`` (bytes) starts at one BDP (within the clamps).
+
+    Call :meth:`on_ack` for every ACK that acknowledges bytes or echoes CE, :meth:`on_nack`
+    for every NACK (a trimmed packet); read :attr:`cwnd` or :meth:`window_psns`.
+    """
+
+    def __init__(self, setting, now_ns=0.0):
+        if not isinstance(setting, NsccSetting):
+            raise TypeError(f"setting must be an NsccSetting, not {setting!r}")
+        self.p = p = NsccParameters(setting)
+        self.cwnd = self._clamp(p.bdp)
+        self.base_rtt_ns = math.inf         # the least RTT seen
+        self.avg_delay_ns = 0.0
+        self.inc = 0.0                      # the adjust period's accumulated increase
+        self.adjust_bytes = 0
+        self.adjust_start_ns = now_ns
+        self.eta_ns = now_ns                # when eta was last added
+        self.md_ns = -math.inf              # when the window last decreased
+        self.fast_bytes = 0                 # bytes acknowledged in a row under the fast delay
+        self.qa_end_ns = now_ns + self._rtt() + p.target_ns
+        self.qa_bytes = 0                   # bytes acknowledged in this quick-adapt period
+        self.quick_adapts = 0
+
+    def _rtt(self):
+        return self.p.setting.base_rtt_ns if self.base_rtt_ns == math.inf else self.base_rtt_ns
+
+    def _clamp(self, cwnd):
+        return min(max(cwnd, self.p.min_window), self.p.max_window)
+
+    def window_psns(self):
+        """The window as whole MTU packets, at least one."""
+        return max(1, int(self.cwnd // self.p.setting.mtu))
+
+    def on_ack(self, now_ns, acked_bytes, rtt_ns, ecn):
+        """One ACK at ``now_ns``: ``acked_bytes`` newly acknowledged, its RTT sample and
+        whether it echoes CE. Returns the rule that acted (``"quick-adapt"``, ``"fast"``,
+        ``"proportional"``, ``"fair"``, ``"hold"``, ``"decrease"`` or ``"decrease-held"``)."""
+        p = self.p
+        self.base_rtt_ns = min(self.base_rtt_ns, rtt_ns)
+        delay = max(0.0, rtt_ns - self.base_rtt_ns)
+        self.avg_delay_ns += DELAY_EWMA_WEIGHT * (delay - self.avg_delay_ns)
+        self.qa_bytes += acked_bytes
+        if self._quick_adapt(now_ns, delay > QUICK_ADAPT_TARGETS * p.target_ns):
+            return "quick-adapt"
+        if delay < FAST_INCREASE_DELAY_NS:
+            self.fast_bytes += acked_bytes
+            if self.fast_bytes >= self.cwnd:
+                self.cwnd = self._clamp(self.cwnd + acked_bytes * p.fi_scale)
+                return "fast"
+        else:
+            self.fast_bytes = 0
+        target = p.target_ns
+        if not ecn and delay < target:
+            self.inc += p.alpha * acked_bytes * (target - delay)
+            rule = "proportional"
+        elif not ecn:
+            self.inc += p.fi * acked_bytes
+            rule = "fair"
+        elif delay < target:
+            rule = "hold"
+        elif now_ns - self.md_ns >= self._rtt():
+            avg = self.avg_delay_ns
+            factor = 1.0 if avg <= target else max(1 - GAMMA * (avg - target) / avg, MD_FLOOR)
+            self.cwnd = self._clamp(self.cwnd * factor)
+            self.md_ns = now_ns
+            rule = "decrease"
+        else:
+            rule = "decrease-held"
+        self._adjust(now_ns, acked_bytes)
+        return rule
+
+    def on_nack(self, now_ns, nacked_bytes):
+        """A NACK (a trimmed packet) of ``nacked_bytes``: quick adapt may act, and the bytes
+        come off the window."""
+        self._quick_adapt(now_ns, True)
+        self.cwnd = self._clamp(self.cwnd - nacked_bytes)
+
+    def _adjust(self, now_ns, acked_bytes):
+        self.adjust_bytes += acked_bytes
+        rtt = self._rtt()
+        if self.adjust_bytes < ADJUST_MTUS * self.p.setting.mtu \
+                and now_ns - self.adjust_start_ns < rtt:
+            return
+        cwnd = self.cwnd + self.inc / self.cwnd
+        if now_ns - self.eta_ns >= rtt:
+            cwnd += self.p.eta
+            self.eta_ns = now_ns
+        self.cwnd = self._clamp(cwnd)
+        self.inc = 0.0
+        self.adjust_bytes = 0
+        self.adjust_start_ns = now_ns
+
+    def _quick_adapt(self, now_ns, triggered):
+        """At the end of a quick-adapt period: act if ``triggered`` and the period's bytes
+        are under the gate; start the next period. Returns whether it acted."""
+        if now_ns < self.qa_end_ns:
+            return False
+        acted = triggered and self.qa_bytes < self.p.max_window / (1 << QUICK_ADAPT_GATE)
+        if acted:
+            self.cwnd = self._clamp(self.qa_bytes)
+            self.quick_adapts += 1
+            self.inc = 0.0
+            self.fast_bytes = 0
+        self.qa_bytes = 0
+        self.qa_end_ns = now_ns + self._rtt() + self.p.target_ns
+        return acted
+
+
+def setting_for(scn, config):
+    """The :class:`NsccSetting` of a scenario on a NIC build: the NIC's line rate, the idle
+    round trip of an MTU data packet and its ACK over the scenario's fabric (both latencies,
+    both serializations at the plane rate), trimming when the scenario's fabric trims."""
+    rate = config.data_width * config.clock_hz / 1e9
+    plane_rate = rate / config.ports
+    frame_bytes = config.mtu + _DATA_HEADER_BYTES
+    rtt_ns = 2 * scn.latency_us * 1000 + (frame_bytes + _ACK_FRAME_BYTES) * 8 / plane_rate
+    return NsccSetting(line_rate_gbps=rate, base_rtt_ns=rtt_ns, mtu=config.mtu,
+                       trimming=scn.trim_threshold > 0)
+
+
+# Frame sizes for the idle round trip (as sim.analysis.base_rtt_ns assumes): the headers of
+# an IPv6 data packet with its TSETH, and a SACK.
+_DATA_HEADER_BYTES = 110
+_ACK_FRAME_BYTES = 110
