@@ -17,15 +17,18 @@ The rules, as UEC's public htsim model (``initNsccParams`` and the NSCC update) 
   acknowledged bytes): no CE and delay below target: ``inc += alpha acked (target -
   delay)``; no CE, delay at or above target: ``inc += fi acked``; CE below target: nothing;
   CE at or above target: ``cwnd *= max(1 - gamma (avg - target) / avg, 0.5)`` (``avg`` the
-  delay's EWMA), at most once per base RTT.
+  delay's EWMA; only while ``avg`` is over the target), at most once per base RTT.
 * Every adjust period (one base RTT or :data:`ADJUST_MTUS` MTUs acknowledged, whichever
   first): ``cwnd += inc / cwnd``, and ``eta`` once per base RTT.
-* Fast increase: once a whole window was acknowledged with delays under
-  :data:`FAST_INCREASE_DELAY_NS`, each such ACK adds ``acked x fi_scale`` (and nothing else).
-* Quick adapt, checked at most once per base RTT + target: after a NACK, a trim or a delay
-  over :data:`QUICK_ADAPT_TARGETS` x target, if the bytes acknowledged in that period are
-  under the maximum window >> :data:`QUICK_ADAPT_GATE`, the window becomes those bytes.
-* A NACK takes its bytes off the window.
+* Fast increase (in the no-CE, below-target case): once a whole window was acknowledged with
+  delays under :data:`FAST_INCREASE_DELAY_NS`, each such ACK adds ``acked x fi_scale`` in place
+  of the proportional increase, until a delay of 1 us or more or a decrease.
+* Quick adapt, checked first on every ACK and NACK but acting at most once per base RTT +
+  target (at the end of such a period): when a NACK came in the period or this ACK's delay is
+  over :data:`QUICK_ADAPT_TARGETS` x target, and the bytes acknowledged in the period are
+  under the maximum window >> :data:`QUICK_ADAPT_GATE`, the window becomes those bytes (and
+  the ACK changes nothing else).
+* A NACK takes its bytes off the window (unless quick adapt just set it).
 
 Acknowledged bytes count whole PSNs at the MTU (a message's shorter last packet counts as a
 full one). Times are ns.
@@ -155,8 +158,10 @@ class Nscc:
         self.eta_ns = now_ns                # when eta was last added
         self.md_ns = -math.inf              # when the window last decreased
         self.fast_bytes = 0                 # bytes acknowledged in a row under the fast delay
+        self.fast = False                   # fast increase on (until a delay of 1 us or more)
         self.qa_end_ns = now_ns + self._rtt() + p.target_ns
         self.qa_bytes = 0                   # bytes acknowledged in this quick-adapt period
+        self.qa_triggered = False           # a NACK came: quick adapt at the period's end
         self.quick_adapts = 0
 
     def _rtt(self):
@@ -180,38 +185,48 @@ class Nscc:
         self.qa_bytes += acked_bytes
         if self._quick_adapt(now_ns, delay > QUICK_ADAPT_TARGETS * p.target_ns):
             return "quick-adapt"
-        if delay < FAST_INCREASE_DELAY_NS:
-            self.fast_bytes += acked_bytes
-            if self.fast_bytes >= self.cwnd:
-                self.cwnd = self._clamp(self.cwnd + acked_bytes * p.fi_scale)
-                return "fast"
-        else:
-            self.fast_bytes = 0
+        if delay >= FAST_INCREASE_DELAY_NS:
+            self.fast_bytes, self.fast = 0, False
         target = p.target_ns
         if not ecn and delay < target:
-            self.inc += p.alpha * acked_bytes * (target - delay)
             rule = "proportional"
+            if delay < FAST_INCREASE_DELAY_NS:
+                self.fast_bytes += acked_bytes
+                if self.fast or self.fast_bytes >= self.cwnd:
+                    # A whole window under the fast delay: grow at once, and on each such
+                    # ACK until a delay of FAST_INCREASE_DELAY_NS or more (or a decrease).
+                    self.fast = True
+                    self.cwnd += acked_bytes * p.fi_scale
+                    rule = "fast"
+            if rule == "proportional":
+                self.inc += p.alpha * acked_bytes * (target - delay)
         elif not ecn:
             self.inc += p.fi * acked_bytes
             rule = "fair"
         elif delay < target:
             rule = "hold"
-        elif now_ns - self.md_ns >= self._rtt():
-            avg = self.avg_delay_ns
-            factor = 1.0 if avg <= target else max(1 - GAMMA * (avg - target) / avg, MD_FLOOR)
-            self.cwnd = self._clamp(self.cwnd * factor)
-            self.md_ns = now_ns
-            rule = "decrease"
         else:
-            rule = "decrease-held"
+            self.fast_bytes, self.fast = 0, False
+            avg = self.avg_delay_ns
+            if avg > target and now_ns - self.md_ns >= self._rtt():
+                self.cwnd *= max(1 - GAMMA * (avg - target) / avg, MD_FLOOR)
+                self.md_ns = now_ns
+                rule = "decrease"
+            else:
+                rule = "decrease-held"
+        self.cwnd = self._clamp(self.cwnd)
         self._adjust(now_ns, acked_bytes)
         return rule
 
     def on_nack(self, now_ns, nacked_bytes):
-        """A NACK (a trimmed packet) of ``nacked_bytes``: quick adapt may act, and the bytes
-        come off the window."""
-        self._quick_adapt(now_ns, True)
+        """A NACK (a trimmed packet) of ``nacked_bytes``: it triggers quick adapt (at the end
+        of the period); unless quick adapt acts now, the bytes come off the window. Returns
+        whether quick adapt acted."""
+        self.qa_triggered = True
+        if self._quick_adapt(now_ns, False):
+            return True
         self.cwnd = self._clamp(self.cwnd - nacked_bytes)
+        return False
 
     def _adjust(self, now_ns, acked_bytes):
         self.adjust_bytes += acked_bytes
@@ -228,17 +243,20 @@ class Nscc:
         self.adjust_bytes = 0
         self.adjust_start_ns = now_ns
 
-    def _quick_adapt(self, now_ns, triggered):
-        """At the end of a quick-adapt period: act if ``triggered`` and the period's bytes
-        are under the gate; start the next period. Returns whether it acted."""
+    def _quick_adapt(self, now_ns, delayed):
+        """At the end of a quick-adapt period: act if a NACK came (:attr:`qa_triggered`) or
+        this ACK's delay is over the threshold (``delayed``), and the period's bytes are under
+        the gate; start the next period. Returns whether it acted."""
         if now_ns < self.qa_end_ns:
             return False
-        acted = triggered and self.qa_bytes < self.p.max_window / (1 << QUICK_ADAPT_GATE)
+        acted = (self.qa_triggered or delayed) \
+            and self.qa_bytes < self.p.max_window / (1 << QUICK_ADAPT_GATE)
         if acted:
             self.cwnd = self._clamp(self.qa_bytes)
             self.quick_adapts += 1
+            self.qa_triggered = False
             self.inc = 0.0
-            self.fast_bytes = 0
+            self.adjust_bytes = 0
         self.qa_bytes = 0
         self.qa_end_ns = now_ns + self._rtt() + self.p.target_ns
         return acted

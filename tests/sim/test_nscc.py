@@ -84,6 +84,12 @@ def test_ce_below_target_changes_nothing():
     assert (cc.inc, cc.cwnd) == before
 
 
+def test_no_decrease_while_the_averaged_delay_is_within_target():
+    cc = fresh()
+    assert cc.on_ack(200.0, MTU, 12_000.0 + 20_000, True) == "decrease-held"   # avg 250 ns
+    assert cc.cwnd == BDP
+
+
 def test_ce_at_or_above_target_decreases_by_the_averaged_excess_once_per_base_rtt():
     """avg = 0.0125 x 1.2 ms = 15 us after one sample (from 0): the factor is 1 - 0.8 x
     (15 - 12) / 15 = 0.84; a second mark within a base RTT changes nothing."""
@@ -116,27 +122,42 @@ def test_fast_increase_after_a_whole_window_under_one_us():
     cc = Nscc(REFERENCE, 0.0)
     assert cc.on_ack(100.0, int(BDP), 12_000.0, False) == "fast"    # a whole window at once
     assert cc.cwnd == pytest.approx(BDP + BDP * 0.25)
-    # A whole window of the new size since the last delay of 1 us or more: 150 + 40 kB.
-    assert cc.on_ack(200.0, MTU, 12_000.0 + 500, False) == "proportional"
-    assert cc.on_ack(300.0, 40_000 - MTU, 12_000.0 + 500, False) == "fast"
-    assert cc.cwnd == pytest.approx(1.25 * BDP + (40_000 - MTU) * 0.25)
-    assert cc.on_ack(300.0, MTU, 12_000.0 + 1_500, False) == "proportional"   # reset
-    assert cc.on_ack(400.0, MTU, 12_000.0, False) == "proportional"
+    assert cc.inc == 0
+    assert cc.on_ack(200.0, MTU, 12_000.0 + 500, False) == "fast"   # on until 1 us of delay
+    assert cc.cwnd == pytest.approx(1.25 * BDP + MTU * 0.25)
+    assert cc.on_ack(300.0, MTU, 12_000.0 + 1_500, False) == "proportional"
+    assert cc.on_ack(400.0, MTU, 12_000.0, False) == "proportional"  # a new window to count
+
+
+def test_fast_increase_waits_for_a_whole_window():
+    cc = Nscc(REFERENCE, 0.0)
+    for t in range(1, 36):                                          # 35 MTUs < 150 kB
+        assert cc.on_ack(10.0 * t, MTU, 12_000.0 + 900, False) == "proportional"
+    assert cc.fast_bytes == 35 * MTU
 
 
 def test_quick_adapt_on_a_nack_sets_the_window_to_the_bytes_of_the_period():
     """The first period ends at base RTT + target = 24 us; 1 MTU was acknowledged in it,
-    under max window / 8, so the window becomes 1 MTU (and the NACK's bytes then come off
-    it, at the floor)."""
+    under max window / 8, so the window becomes 1 MTU (the NACK's bytes do not come off
+    too)."""
     cc = fresh()
-    cc.on_nack(30_000.0, MTU)
+    assert cc.on_nack(30_000.0, MTU)
     assert (cc.cwnd, cc.quick_adapts) == (MTU, 1)
+
+
+def test_a_nack_within_a_period_triggers_quick_adapt_at_its_end():
+    cc = fresh()
+    assert not cc.on_nack(5_000.0, MTU)                 # mid-period: only the bytes come off
+    assert cc.cwnd == BDP - MTU
+    cc.on_ack(10_000.0, MTU, 12_000.0, False)
+    assert cc.on_ack(25_000.0, MTU, 12_000.0, False) == "quick-adapt"
+    assert cc.cwnd == 3 * MTU                           # the period's three ACKed MTUs
 
 
 def test_quick_adapt_needs_a_period_under_an_eighth_of_the_max_window():
     cc = fresh()
     cc.on_ack(200.0, math.ceil(MAX_WINDOW / 8), 12_000.0 + 2_000, False)
-    cc.on_nack(30_000.0, MTU)
+    assert not cc.on_nack(30_000.0, MTU)
     assert cc.quick_adapts == 0
     assert cc.cwnd == BDP - MTU
 
