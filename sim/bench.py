@@ -11,6 +11,9 @@ with all 256 QPs active, and block RAM per 256 EVs.
 RTL NICs over the multi-plane fabric: efficiency, plane failure, MRC against the single-path
 baseline, random loss, and the two-NIC system's simulated cycles per second
 (``docs/performance.md``).
+
+``incast`` (``build/bench/incast.json``, ``sim/bench_incast.py``): 4, 8 and 15 model NICs
+writing to one over a switch per plane, with the ECN window and with NSCC.
 """
 
 import argparse
@@ -32,7 +35,8 @@ def register(subparsers):
     p = subparsers.add_parser(
         "bench", help="run the benchmarks, JSON into build/bench/",
         description="Run the benchmarks (packet engines, path select, two NICs over the "
-                    "fabric) and write their JSON beside --out (docs/performance.md).")
+                    "fabric, incast on the model NIC) and write their JSON beside --out "
+                    "(docs/performance.md).")
     p.add_argument("--widths", default="64,128", metavar="W,...",
                    help=f"packet benchmark: datapath widths, comma-separated, each one of "
                         f"{', '.join(map(str, WIDTHS))}")
@@ -45,7 +49,7 @@ def register(subparsers):
     p.add_argument("--out", type=Path, default=BUILD / "bench" / "packet.json",
                    metavar="PACKET.json",
                    help="the packet benchmark's JSON; the others go into its folder")
-    p.add_argument("--only", choices=("packet", "path", "fabric"), action="append",
+    p.add_argument("--only", choices=("packet", "path", "fabric", "incast"), action="append",
                    help="run only these benchmarks (repeatable; default: all)")
     # The spellings from before --sim applied to both benchmarks, kept for scripts.
     p.add_argument("--sims", default=None, help=argparse.SUPPRESS)
@@ -86,7 +90,7 @@ def run(args):
         args.out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         return fail(f"{args.out.parent}: cannot create: {e.strerror}", field="--out")
-    only = set(args.only or ("packet", "path", "fabric"))
+    only = set(args.only or ("packet", "path", "fabric", "incast"))
     if "packet" in only:
         status = _packet(args)
         if status:
@@ -103,6 +107,9 @@ def run(args):
         waves = {"waves": True, "waves_from_us": window.from_us,
                  "waves_to_us": window.to_us} if window else {}
         bench_fabric.run(args.out.parent, sims=tuple(fabric_sims), **waves)
+    if "incast" in only:
+        from . import bench_incast
+        bench_incast.run(args.out.parent)
     return 0
 
 

@@ -13,8 +13,8 @@ says it); ``command`` reproduces it; ``seed`` is the seed of the run (``null`` w
 flow has none); ``source`` says where the flow that ``command`` runs writes it (``null`` for a
 figure no flow writes, e.g. one read from a build's log, which only an edit changes):
 
-* ``file``: ``fabric`` (``build/bench/fabric.json``), ``recovery``, ``packet``, ``path``
-  (``build/bench/``), or ``synth``: ``build/synth/report.json`` or a bitstream build's
+* ``file``: ``fabric`` (``build/bench/fabric.json``), ``recovery``, ``packet``, ``path``,
+  ``incast`` (``build/bench/``), or ``synth``: ``build/synth/report.json`` or a bitstream build's
   ``build/boards/<board>/summary.json``;
 * ``select`` (``synth`` only): the keys and values that pick one entry of ``results``, e.g.
   ``{"kind": "board", "board": "ecpix5"}``;
@@ -205,7 +205,9 @@ def render_document(text, snapshot):
 # -- updating the snapshot from the flows' JSON ----------------------------------------------
 
 def kind_of(document):
-    """Which flow wrote ``document``: fabric, recovery, packet, path or synth."""
+    """Which flow wrote ``document``: fabric, recovery, packet, path, incast or synth."""
+    if document.get("benchmark") == "incast on the model NIC":
+        return "incast"
     if "scenarios" in document:
         return "fabric"
     if "decisions_per_cycle" in document:
@@ -316,7 +318,7 @@ def build_outputs(build=REPO / "build"):
     in both the synthesis report and its bitstream's ``summary.json``, the newer one wins)."""
     build = Path(build)
     names = [build / "bench" / f for f in ("fabric.json", "recovery.json", "packet.json",
-                                           "path.json")]
+                                           "path.json", "incast.json")]
     names.append(build / "synth" / "report.json")
     names += sorted((build / "boards").glob("*/summary.json"))
     return sorted((p for p in names if p.exists()), key=lambda p: p.stat().st_mtime)

@@ -257,6 +257,7 @@ def run_scenario(scn, out, *, log=print, build_dir=None, quick_build=False,
     for stale in ("result.json", "report.json"):
         (out / stale).unlink(missing_ok=True)
     wall0 = time.monotonic()
+    switched = None                     # the fabric of a run with a switch per plane
     if scn.backend == "rtl":
         from .tb.dpi import DPI_TOP, DpiPair, dpi_key, uses_dpi, verilator_args
         from .tb.pair import NicPair
@@ -312,6 +313,7 @@ def run_scenario(scn, out, *, log=print, build_dir=None, quick_build=False,
             log(f"{scn.nics} model NICs, {scn.pattern}, over a switch per plane")
             result = run_nics(scn, network=fabric, progress=progress)
         result["analysis"] = analyse(fabric, scn, config, end_ns=result["sim_us"] * 1e3)
+        switched = fabric if fabric.switched else None
         result["fabric_summary"] = {"queue_delay_us": fabric.stats.queue_delay_us(),
                                     "data_drops": fabric.stats.data_drops}
         fabric.save(out)
@@ -321,8 +323,12 @@ def run_scenario(scn, out, *, log=print, build_dir=None, quick_build=False,
     report["scenario_file"] = _shown_path(scenario_file) if scenario_file else None
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
     try:
-        from .fabric.plot import plot_run
+        from .fabric.plot import plot_egress_waits, plot_run
         plot_run(out, title=scn.name)
+        if switched is not None:
+            plot_egress_waits(switched.stats.queue_waits, out / "egress.png",
+                              title=f"{scn.name}: {scn.nics} NICs, {scn.pattern}, "
+                                    f"cc {report['cc']['algorithm']}: egress queue waits")
     except RuntimeError as e:          # matplotlib missing
         log(f"no plot: {e}")
     return report
@@ -527,8 +533,11 @@ def _or_none(value):
 
 def summary(report):
     scn = report["scenario"]
+    nics = scn.get("nics", 2)
+    group = "" if nics == 2 and scn.get("pattern", "pairs") == "pairs" \
+        else f"{nics} NICs {scn['pattern']}, "
     lines = [
-        f"scenario {scn['name']}: {scn['planes']} planes, {scn['qps']} QPs, "
+        f"scenario {scn['name']}: {group}{scn['planes']} planes, {scn['qps']} QPs, "
         f"{report['bytes_offered']} bytes offered, backend {report['sim']['backend']}",
         f"  goodput {report['goodput_gbps']:.3f} Gb/s of {report['line_rate_gbps']:.1f} Gb/s "
         f"line rate (efficiency {report['efficiency']:.3f} of the "
@@ -540,6 +549,12 @@ def summary(report):
         f"timeouts {report['timeouts']}, trims {report['trims']}, "
         f"EV events {len(report['ev_events'])}",
     ]
+    if "flows" in report and group:
+        delays = report["queue_delay_us"]
+        lines.append(f"  {len(report['flows'])} flows, Jain fairness {report['jain_fairness']}; "
+                     f"egress queue waits p50 {delays['p50']} us, p99 {delays['p99']} us, max "
+                     f"{delays['max']} us; data frames dropped {report['fabric_data_drops']}; "
+                     f"cc {report['cc']['algorithm']}")
     shares = report.get("wire_shares")
     if shares:
         lines.append(f"  wire of the sending side{'s' if shares['data_sides'] > 1 else ''}: "

@@ -16,7 +16,7 @@ from .frames import parse, roce_payload_bytes
 from .schedule import Failure
 from .stats import Statistics, from_us
 
-__all__ = ["plot_goodput", "plot_queues", "plot_run", "WINDOW_FRAMES"]
+__all__ = ["plot_goodput", "plot_queues", "plot_egress_waits", "plot_run", "WINDOW_FRAMES"]
 
 _MAX_SHADED_WINDOWS = 400       # a long flap is shaded as one light band beyond this
 #: MTU data frames a rolling goodput window holds at the rate it measures (a plane's, or the
@@ -243,6 +243,34 @@ def plot_queues(records, config, path, *, failures=(), title=None):
         axes.grid(True, alpha=0.3)
     delay_axes.legend(loc="upper right", fontsize="small", ncols=4, markerscale=4)
     flight_axes.legend(loc="upper right", fontsize="small")
+    figure.tight_layout()
+    figure.savefig(str(path), format="png")
+
+
+def plot_egress_waits(queue_waits, path, *, title=None):
+    """The wait of every data frame at an egress queue over time, one series per receiving
+    endpoint (all its planes), into ``path`` (PNG): the switches' egress ports, where incast
+    meets. ``queue_waits`` is :attr:`Statistics.queue_waits` (times in ns)."""
+    Figure, FigureCanvasAgg = _matplotlib()
+    figure = Figure(figsize=(9, 4.5), dpi=100)
+    FigureCanvasAgg(figure)
+    axes = figure.subplots()
+    series = {}
+    for time_ns, receiver, _, wait_ns in queue_waits:
+        times, waits = series.setdefault(receiver, ([], []))
+        times.append(time_ns / 1000)
+        waits.append(wait_ns / 1000)
+    for receiver, (times, waits) in sorted(series.items()):
+        axes.plot(times, waits, ".", markersize=2, label=f"towards {receiver}")
+    axes.set_title(title or "egress queues")
+    axes.set_xlabel("time (us)")
+    axes.set_ylabel("wait of a data frame\nat the egress port (us)")
+    axes.set_xlim(left=0)
+    axes.set_ylim(bottom=0)
+    axes.grid(True, alpha=0.3)
+    if series:
+        axes.legend(loc="upper right", fontsize="small", markerscale=4,
+                    ncols=max(1, len(series) // 6))
     figure.tight_layout()
     figure.savefig(str(path), format="png")
 

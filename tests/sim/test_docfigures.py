@@ -26,7 +26,7 @@ def test_every_figure_names_its_command_seed_and_unit(name):
                     assert fig["unit"] or isinstance(fig["value"], str), fig
                     source = fig["source"]
                     assert source is None or source["file"] in (
-                        "fabric", "recovery", "packet", "path", "synth"), source
+                        "fabric", "recovery", "packet", "path", "incast", "synth"), source
 
 
 @pytest.mark.parametrize("name", sorted(DOCS))
