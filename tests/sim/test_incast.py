@@ -70,6 +70,10 @@ def test_incast_congests_the_receivers_downlinks(tmp_path):
     assert incast["ok"]
     assert incast["queue_delay_us"]["max"] > 0
     assert sum(p.get("ecn-marked", 0) for p in incast["fabric"]["planes"]) > 0
+    pairs = mainjob.run_scenario(small(nics=4, pattern="pairs", **kw), tmp_path / "pairs",
+                                 log=lambda *_: None)
+    assert pairs["ok"]
+    assert pairs["queue_delay_us"]["max"] == 0.0
 
 
 def test_two_nics_in_pairs_are_the_default_run(capsys):
