@@ -38,6 +38,7 @@ FILE_MARKS = {
     "test_nic_rtl.py": {"rtl", "slow"},
     "test_dpi_agents.py": {"rtl", "slow"},
     "test_packet_engine_rtl.py": {"rtl", "slow"},
+    "test_incast.py": {"slow"},
 }
 
 #: Markers of single tests by file and function (every parametrization of the function).
