@@ -27,10 +27,8 @@ the segmenter's next PSN (a register: the WR being segmented has not written it 
 from functools import partial
 
 from amaranth import *
-from amaranth.hdl import unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
-from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from .. import protocol as P
@@ -77,6 +75,7 @@ from .req_defs import (
     timer_page,
     walk_layout,
 )
+from .req_tables import TABLE_ACCESS, RequesterTables, block_ram_bits, requester_tables
 
 __all__ = ["Requester", "send_context_layout", "requester_tables", "block_ram_bits",
            "retry_expiry_gateware"]
@@ -87,68 +86,6 @@ _WIMM_BITS = 9          # WRITE_IMM counters: in flight = started - done (mod 51
 
 def _log2(n):
     return (n - 1).bit_length()
-
-
-def requester_tables(config):
-    """The block RAM tables: ``{name: (shape, depth, read_ports)}``. Each table has one write
-    port; a FPGA implementation holds one copy per read port."""
-    window = bitmap_psns(config)
-    slots = slot_depth(config)
-    count_bits = _log2(slots) + 1
-    qps = config.qps
-    return {
-        "cfg": (data.StructLayout({"state": 3, "mpr": 4, "max_wimm": 8, "timeout": 5,
-                                   "retry_linear": 3, "retry_exp": 5}), qps, 5),
-        # Messages (and WRITE_IMM messages) the QP started, modulo 2**16: the METH numbers.
-        "sq": (data.StructLayout({"tail": count_bits, "wimm": _WIMM_BITS, "msgs": MSN_BITS,
-                                  "imm_msgs": MSN_BITS}), qps, 3),
-        "next_psn": (unsigned(_PSN), qps, 5),
-        "ack": (data.StructLayout({"una": _PSN, "error": 1, "err_status": P.CompletionStatus,
-                                   "err_psn": _PSN}), qps, 7),
-        "cq": (data.StructLayout({"head": count_bits, "wimm": _WIMM_BITS, "err_done": 1}),
-               qps, 3),
-        "acked": (unsigned(window), qps, 2),
-        # A QP has a completion trigger queued while its two bits differ (ACK side sets,
-        # completion engine clears: one writer each).
-        "trig_set": (unsigned(1), qps, 2),
-        "trig_seen": (unsigned(1), qps, 2),
-        "meta": (data.StructLayout({"slot": _log2(slots), "time": TIME_BITS, "retx": 1}),
-                 qps * window, 1),
-        # The EV each PSN last went out on: read by the retransmitter (LOST feedback) and by
-        # ACK processing (the EV a SACK or NACK names by its PSN).
-        "ev": (unsigned(config.ev_index_bits), qps * window, 2),
-        "wr_done": (data.StructLayout({"wr_id": 64, "end": _PSN, "length": 32, "is_imm": 1,
-                                       "refused": P.CompletionStatus}), qps * slots, 1),
-        "wr_send": (data.StructLayout({"va": 64, "local": 64, "rkey": 32, "imm": 32,
-                                       "first": _PSN, "length": 32, "is_imm": 1,
-                                       "msn": MSN_BITS, "rqmsn": MSN_BITS}),
-                    qps * slots, 1),
-        # Loss recovery: the timer scanner's own table: armed, start time, una at its last visit,
-        # retries since the last progress.
-        "tmr": (data.StructLayout({"armed": 1, "start": 32, "una_seen": _PSN,
-                                   "retries": RETRY_COUNT_BITS}), qps, 2),
-        # Time una last advanced (ACK processing): where the timer restarts on progress.
-        "progress": (unsigned(32), qps, 1),
-        # The inference unit's own table: PSNs before `to` were already inferred lost; the
-        # reorder window (time-based inference) runs since `reo_at` for the holes before
-        # `reo_end` while `reo_armed`.
-        "infer": (data.StructLayout({"to": _PSN, "reo_armed": 1, "reo_end": _PSN,
-                                     "reo_at": TIME_BITS}), qps, 1),
-        # The ECN congestion window (ACK processing): PSNs from una the segmenter may send
-        # with CONFIG cc, and the PSN a mark must reach to shrink it again.
-        "cc": (data.StructLayout({"cwnd": CWND_BITS, "acc": CWND_BITS, "recover": _PSN}),
-               qps, 3),
-    }
-
-
-def block_ram_bits(config, *, copies=True):
-    """Block RAM bits of the tables: ``{name: bits}``; ``copies`` counts one copy per read
-    port (as a simple-dual-port FPGA RAM needs)."""
-    out = {}
-    for name, (shape, depth, ports) in requester_tables(config).items():
-        width = Shape.cast(shape).width
-        out[name] = width * depth * (ports if copies else 1)
-    return out
 
 
 def _psn_sub(a, b):
@@ -316,17 +253,18 @@ class Requester(wiring.Component):
         sb = _log2(slots)
         mtu_bits = _log2(cfg.mtu)
         bitmap_bits = P.SACK_BITMAP_BITS
-        tables = requester_tables(cfg)
 
-        # -- tables -------------------------------------------------------------------------
-        mems, wps = {}, {}
-        for name, (shape, depth, _ports) in tables.items():
-            mems[name] = m.submodules[f"{name}_table"] = Memory(shape=shape, depth=depth,
-                                                                 init=[])
-            wps[name] = mems[name].write_port()
+        # -- tables ------------------------------------------------------------------------
+        m.submodules.tables = table_block = RequesterTables(config=cfg)
 
-        def rport(name):
-            return mems[name].read_port(transparent_for=(wps[name],))
+        def reads(engine):
+            access = getattr(table_block, engine).read
+            return {name: getattr(access, name) for name in TABLE_ACCESS[engine][0]}
+
+        wps = {}
+        for engine, (_reads, writes) in TABLE_ACCESS.items():
+            for name in writes:
+                wps[name] = getattr(getattr(table_block, engine).write, name)
 
         def psn_addr(qpn, psn):
             return Cat(psn[:wb], qpn)
@@ -358,8 +296,7 @@ class Requester(wiring.Component):
         ctl_flush = Signal()
         m.d.comb += hold.eq((ctl_state == CTL_HOLD) | (ctl_state == CTL_DECIDE))
         ctl_qpn = ctl_req.qpn[:qb]
-        ctl_ports = {name: rport(name) for name in ("cfg", "sq", "next_psn", "ack", "cq",
-                                                      "tmr", "cc", "trig_set", "trig_seen")}
+        ctl_ports = reads("control")
         for port in ctl_ports.values():
             m.d.comb += port.addr.eq(ctl_qpn)
 
@@ -433,7 +370,7 @@ class Requester(wiring.Component):
         s1 = Signal(work_request_layout(cfg))
         s1_take = Signal()
         s1_accept = Signal()
-        s1_ports = {name: rport(name) for name in ("cfg", "sq", "next_psn", "ack", "cq")}
+        s1_ports = reads("intake")
         for port in s1_ports.values():
             m.d.comb += port.addr.eq(Mux(s1_take, self.wr.payload.qpn, s1.qpn))
         s1_cfg, s1_sq, s1_ack, s1_cq = (s1_ports[n].data for n in ("cfg", "sq", "ack", "cq"))
@@ -534,14 +471,14 @@ class Requester(wiring.Component):
         s2_una = Signal(_PSN)           # una at hand-off, until the table read below is valid
         s2_fresh = Signal()             # the ack-table read below is for s2_qpn
         s2_ackcnt = Signal(ACKREQ_EVERY_BITS)
-        s2_ack_port = rport("ack")
+        s2_ack_port = reads("segmenter")["ack"]
         m.d.comb += s2_ack_port.addr.eq(s2_qpn)
         s2_una_now = Mux(s2_fresh, s2_ack_port.data.una, s2_una)
         s2_abort = s2_active & s2_fresh & s2_ack_port.data.error
         s2_ahead = _psn_sub(s2_psn, s2_una_now)
         s2_window_ok = s2_ahead < Cat(C(0, 7), s2_mpr)
         # The ECN window (CONFIG cc): its table read is valid from the second cycle of a WR.
-        s2_cc_port = rport("cc")
+        s2_cc_port = reads("segmenter")["cc"]
         m.d.comb += s2_cc_port.addr.eq(s2_qpn)
         s2_cc_ok = ~cc_on | (s2_fresh & (s2_ahead < s2_cc_port.data.cwnd))
         # This packet fills the QP's window (MPR, or the ECN window when on): it asks for an
@@ -642,9 +579,10 @@ class Requester(wiring.Component):
             w_step.eq(r0_take & from_walk),
             self.retx.ready.eq(r0_take & ~from_trim & ~w_valid & ~hold),
         ]
-        r_ports = {name: rport(name) for name in ("cfg", "next_psn", "ack", "acked", "meta",
-                                                    "ev")}
+        r_ports = reads("retransmitter")
         for name, port in r_ports.items():
+            if name == "wr_send":
+                continue
             addr = psn_addr(r0_qpn, r0_psn) if name in ("meta", "ev") else r0_qpn
             m.d.comb += [port.addr.eq(addr), port.en.eq(r0_accept)]
         r1_ack = r_ports["ack"].data
@@ -695,7 +633,7 @@ class Requester(wiring.Component):
         walk_resend = r2_load & r1_walk
         count("timeout_retransmissions", walk_resend & (r1_kind == WalkKind.TIMEOUT))
         count("inferred_losses", walk_resend & (r1_kind != WalkKind.TIMEOUT))
-        wr_send_port = mems["wr_send"].read_port(transparent_for=(wps["wr_send"],))
+        wr_send_port = r_ports["wr_send"]
         m.d.comb += [
             wr_send_port.addr.eq(slot_addr(r1_qpn, r_ports["meta"].data.slot)),
             wr_send_port.en.eq(r2_load),
@@ -801,12 +739,13 @@ class Requester(wiring.Component):
             rx_take.eq(self.rx.valid & self.rx.ready),
             exceed_fifo.r_en.eq(x_take),
         ]
-        a_ports = {name: rport(name) for name in ("cfg", "next_psn", "ack", "acked",
-                                                    "trig_set", "trig_seen", "cc")}
-        for port in a_ports.values():
+        a_ports = reads("ack")
+        for name, port in a_ports.items():
+            if name == "ev":
+                continue
             m.d.comb += [port.addr.eq(Mux(x_take, exceed_fifo.r_data, rx_header.bth.dqpn[:qb])),
                          port.en.eq(rx_take | x_take)]
-        a_ev_port = rport("ev")
+        a_ev_port = a_ports["ev"]
         m.d.comb += [a_ev_port.addr.eq(psn_addr(rx_header.bth.dqpn[:qb], rx_psn)),
                      a_ev_port.en.eq(rx_take)]
         a1_valid = Signal()
@@ -1113,7 +1052,7 @@ class Requester(wiring.Component):
         i3_found = Signal()
         i2_bit = Cat(_kth_highest(i2_byte, i2_rank), i2_group)
         i2_top_bit = Cat(_kth_highest(i2_top_byte, 1), i2_top_group)
-        infer_port = rport("infer")
+        infer_port = reads("inference")["infer"]
         m.d.comb += [infer_port.addr.eq(i2["qpn"]), infer_port.en.eq(i2_valid)]
         m.d.sync += [i3_valid.eq(i2_valid), i3_found.eq(i2_found),
                      i3_end.eq((i2["cand"] + i2_bit)[:_PSN]),
@@ -1196,7 +1135,7 @@ class Requester(wiring.Component):
         m.d.comb += arm_fifo.r_en.eq(v0_go)
         with m.If(v0_go & ~v0_event):
             m.d.sync += scan_qpn.eq(scan_qpn + 1)
-        v_ports = {name: rport(name) for name in ("cfg", "ack", "next_psn", "tmr", "progress")}
+        v_ports = reads("scanner")
         for port in v_ports.values():
             m.d.comb += [port.addr.eq(v0_qpn), port.en.eq(v0_go)]
         v1_valid = Signal()
@@ -1284,11 +1223,13 @@ class Requester(wiring.Component):
             ack_triggers.r_en.eq(e_pick),
             wr_triggers.r_en.eq(e_pick & ~ack_triggers.r_rdy),
         ]
-        e_ports = {name: rport(name) for name in ("cq", "ack", "sq")}
-        for port in e_ports.values():
+        e_ports = reads("completion")
+        for name, port in e_ports.items():
+            if name == "wr_done":
+                continue
             m.d.comb += port.addr.eq(Mux(e_pick, e_pick_qpn, e_qpn))
         e_cq, e_ack = e_ports["cq"].data, e_ports["ack"].data
-        wr_done_port = mems["wr_done"].read_port(transparent_for=(wps["wr_done"],))
+        wr_done_port = e_ports["wr_done"]
         done = wr_done_port.data
         e_transfer = self.completion.valid & self.completion.ready
         e_next_head = (e_head + 1)[:sb + 1]
