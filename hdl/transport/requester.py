@@ -34,7 +34,6 @@ from amaranth.lib.wiring import In, Out
 from .. import protocol as P
 from ..config import NicConfig
 from ..interfaces import (
-    CompletionSide,
     completion_layout,
     feedback_layout,
     path_request_layout,
@@ -42,6 +41,7 @@ from ..interfaces import (
 )
 from ..packet.headers import PacketKind, packet_beat_layout
 from ..util import as_signal, validating
+from .req_completion import CompletionEngine
 from .req_defs import (
     ACKREQ_EVERY_BITS,
     CC_DECREASE_SHIFT,
@@ -57,8 +57,6 @@ from .req_defs import (
     NAK_COUNTERS,
     REO_WND_BITS,
     REQUESTER_COUNTERS,
-    RETRY_COUNT_BITS,
-    RETRY_EXPONENT_MAX,
     TIME_BITS,
     YOUNG_CAP_LOG2,
     RequesterCommand,
@@ -75,7 +73,9 @@ from .req_defs import (
     timer_page,
     walk_layout,
 )
+from .req_infer import InferenceUnit
 from .req_tables import TABLE_ACCESS, RequesterTables, block_ram_bits, requester_tables
+from .req_timer import TimerScanner, retry_expiry_gateware
 
 __all__ = ["Requester", "send_context_layout", "requester_tables", "block_ram_bits",
            "retry_expiry_gateware"]
@@ -116,17 +116,6 @@ def _ones(count, width):
 
 def _rotate_left(value, amount, width):
     return (Cat(value, value) << amount)[width:2 * width]
-
-
-def retry_expiry_gateware(t, linear, exponential, retries):
-    """:func:`~hdl.transport.req_defs.retry_expiry` as logic: ``(exponent, exhausted)`` with
-    ``wait_units = 2**exponent`` (``tests/hdl/test_recovery.py`` checks it against the Python
-    function)."""
-    beyond = Mux(retries > linear, retries - linear, 0)
-    exponent = t + beyond
-    exponent = Mux(exponent > RETRY_EXPONENT_MAX, RETRY_EXPONENT_MAX, exponent)
-    exhausted = (exponential != P.RETRY_INFINITE) & (retries >= linear + exponential)
-    return exponent[:5], exhausted
 
 
 def _popcount(value):
@@ -278,6 +267,27 @@ class Requester(wiring.Component):
 
         def count(name, enable=1):
             m.d.sync += counters[name].eq(counters[name] + enable)
+
+        def count_events(engine):
+            for name in engine.COUNTERS:
+                count(name, engine.events[name])
+
+        def fifo_in(fifo, port):
+            """A producer's stream into ``fifo``."""
+            m.d.comb += [fifo.w_data.eq(port.payload), fifo.w_en.eq(port.valid),
+                         port.ready.eq(fifo.w_rdy)]
+
+        def fifo_out(fifo, port):
+            """``fifo`` into a consumer's stream."""
+            m.d.comb += [port.payload.eq(fifo.r_data), port.valid.eq(fifo.r_rdy),
+                         fifo.r_en.eq(port.ready)]
+
+        def control_to(engine):
+            c = engine.control
+            m.d.comb += [c.hold.eq(hold), c.write.eq(ctl_write), c.flush.eq(ctl_flush),
+                         c.qpn.eq(ctl_qpn), c.psn.eq(ctl_req.psn), c.mpr.eq(ctl_req.mpr),
+                         c.ackreq_every.eq(ackreq_every), c.infer_k.eq(infer_k),
+                         c.reo_wnd.eq(reo_wnd), c.cc_on.eq(cc_on)]
 
         # -- control ------------------------------------------------------------------------
         CTL_IDLE, CTL_HOLD, CTL_DECIDE, CTL_RESP = range(4)
@@ -977,326 +987,44 @@ class Requester(wiring.Component):
         for reason, name in NACK_COUNTERS.items():
             count(name, a_apply & is_nack & (a1_reason == reason))
 
-        # == inference unit (I0 count, I1 group, I2 bit + table read, I3 apply) ===========
-        # Count rule: the K-th highest SACKed PSN of an applied ACK bounds the region whose
-        # holes have K later PSNs acknowledged. Time rule: the holes below the PSN a QP's
-        # reorder window armed with, once it has run reo_wnd units. The region is
-        # [max(to, una), the later of the two ends). Off the ACK path, one ACK per cycle,
-        # never stalls; a walk that finds its queue full is dropped (counted) and the table
-        # entry stays, so a later ACK infers the same holes again.
-        groups = bitmap_bits // 8
-        count_cap = 16                  # counts saturate: K is at most 15
-        i0_valid, i1_valid, i2_valid, i3_valid = (Signal(name=f"i{n}_valid") for n in range(4))
-
-        def carried(stage):
-            return {"qpn": Signal(qb, name=f"i{stage}_qpn"),
-                    "cand": Signal(_PSN, name=f"i{stage}_cand"),
-                    "una": Signal(_PSN, name=f"i{stage}_una"),
-                    "next": Signal(_PSN, name=f"i{stage}_next"),
-                    "poll": Signal(name=f"i{stage}_poll")}
-
-        i0, i1, i2, i3 = (carried(n) for n in range(4))
-        i0_sack = Signal(bitmap_bits)
+        # == inference unit ==================================================================
+        m.submodules.inference = inference = InferenceUnit(config=cfg)
+        wiring.connect(m, table_block.inference, inference.tables)
+        control_to(inference)
+        fifo_in(infer_walks, inference.walk)
         a_sack = a1_sack & sack_mask
-        # A reorder-window poll from the timer scanner (driven below): the QP it visits, with
-        # its una and next_psn, and no SACK bits. An ACK in the same cycle takes I0 and the
-        # poll is dropped (the scanner comes back one scan period later).
-        poll_valid = Signal()
-        poll_qpn, poll_una, poll_next = Signal(qb), Signal(_PSN), Signal(_PSN)
-        ack_infer = Signal()
-        m.d.comb += ack_infer.eq(a_apply & ~fatal & ((infer_k != 0) | (reo_wnd != 0))
-                                 & (a_sack != 0))
-        m.d.sync += i0_valid.eq(ack_infer | poll_valid)
-        with m.If(ack_infer):
-            m.d.sync += [i0["qpn"].eq(a1_qpn), i0["cand"].eq(a1_base), i0["una"].eq(new_una),
-                         i0["next"].eq(a_next), i0["poll"].eq(0), i0_sack.eq(a_sack)]
-        with m.Else():
-            m.d.sync += [i0["qpn"].eq(poll_qpn), i0["cand"].eq(poll_una), i0["una"].eq(poll_una),
-                         i0["next"].eq(poll_next), i0["poll"].eq(1), i0_sack.eq(0)]
-        # I0: SACKed PSNs per 8-bit group and at or above each group (saturating).
-        i1_sack = Signal(bitmap_bits)
-        i1_above = [Signal(5, name=f"i1_above{g}") for g in range(groups + 1)]
-        suffix = [Signal(5, name=f"i0_above{g}") for g in range(groups + 1)]
-        for g in reversed(range(groups)):
-            # A signal per step: an expression would double at each of the `groups` steps.
-            total = _popcount(i0_sack[8 * g:8 * g + 8]) + suffix[g + 1]
-            m.d.comb += suffix[g].eq(Mux(total >= count_cap, count_cap, total))
-        m.d.sync += [i1_valid.eq(i0_valid), i1_sack.eq(i0_sack)]
-        m.d.sync += [i1_above[g].eq(suffix[g]) for g in range(groups + 1)]
-        m.d.sync += [i1[k].eq(i0[k]) for k in i0]
-
-        # I1: the group holding the rank-th highest SACKed PSN, and its rank inside the
-        # group: for the K-th (count rule) and the highest (time rule).
-        def kth_group(k, name):
-            byte, rank, group = C(0, 8), C(0, 4), C(0, max(1, _log2(groups)))
-            for g in range(groups):
-                here = (i1_above[g] >= k) & (i1_above[g + 1] < k)
-                byte = byte | Mux(here, i1_sack[8 * g:8 * g + 8], 0)
-                rank = rank | Mux(here, (k - i1_above[g + 1])[:4], 0)
-                group = group | Mux(here, g, 0)
-            out = (Signal(8, name=f"i2_{name}_byte"), Signal(4, name=f"i2_{name}_rank"),
-                   Signal(len(group), name=f"i2_{name}_group"))
-            m.d.sync += [out[0].eq(byte), out[1].eq(rank), out[2].eq(group)]
-            return out
-
-        i2_byte, i2_rank, i2_group = kth_group(infer_k, "kth")
-        i2_top_byte, _, i2_top_group = kth_group(1, "top")
-        i2_found = Signal()
-        m.d.sync += [i2_valid.eq(i1_valid),
-                     i2_found.eq((infer_k != 0) & (i1_above[0] >= infer_k))]
-        m.d.sync += [i2[k].eq(i1[k]) for k in i1]
-        # I2: the bits inside the groups; read the QP's entry (written back in I3: the
-        # transparent read port forwards it to the next ACK of the same QP).
-        i3_end = Signal(_PSN)
-        i3_top = Signal(_PSN)
-        i3_found = Signal()
-        i2_bit = Cat(_kth_highest(i2_byte, i2_rank), i2_group)
-        i2_top_bit = Cat(_kth_highest(i2_top_byte, 1), i2_top_group)
-        infer_port = reads("inference")["infer"]
-        m.d.comb += [infer_port.addr.eq(i2["qpn"]), infer_port.en.eq(i2_valid)]
-        m.d.sync += [i3_valid.eq(i2_valid), i3_found.eq(i2_found),
-                     i3_end.eq((i2["cand"] + i2_bit)[:_PSN]),
-                     i3_top.eq((i2["cand"] + i2_top_bit + 1)[:_PSN])]
-        m.d.sync += [i3[k].eq(i2[k]) for k in i2]
-        # I3: the region [lower, end); `to` is trusted only inside [una, next_psn]. Every
-        # comparison takes table and stage values directly (one level of comparators, then
-        # muxes): comparisons with `lower` are made against both `to` and `una` and picked.
-        entry = infer_port.data
-        una3, next3 = i3["una"], i3["next"]
-        use_to = Signal()
-        m.d.comb += use_to.eq(_psn_ge(entry.to, una3) & _psn_ge(next3, entry.to))
-
-        def above_lower(value):
-            return Mux(use_to, _psn_gt(value, entry.to), _psn_gt(value, una3))
-
-        i3_lower = Mux(use_to, entry.to, una3)
-        # A SACK infers (and arms the reorder window) only when its bitmap starts at or below
-        # `lower`: then every hole of the region is one the SACK itself reports. A bitmap
-        # placed higher (the responder's block around a late trigger) says nothing about the
-        # PSNs below its base, which may well have arrived.
-        base_ok = Mux(use_to, _psn_ge(entry.to, i3["cand"]), _psn_ge(una3, i3["cand"]))
-        found = Signal()
-        m.d.comb += found.eq(i3_found & base_ok)
-        reo_running = Signal()
-        reo_expired = Signal()
+        infer_req = inference.ack.payload
         m.d.comb += [
-            reo_running.eq((reo_wnd != 0) & entry.reo_armed & above_lower(entry.reo_end)
-                           & _psn_ge(next3, entry.reo_end)),
-            reo_expired.eq(reo_running & ((time_now - entry.reo_at)[:TIME_BITS] >= reo_wnd)),
+            inference.now.eq(now),
+            inference.ack.valid.eq(a_apply & ~fatal & ((infer_k != 0) | (reo_wnd != 0))
+                                   & (a_sack != 0)),
+            infer_req.qpn.eq(a1_qpn), infer_req.base.eq(a1_base), infer_req.una.eq(new_una),
+            infer_req.next.eq(a_next), infer_req.sack.eq(a_sack),
         ]
-        # The time rule's end wins when it lies beyond the count rule's (or there is none).
-        use_reo = Signal()
-        m.d.comb += use_reo.eq(reo_expired & (~found | _psn_gt(entry.reo_end, i3_end)))
-        region_end = Signal(_PSN)       # == lower when nothing is inferred
-        m.d.comb += region_end.eq(Mux(use_reo, entry.reo_end, Mux(found, i3_end, i3_lower)))
-        count_push = Signal()           # the count rule alone finds holes
-        m.d.comb += count_push.eq(found & above_lower(i3_end))
-        i3_push = use_reo | count_push
-        # top > the region's end (== lower when nothing is pushed), picked the same way.
-        top_above_end = Mux(use_reo, _psn_gt(i3_top, entry.reo_end),
-                            Mux(count_push, _psn_gt(i3_top, i3_end), above_lower(i3_top)))
-        reo_arm = ((reo_wnd != 0) & (reo_expired | ~reo_running) & top_above_end & base_ok
-                   & ~i3["poll"])          # a poll has no SACKed PSN to arm with
-        i3_write = i3_valid & (~i3_push | infer_walks.w_rdy)
-        infer_walk = Signal(wl)
-        m.d.comb += [
-            infer_walk.qpn.eq(i3["qpn"]), infer_walk.psn.eq(i3_lower),
-            infer_walk.count.eq(_psn_sub(region_end, i3_lower)),
-            infer_walk.kind.eq(Mux(use_reo & ~count_push, WalkKind.REORDER, WalkKind.INFER)),
-            infer_walks.w_data.eq(infer_walk), infer_walks.w_en.eq(i3_valid & i3_push),
-        ]
-        infer_wp = wps["infer"]
-        with m.If(ctl_write):
-            m.d.comb += [infer_wp.addr.eq(ctl_qpn), infer_wp.en.eq(1),
-                         infer_wp.data.to.eq(ctl_req.psn)]
-        with m.Else():
-            m.d.comb += [infer_wp.addr.eq(i3["qpn"]), infer_wp.en.eq(i3_write),
-                         infer_wp.data.to.eq(Mux(i3_push, region_end, entry.to))]
-            with m.If(reo_arm):
-                m.d.comb += [infer_wp.data.reo_armed.eq(1), infer_wp.data.reo_end.eq(i3_top),
-                             infer_wp.data.reo_at.eq(time_now)]
-            with m.Else():
-                m.d.comb += [infer_wp.data.reo_armed.eq(reo_running & ~reo_expired),
-                             infer_wp.data.reo_end.eq(entry.reo_end),
-                             infer_wp.data.reo_at.eq(entry.reo_at)]
-        count("infer_dropped", i3_valid & i3_push & ~infer_walks.w_rdy)
-        count("reorder_expiries", i3_write & reo_expired)
-        infer_busy = i0_valid | i1_valid | i2_valid | i3_valid
-
-        # == retransmit timer scanner (V0 pick + read, V1 decide + write) ===================
+        count_events(inference)
+        # == retransmit timer scanner =======================================================
         # The segmenter sent the oldest outstanding PSN: the timer starts at that exact time.
         arm_push = s2_emit & (s2_psn == s2_una_now)
         m.d.comb += [arm_fifo.w_data.eq(Cat(s2_qpn, now)), arm_fifo.w_en.eq(arm_push)]
         count("arm_dropped", arm_push & ~arm_fifo.w_rdy)
-        scan_qpn = Signal(qb)           # qps is a power of two: wraps by itself
-        v0_go = ~hold
-        v0_event = arm_fifo.r_rdy
-        v0_qpn = Mux(v0_event, arm_fifo.r_data[:qb], scan_qpn)
-        m.d.comb += arm_fifo.r_en.eq(v0_go)
-        with m.If(v0_go & ~v0_event):
-            m.d.sync += scan_qpn.eq(scan_qpn + 1)
-        v_ports = reads("scanner")
-        for port in v_ports.values():
-            m.d.comb += [port.addr.eq(v0_qpn), port.en.eq(v0_go)]
-        v1_valid = Signal()
-        v1_event = Signal()
-        v1_qpn = Signal(qb)
-        v1_time = Signal(32)
-        m.d.sync += [v1_valid.eq(v0_go), v1_event.eq(v0_event), v1_qpn.eq(v0_qpn),
-                     v1_time.eq(arm_fifo.r_data[qb:])]
-        v_cfg, v_ack, v_tmr = v_ports["cfg"].data, v_ports["ack"].data, v_ports["tmr"].data
-        v_live = (v_cfg.state == P.QpState.RTS) & ~v_ack.error
-        v_outstanding = v_ack.una != v_ports["next_psn"].data
-        v_exponent, v_exhausted = retry_expiry_gateware(
-            v_cfg.timeout, v_cfg.retry_linear, v_cfg.retry_exp, v_tmr.retries)
-        v_expired = ((now - v_tmr.start)[:32] >> v_exponent) != 0
-        # Every scanner visit of a live QP with PSNs outstanding also polls its reorder
-        # window (inference unit, I0), so a window expires reo_wnd after it armed (within a
-        # scan period) even when no later ACK of the QP arrives to find it expired.
-        m.d.comb += [
-            poll_valid.eq(v1_valid & ~v1_event & v_live & v_outstanding & (reo_wnd != 0)),
-            poll_qpn.eq(v1_qpn), poll_una.eq(v_ack.una),
-            poll_next.eq(v_ports["next_psn"].data),
-        ]
-        timeout_walk = Signal(wl)
-        m.d.comb += [
-            timeout_walk.qpn.eq(v1_qpn), timeout_walk.psn.eq(v_ack.una),
-            timeout_walk.count.eq(_psn_sub(v_ports["next_psn"].data, v_ack.una)),
-            timeout_walk.kind.eq(WalkKind.TIMEOUT),
-            timeout_walks.w_data.eq(timeout_walk),
-            exceed_fifo.w_data.eq(v1_qpn),
-        ]
-        tw = wps["tmr"]
-        retries_max = (1 << RETRY_COUNT_BITS) - 1
-        with m.If(ctl_write):
-            m.d.comb += [tw.addr.eq(ctl_qpn), tw.en.eq(1), tw.data.eq(0),
-                         tw.data.una_seen.eq(ctl_req.psn)]
-        with m.Else():
-            m.d.comb += [tw.addr.eq(v1_qpn), tw.data.eq(v_tmr), tw.data.una_seen.eq(v_ack.una)]
-            def restart(start):
-                return [tw.en.eq(1), tw.data.armed.eq(1), tw.data.retries.eq(0),
-                        tw.data.start.eq(start)]
-
-            with m.If(~v1_valid):
-                pass
-            with m.Elif(~v_live | ~v_outstanding):
-                m.d.comb += [tw.en.eq(1), tw.data.armed.eq(0), tw.data.retries.eq(0)]
-            with m.Elif(v1_event):
-                m.d.comb += restart(v1_time)
-            with m.Elif(~v_tmr.armed):
-                m.d.comb += restart(now)
-            with m.Elif(v_ack.una != v_tmr.una_seen):
-                m.d.comb += restart(v_ports["progress"].data)
-            with m.Elif(v_expired & v_exhausted):
-                # Until ACK processing applies it, a repeat ask is harmless (it checks).
-                m.d.comb += [exceed_fifo.w_en.eq(1), tw.en.eq(exceed_fifo.w_rdy),
-                             tw.data.start.eq(now)]
-            with m.Elif(v_expired):
-                # A full queue: nothing changes, the next visit asks again.
-                m.d.comb += [
-                    timeout_walks.w_en.eq(1), tw.en.eq(timeout_walks.w_rdy),
-                    tw.data.start.eq(now),
-                    tw.data.retries.eq(Mux(v_tmr.retries == retries_max, retries_max,
-                                           v_tmr.retries + 1)),
-                ]
-                count("timeouts", timeout_walks.w_rdy)
+        m.submodules.scanner = scanner = TimerScanner(config=cfg)
+        wiring.connect(m, table_block.scanner, scanner.tables)
+        control_to(scanner)
+        m.d.comb += scanner.now.eq(now)
+        fifo_out(arm_fifo, scanner.arm)
+        fifo_in(timeout_walks, scanner.timeout)
+        fifo_in(exceed_fifo, scanner.exceed)
+        wiring.connect(m, scanner.poll, inference.poll)
+        count_events(scanner)
 
         # == completion engine ==============================================================
-        E_IDLE, E_LOAD, E_CHECK = range(3)
-        e_state = Signal(2)
-        e_qpn = Signal(qb)
-        e_head = Signal(sb + 1)
-        e_tail = Signal(sb + 1)
-        e_wimm = Signal(_WIMM_BITS)
-        e_err_done = Signal()
-        e_una = Signal(_PSN)
-        e_error = Signal()
-        e_err_psn = Signal(_PSN)
-        e_err_status = Signal(P.CompletionStatus)
-        e_pick = Signal()
-        e_pick_qpn = Mux(ack_triggers.r_rdy, ack_triggers.r_data[:qb], wr_triggers.r_data)
-        m.d.comb += [
-            wps["trig_seen"].addr.eq(ack_triggers.r_data[:qb]),
-            wps["trig_seen"].data.eq(ack_triggers.r_data[qb]),
-            wps["trig_seen"].en.eq(e_pick & ack_triggers.r_rdy),
-            e_pick.eq((e_state == E_IDLE) & ~hold & (ack_triggers.r_rdy | wr_triggers.r_rdy)),
-            ack_triggers.r_en.eq(e_pick),
-            wr_triggers.r_en.eq(e_pick & ~ack_triggers.r_rdy),
-        ]
-        e_ports = reads("completion")
-        for name, port in e_ports.items():
-            if name == "wr_done":
-                continue
-            m.d.comb += port.addr.eq(Mux(e_pick, e_pick_qpn, e_qpn))
-        e_cq, e_ack = e_ports["cq"].data, e_ports["ack"].data
-        wr_done_port = e_ports["wr_done"]
-        done = wr_done_port.data
-        e_transfer = self.completion.valid & self.completion.ready
-        e_next_head = (e_head + 1)[:sb + 1]
-        with m.Switch(e_state):
-            with m.Case(E_LOAD):
-                m.d.comb += wr_done_port.addr.eq(slot_addr(e_qpn, e_cq.head))
-            with m.Default():
-                m.d.comb += wr_done_port.addr.eq(
-                    slot_addr(e_qpn, Mux(e_transfer, e_next_head, e_head)))
-        acked_wr = _psn_ge(e_una, done.end)
-        e_status = Signal(P.CompletionStatus)
-        e_complete = Signal()
-        e_takes_error = Signal()
-        with m.If((Value.cast(done.refused) != 0) & (acked_wr | e_error)):
-            m.d.comb += [e_complete.eq(1), e_status.eq(done.refused)]
-        with m.Elif(acked_wr):
-            m.d.comb += [e_complete.eq(1), e_status.eq(P.CompletionStatus.SUCCESS)]
-        with m.Elif(e_error):
-            m.d.comb += e_complete.eq(1)
-            with m.If(e_err_status == P.CompletionStatus.RETRY_EXC_ERR):
-                m.d.comb += e_status.eq(P.CompletionStatus.RETRY_EXC_ERR)
-            with m.Elif(~e_err_done & _psn_gt(done.end, e_err_psn)):
-                m.d.comb += [e_status.eq(e_err_status), e_takes_error.eq(1)]
-            with m.Else():
-                m.d.comb += e_status.eq(P.CompletionStatus.WR_FLUSH_ERR)
-        comp = self.completion.payload
-        m.d.comb += [
-            self.completion.valid.eq((e_state == E_CHECK) & e_complete),
-            comp.qpn.eq(e_qpn), comp.side.eq(CompletionSide.REQUESTER),
-            comp.wr_id.eq(done.wr_id), comp.status.eq(e_status),
-            comp.opcode.eq(P.WcOpcode.RDMA_WRITE), comp.byte_len.eq(done.length),
-            comp.imm_valid.eq(0), comp.imm.eq(0),
-        ]
-        with m.Switch(e_state):
-            with m.Case(E_IDLE):
-                with m.If(e_pick):
-                    m.d.sync += [e_qpn.eq(e_pick_qpn), e_state.eq(E_LOAD)]
-            with m.Case(E_LOAD):
-                m.d.sync += [
-                    e_head.eq(e_cq.head), e_wimm.eq(e_cq.wimm), e_err_done.eq(e_cq.err_done),
-                    e_tail.eq(e_ports["sq"].data.tail), e_una.eq(e_ack.una),
-                    e_error.eq(e_ack.error), e_err_psn.eq(e_ack.err_psn),
-                    e_err_status.eq(e_ack.err_status),
-                    e_state.eq(Mux(e_cq.head == e_ports["sq"].data.tail, E_IDLE, E_CHECK)),
-                ]
-            with m.Case(E_CHECK):
-                with m.If(~e_complete):
-                    m.d.sync += e_state.eq(E_IDLE)
-                with m.Elif(e_transfer):
-                    m.d.sync += [
-                        e_head.eq(e_next_head), e_wimm.eq(e_wimm + done.is_imm),
-                        e_err_done.eq(e_err_done | e_takes_error),
-                    ]
-                    with m.If(e_next_head == e_tail):
-                        m.d.sync += e_state.eq(E_IDLE)
-        with m.If(ctl_write):
-            m.d.comb += [wps["cq"].addr.eq(ctl_qpn), wps["cq"].en.eq(1), wps["cq"].data.eq(0)]
-        with m.Else():
-            m.d.comb += [
-                wps["cq"].addr.eq(e_qpn), wps["cq"].en.eq(e_transfer),
-                wps["cq"].data.head.eq(e_next_head),
-                wps["cq"].data.wimm.eq(e_wimm + done.is_imm),
-                wps["cq"].data.err_done.eq(e_err_done | e_takes_error),
-            ]
-        ok = e_status == P.CompletionStatus.SUCCESS
-        count("completions", e_transfer & ok)
-        count("error_completions", e_transfer & ~ok)
+        m.submodules.completion = completion = CompletionEngine(config=cfg)
+        wiring.connect(m, table_block.completion, completion.tables)
+        control_to(completion)
+        fifo_out(ack_triggers, completion.ack_trigger)
+        fifo_out(wr_triggers, completion.wr_trigger)
+        wiring.connect(m, completion.completion, wiring.flipped(self.completion))
+        count_events(completion)
 
         # == control FSM ====================================================================
         c_cfg, c_sq, c_cq = (ctl_ports[n].data for n in ("cfg", "sq", "cq"))
@@ -1341,7 +1069,7 @@ class Requester(wiring.Component):
                 with m.If(self.ctl.valid):
                     m.d.sync += [ctl_req.eq(self.ctl.payload), ctl_state.eq(CTL_HOLD)]
             with m.Case(CTL_HOLD):
-                with m.If(~a1_valid & (e_state == E_IDLE) & ~infer_busy & ~v1_valid
+                with m.If(~a1_valid & ~completion.busy & ~inference.busy & ~scanner.busy
                           & ~ctl_drain_wait):
                     m.d.sync += ctl_state.eq(CTL_DECIDE)
             with m.Case(CTL_DECIDE):
