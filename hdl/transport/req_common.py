@@ -12,7 +12,7 @@ from .req_defs import ACKREQ_EVERY_BITS, INFER_K_BITS, REO_WND_BITS
 
 __all__ = [
     "PSN", "WIMM_BITS", "log2", "psn_sub", "psn_ge", "psn_gt", "clamp", "ones", "rotate_left",
-    "popcount", "kth_highest", "ControlSignature", "events_layout", "count_into",
+    "popcount", "kth_highest", "data_opcode", "ControlSignature", "events_layout",
 ]
 
 PSN = P.PSN_BITS
@@ -116,6 +116,12 @@ def events_layout(names):
     return data.StructLayout({name: 1 for name in names})
 
 
-def count_into(m, events, name, value):
-    """Drive the event bit ``name`` of an engine's ``events`` port."""
-    m.d.comb += events[name].eq(value)
+def data_opcode(first, last, imm):
+    """The BTH opcode of an RDMA WRITE packet: its place in the message, with immediate data
+    on the last."""
+    return Mux(first & last, Mux(imm, P.Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE,
+                                 P.Opcode.RDMA_WRITE_ONLY),
+           Mux(first, P.Opcode.RDMA_WRITE_FIRST,
+           Mux(last, Mux(imm, P.Opcode.RDMA_WRITE_LAST_WITH_IMMEDIATE,
+                         P.Opcode.RDMA_WRITE_LAST),
+               P.Opcode.RDMA_WRITE_MIDDLE)))

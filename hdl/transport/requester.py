@@ -51,16 +51,11 @@ from .req_defs import (
     CWND_BITS,
     INFER_K_BITS,
     INFER_K_DEFAULT,
-    MAX_WR_PACKETS,
-    MSN_BITS,
     NACK_COUNTERS,
     NAK_COUNTERS,
     REO_WND_BITS,
     REQUESTER_COUNTERS,
-    TIME_BITS,
-    YOUNG_CAP_LOG2,
     RequesterCommand,
-    WalkKind,
     bitmap_psns,
     cc_page,
     qp_error_layout,
@@ -74,6 +69,9 @@ from .req_defs import (
     walk_layout,
 )
 from .req_infer import InferenceUnit
+from .req_intake import Segmenter, WrIntake
+from .req_retransmit import Retransmitter, Walker
+from .req_send import FeedbackMerge, SendRegister
 from .req_tables import TABLE_ACCESS, RequesterTables, block_ram_bits, requester_tables
 from .req_timer import TimerScanner, retry_expiry_gateware
 
@@ -240,7 +238,6 @@ class Requester(wiring.Component):
         wb = _log2(window)
         slots = slot_depth(cfg)
         sb = _log2(slots)
-        mtu_bits = _log2(cfg.mtu)
         bitmap_bits = P.SACK_BITMAP_BITS
 
         # -- tables ------------------------------------------------------------------------
@@ -319,8 +316,6 @@ class Requester(wiring.Component):
             width=qb + 1, depth=max(2, cfg.qps))
         m.submodules.wr_triggers = wr_triggers = SyncFIFOBuffered(width=qb, depth=4)
         fb_layout = feedback_layout(cfg)
-        m.submodules.feedback_fifo = feedback_fifo = SyncFIFOBuffered(
-            width=fb_layout.size, depth=self.FEEDBACK_DEPTH)
         qe_layout = qp_error_layout(cfg)
         m.submodules.qp_error_fifo = qp_error_fifo = SyncFIFOBuffered(
             width=qe_layout.size, depth=self.QP_ERROR_DEPTH)
@@ -336,385 +331,54 @@ class Requester(wiring.Component):
             width=wl.size, depth=self.WALK_DEPTH)
         m.submodules.exceed_fifo = exceed_fifo = SyncFIFOBuffered(width=qb,
                                                                   depth=self.EXCEED_DEPTH)
-        m.submodules.lost_fifo = lost_fifo = SyncFIFOBuffered(width=fb_layout.size,
-                                                              depth=self.LOST_DEPTH)
-        # Output register of `feedback`: the two queues take turns when both hold items.
-        fb_valid = Signal()
-        fb_out = Signal(fb_layout)
-        fb_lost_turn = Signal()
-        fb_load = ~fb_valid | self.feedback.ready
-        fb_pick_lost = lost_fifo.r_rdy & (~feedback_fifo.r_rdy | fb_lost_turn)
-        m.d.comb += [
-            self.feedback.valid.eq(fb_valid),
-            self.feedback.payload.eq(fb_out),
-            feedback_fifo.r_en.eq(fb_load & ~fb_pick_lost),
-            lost_fifo.r_en.eq(fb_load & fb_pick_lost),
-        ]
-        with m.If(fb_load):
-            m.d.sync += fb_valid.eq(feedback_fifo.r_rdy | lost_fifo.r_rdy)
-            with m.If(feedback_fifo.r_rdy | lost_fifo.r_rdy):
-                m.d.sync += [
-                    fb_out.eq(Mux(fb_pick_lost, lost_fifo.r_data, feedback_fifo.r_data)),
-                    fb_lost_turn.eq(~fb_pick_lost),
-                ]
+        m.submodules.feedback = feedback = FeedbackMerge(
+            config=cfg, feedback_depth=self.FEEDBACK_DEPTH, lost_depth=self.LOST_DEPTH)
+        wiring.connect(m, feedback.o, wiring.flipped(self.feedback))
         m.d.comb += [
             self.qp_error.valid.eq(qp_error_fifo.r_rdy),
             self.qp_error.payload.eq(qp_error_fifo.r_data),
             qp_error_fifo.r_en.eq(self.qp_error.ready),
         ]
 
-        # -- output register of `send` ------------------------------------------------------
-        out = Signal(self.send.payload.shape())
-        out_valid = Signal()
-        out_load = Signal()
-        m.d.comb += [
-            self.send.valid.eq(out_valid),
-            self.send.payload.eq(out),
-            out_load.eq(~out_valid | self.send.ready),
-        ]
         now = self.now_units
-        time_now = now[:TIME_BITS]
 
-        # == WR intake (S1) =================================================================
-        s1_valid = Signal()
-        s1 = Signal(work_request_layout(cfg))
-        s1_take = Signal()
-        s1_accept = Signal()
-        s1_ports = reads("intake")
-        for port in s1_ports.values():
-            m.d.comb += port.addr.eq(Mux(s1_take, self.wr.payload.qpn, s1.qpn))
-        s1_cfg, s1_sq, s1_ack, s1_cq = (s1_ports[n].data for n in ("cfg", "sq", "ack", "cq"))
+        # == new packets: WR intake (S1), segmenter (S2) ===================================
+        m.submodules.intake = intake = WrIntake(config=cfg)
+        wiring.connect(m, table_block.intake, intake.tables)
+        control_to(intake)
+        wiring.connect(m, wiring.flipped(self.wr), intake.wr)
+        fifo_in(wr_triggers, intake.wr_trigger)
+        count_events(intake)
+        m.submodules.segmenter = segmenter = Segmenter(config=cfg)
+        wiring.connect(m, table_block.segmenter, segmenter.tables)
+        control_to(segmenter)
+        m.d.comb += segmenter.now.eq(now)
+        wiring.connect(m, intake.o, segmenter.i)
+        fifo_in(arm_fifo, segmenter.arm)
+        count_events(segmenter)
 
-        # The QP the segmenter works on (or last worked on) has not written its final next
-        # PSN yet: take it from here.
-        fwd_valid = Signal()
-        fwd_qpn = Signal(qb)
-        fwd_end = Signal(_PSN)
-        s1_next_psn = Mux(fwd_valid & (fwd_qpn == s1.qpn), fwd_end, s1_ports["next_psn"].data)
+        # == resends: walker, retransmitter (R0-R2) ========================================
+        m.submodules.walker = walker = Walker(config=cfg)
+        fifo_out(timeout_walks, walker.timeout)
+        fifo_out(infer_walks, walker.infer)
+        m.submodules.retransmitter = retransmitter = Retransmitter(config=cfg)
+        wiring.connect(m, table_block.retransmitter, retransmitter.tables)
+        control_to(retransmitter)
+        m.d.comb += retransmitter.now.eq(now)
+        fifo_out(trim_queue, retransmitter.trim)
+        wiring.connect(m, walker.o, retransmitter.walk)
+        wiring.connect(m, wiring.flipped(self.retx), retransmitter.retx)
+        wiring.connect(m, retransmitter.lost, feedback.lost)
+        count_events(retransmitter)
 
-        s1_state = Mux(s1_ack.error, P.QpState.ERROR, s1_cfg.state)
-        s1_op_ok = ((s1.opcode == P.WrOpcode.RDMA_WRITE)
-                    | (s1.opcode == P.WrOpcode.RDMA_WRITE_WITH_IMM))
-        s1_is_imm = s1.opcode == P.WrOpcode.RDMA_WRITE_WITH_IMM
-        max_length = MAX_WR_PACKETS << mtu_bits
-        s1_too_long = (s1.length > max_length) if max_length < (1 << 32) else C(0)
-        s1_refused_status = Signal(P.CompletionStatus)
-        s1_refused = Value.cast(s1_refused_status)
-        with m.If(s1_state == P.QpState.ERROR):
-            m.d.comb += s1_refused_status.eq(P.CompletionStatus.WR_FLUSH_ERR)
-        with m.Elif(~s1_op_ok | (s1_state != P.QpState.RTS)):
-            m.d.comb += s1_refused_status.eq(P.CompletionStatus.LOC_QP_OP_ERR)
-        with m.Elif(s1_too_long):
-            m.d.comb += s1_refused_status.eq(P.CompletionStatus.LOC_LEN_ERR)
-        s1_packets = Mux(s1.length == 0, 1, ((s1.length - 1) >> mtu_bits) + 1)
-        s1_slots_used = (s1_sq.tail - s1_cq.head)[:sb + 1]
-        s1_wimm_used = (s1_sq.wimm - s1_cq.wimm)[:_WIMM_BITS]
-        s1_slot_free = s1_slots_used < cfg.wr_slots
-        s1_wimm_ok = ~s1_is_imm | (s1_wimm_used < s1_cfg.max_wimm)
-        s2_free = Signal()
-        s1_accept_refused = s1_valid & (s1_refused != 0) & s1_slot_free & wr_triggers.w_rdy
-        s1_accept_send = s1_valid & (s1_refused == 0) & s1_slot_free & s1_wimm_ok & s2_free
-        m.d.comb += [
-            s1_accept.eq((s1_accept_refused | s1_accept_send) & ~hold),
-            self.wr.ready.eq((~s1_valid | s1_accept) & ~hold),
-            s1_take.eq(self.wr.valid & self.wr.ready),
-        ]
-        with m.If(s1_take):
-            m.d.sync += [s1_valid.eq(1), s1.eq(self.wr.payload)]
-            count("wrs")
-        with m.Elif(s1_accept):
-            m.d.sync += s1_valid.eq(0)
-        count("wr_refused", s1_accept & (s1_refused != 0))
-
-        s1_end = (s1_next_psn + Mux(s1_refused != 0, 0, s1_packets))[:_PSN]
-        m.d.comb += [
-            wps["wr_done"].addr.eq(slot_addr(s1.qpn, s1_sq.tail)),
-            wps["wr_done"].en.eq(s1_accept),
-            wps["wr_done"].data.wr_id.eq(s1.wr_id),
-            wps["wr_done"].data.end.eq(s1_end),
-            wps["wr_done"].data.length.eq(s1.length),
-            wps["wr_done"].data.is_imm.eq(s1_is_imm & (s1_refused == 0)),
-            wps["wr_done"].data.refused.eq(s1_refused_status),
-            wps["wr_send"].addr.eq(slot_addr(s1.qpn, s1_sq.tail)),
-            wps["wr_send"].en.eq(s1_accept & (s1_refused == 0)),
-            wps["wr_send"].data.va.eq(s1.remote_addr),
-            wps["wr_send"].data.local.eq(s1.local_addr),
-            wps["wr_send"].data.rkey.eq(s1.rkey),
-            wps["wr_send"].data.imm.eq(s1.imm),
-            wps["wr_send"].data.first.eq(s1_next_psn),
-            wps["wr_send"].data.length.eq(s1.length),
-            wps["wr_send"].data.is_imm.eq(s1_is_imm),
-            wps["wr_send"].data.msn.eq(s1_sq.msgs),
-            wps["wr_send"].data.rqmsn.eq(s1_sq.imm_msgs),
-            wr_triggers.w_data.eq(s1.qpn),
-            wr_triggers.w_en.eq(s1_accept & (s1_refused != 0)),
-        ]
-        # `sq` table: the intake's own (and the control's).
-        with m.If(ctl_write):
-            m.d.comb += [wps["sq"].addr.eq(ctl_qpn), wps["sq"].en.eq(1),
-                         wps["sq"].data.eq(0)]
-        with m.Else():
-            m.d.comb += [
-                wps["sq"].addr.eq(s1.qpn),
-                wps["sq"].en.eq(s1_accept),
-                wps["sq"].data.tail.eq(s1_sq.tail + 1),
-                wps["sq"].data.wimm.eq(s1_sq.wimm + (s1_is_imm & (s1_refused == 0))),
-                wps["sq"].data.msgs.eq(s1_sq.msgs + (s1_refused == 0)),
-                wps["sq"].data.imm_msgs.eq(s1_sq.imm_msgs + (s1_is_imm & (s1_refused == 0))),
-            ]
-
-        # == segmenter (S2) =================================================================
-        s2_active = Signal()
-        s2_qpn = Signal(qb)
-        s2_psn = Signal(_PSN)
-        s2_slot = Signal(sb)
-        s2_remaining = Signal(32)
-        s2_va = Signal(64)
-        s2_local = Signal(64)
-        s2_rkey = Signal(32)
-        s2_imm = Signal(32)
-        s2_is_imm = Signal()
-        s2_msn = Signal(MSN_BITS)
-        s2_rqmsn = Signal(MSN_BITS)
-        s2_first = Signal()
-        s2_mpr = Signal(4)
-        s2_una = Signal(_PSN)           # una at hand-off, until the table read below is valid
-        s2_fresh = Signal()             # the ack-table read below is for s2_qpn
-        s2_ackcnt = Signal(ACKREQ_EVERY_BITS)
-        s2_ack_port = reads("segmenter")["ack"]
-        m.d.comb += s2_ack_port.addr.eq(s2_qpn)
-        s2_una_now = Mux(s2_fresh, s2_ack_port.data.una, s2_una)
-        s2_abort = s2_active & s2_fresh & s2_ack_port.data.error
-        s2_ahead = _psn_sub(s2_psn, s2_una_now)
-        s2_window_ok = s2_ahead < Cat(C(0, 7), s2_mpr)
-        # The ECN window (CONFIG cc): its table read is valid from the second cycle of a WR.
-        s2_cc_port = reads("segmenter")["cc"]
-        m.d.comb += s2_cc_port.addr.eq(s2_qpn)
-        s2_cc_ok = ~cc_on | (s2_fresh & (s2_ahead < s2_cc_port.data.cwnd))
-        # This packet fills the QP's window (MPR, or the ECN window when on): it asks for an
-        # ACK, so a window-limited QP never waits for the responder's coalescing timer.
-        s2_closes = (((s2_ahead + 1) >= Cat(C(0, 7), s2_mpr))
-                     | (cc_on & ((s2_ahead + 1) >= s2_cc_port.data.cwnd)))
-        s2_last = s2_remaining <= cfg.mtu
-        s2_dma_len = Mux(s2_last, s2_remaining, cfg.mtu)
-        s2_can = s2_active & ~s2_abort & s2_window_ok & s2_cc_ok & ~hold
-        s2_emit = Signal()
-        s2_ackreq = (s2_last | s2_closes
-                     | ((ackreq_every != 0) & (s2_ackcnt == ackreq_every - 1)))
-        m.d.comb += s2_free.eq(~s2_active | s2_abort | (s2_emit & s2_last))
-
-        with m.If(s2_emit):
-            m.d.sync += [
-                s2_psn.eq(s2_psn + 1),
-                s2_va.eq(s2_va + s2_dma_len),
-                s2_local.eq(s2_local + s2_dma_len),
-                s2_remaining.eq(s2_remaining - s2_dma_len),
-                s2_first.eq(0),
-                s2_ackcnt.eq(Mux(s2_ackcnt == ackreq_every - 1, 0, s2_ackcnt + 1)),
-            ]
-            with m.If(s2_last):
-                m.d.sync += s2_active.eq(0)
-        with m.If(s2_abort):
-            m.d.sync += s2_active.eq(0)
-        m.d.sync += s2_fresh.eq(1)
-        with m.If(s1_accept_send & ~hold):
-            m.d.sync += [
-                s2_active.eq(1), s2_qpn.eq(s1.qpn), s2_psn.eq(s1_next_psn),
-                s2_slot.eq(s1_sq.tail[:sb]), s2_remaining.eq(s1.length),
-                s2_va.eq(s1.remote_addr), s2_local.eq(s1.local_addr), s2_rkey.eq(s1.rkey),
-                s2_imm.eq(s1.imm), s2_is_imm.eq(s1_is_imm), s2_first.eq(1),
-                s2_msn.eq(s1_sq.msgs), s2_rqmsn.eq(s1_sq.imm_msgs),
-                s2_mpr.eq(s1_cfg.mpr), s2_una.eq(s1_ack.una), s2_fresh.eq(0),
-                s2_ackcnt.eq(0),
-                fwd_valid.eq(1), fwd_qpn.eq(s1.qpn), fwd_end.eq(s1_end),
-            ]
-
-        # `next_psn` table: the segmenter's own (and the control's).
-        with m.If(ctl_write):
-            m.d.comb += [wps["next_psn"].addr.eq(ctl_qpn), wps["next_psn"].en.eq(1),
-                         wps["next_psn"].data.eq(ctl_req.psn)]
-        with m.Else():
-            m.d.comb += [wps["next_psn"].addr.eq(s2_qpn), wps["next_psn"].en.eq(s2_emit),
-                         wps["next_psn"].data.eq(s2_psn + 1)]
-        with m.If(ctl_write & (fwd_qpn == ctl_qpn)):
-            m.d.sync += fwd_valid.eq(0)
-
-        # == walker: one PSN per cycle of a range request, timeout walks first =============
-        w_valid = Signal()
-        w = Signal(wl)
-        w_first = Signal()
-        w_step = Signal()               # the walker's PSN enters R1 this cycle
-        w_done = w_step & (w.count == 1)
-        w_load = ~w_valid | w_done
-        w_take_timeout = w_load & timeout_walks.r_rdy
-        w_take_infer = w_load & ~timeout_walks.r_rdy & infer_walks.r_rdy
-        m.d.comb += [timeout_walks.r_en.eq(w_take_timeout), infer_walks.r_en.eq(w_take_infer)]
-        with m.If(w_take_timeout | w_take_infer):
-            m.d.sync += [
-                w_valid.eq(1), w_first.eq(1),
-                w.eq(Mux(w_take_timeout, timeout_walks.r_data, infer_walks.r_data)),
-            ]
-        with m.Elif(w_step):
-            m.d.sync += [w.psn.eq(w.psn + 1), w.count.eq(w.count - 1), w_first.eq(0)]
-            with m.If(w_done):
-                m.d.sync += w_valid.eq(0)
-
-        # == retransmitter (R0 take, R1 check, R2 rebuild) ==================================
-        r1_valid = Signal()
-        r1_qpn = Signal(qb)
-        r1_psn = Signal(_PSN)
-        r1_walk = Signal()              # from the walker (else TRIM queue or `retx`)
-        r1_kind = Signal(WalkKind)
-        r1_first = Signal()
-        r2_valid = Signal()
-        r2_qpn = Signal(qb)
-        r2_psn = Signal(_PSN)
-        r2_slot = Signal(sb)
-        r2_ev = Signal(cfg.ev_index_bits)
-        r2_walk = Signal()
-        r2_emit = Signal()
-        r1_advance = Signal()
-        r0_take = Signal()
-        r2_load = Signal()
-        m.d.comb += r0_take.eq(~r1_valid | r1_advance)
-        from_trim = trim_queue.r_rdy
-        from_walk = ~from_trim & w_valid
-        r0_qpn = Mux(from_trim, trim_queue.r_data[:qb], Mux(w_valid, w.qpn, self.retx.payload.qpn))
-        r0_psn = Mux(from_trim, trim_queue.r_data[qb:], Mux(w_valid, w.psn, self.retx.payload.psn))
-        r0_accept = r0_take & (from_trim | w_valid | (self.retx.valid & ~hold))
-        # `retx` waits while a command holds the engines: a QP_WRITE lets the retransmissions
-        # already queued leave first (control, below), and nothing new may join them.
-        m.d.comb += [
-            trim_queue.r_en.eq(r0_take),
-            w_step.eq(r0_take & from_walk),
-            self.retx.ready.eq(r0_take & ~from_trim & ~w_valid & ~hold),
-        ]
-        r_ports = reads("retransmitter")
-        for name, port in r_ports.items():
-            if name == "wr_send":
-                continue
-            addr = psn_addr(r0_qpn, r0_psn) if name in ("meta", "ev") else r0_qpn
-            m.d.comb += [port.addr.eq(addr), port.en.eq(r0_accept)]
-        r1_ack = r_ports["ack"].data
-        r1_meta = r_ports["meta"].data
-        r1_ok = ((r_ports["cfg"].data.state == P.QpState.RTS) & ~r1_ack.error
-                 & _psn_ge(r1_psn, r1_ack.una) & _psn_gt(r_ports["next_psn"].data, r1_psn)
-                 & ~r_ports["acked"].data.bit_select(r1_psn[:wb], 1))
-        # A TIMEOUT walk resends PSNs after the oldest only if they were last sent at least
-        # the base timeout ago (capped: the send time has 16 bits): the others may still be
-        # in flight on good paths. An INFER walk leaves retransmitted PSNs to the timer.
-        r1_timeout = r_ports["cfg"].data.timeout
-        r1_age = (time_now - r1_meta.time)[:TIME_BITS]
-        r1_young = (r1_age >> Mux(r1_timeout > YOUNG_CAP_LOG2, YOUNG_CAP_LOG2, r1_timeout)) == 0
-        r1_walk_ok = (r1_ok & ~((r1_kind == WalkKind.TIMEOUT) & ~r1_first & r1_young)
-                      & ~((r1_kind != WalkKind.TIMEOUT) & r1_meta.retx))
-        r1_go = Mux(r1_walk, r1_walk_ok, r1_ok)
-        r2_can_load = ~r2_valid | r2_emit
-        m.d.comb += [
-            r1_advance.eq(r1_valid & (~r1_go | r2_can_load)),
-            r2_load.eq(r1_valid & r1_go & r2_can_load),
-        ]
-        with m.If(r0_accept):
-            m.d.sync += [r1_valid.eq(1), r1_qpn.eq(r0_qpn), r1_psn.eq(r0_psn),
-                         r1_walk.eq(from_walk), r1_kind.eq(w.kind), r1_first.eq(w_first)]
-        with m.Elif(r1_advance):
-            m.d.sync += r1_valid.eq(0)
-        count("retx_ignored", r1_valid & ~r1_walk & ~r1_ok)
-        count("walk_skipped", r1_valid & r1_walk & ~r1_walk_ok)
-        # LOST feedback for the EV a PSN last went out on: every PSN an INFER walk resends, and
-        # the oldest PSN of a TIMEOUT walk (the one the timer is about) unless it was resent
-        # less than the base timeout ago (by an INFER, REORDER or TRIM resend after the timer
-        # last restarted: that copy has not had its time, and its EV is not the one that lost
-        # the PSN; the walk still resends it). The older holes a
-        # TIMEOUT walk also resends give none: after a long queueing delay they are mostly
-        # late, not lost, and a LOST per hole would strike every plane at once. Nor do the
-        # holes of a REORDER walk (the time rule alone): late by the reorder window is weaker
-        # evidence than K later PSNs, and a false LOST costs a path (with fate sharing, a port).
-        lost_push = r2_load & r1_walk & ((r1_kind == WalkKind.INFER)
-                                         | ((r1_kind == WalkKind.TIMEOUT) & r1_first
-                                            & ~r1_young))
-        lost_value = Signal(fb_layout)
-        m.d.comb += [
-            lost_value.qpn.eq(r1_qpn), lost_value.ev.eq(r_ports["ev"].data),
-            lost_value.kind.eq(P.FeedbackKind.LOST),
-            lost_fifo.w_data.eq(lost_value), lost_fifo.w_en.eq(lost_push),
-        ]
-        count("lost_feedback", lost_push & lost_fifo.w_rdy)
-        walk_resend = r2_load & r1_walk
-        count("timeout_retransmissions", walk_resend & (r1_kind == WalkKind.TIMEOUT))
-        count("inferred_losses", walk_resend & (r1_kind != WalkKind.TIMEOUT))
-        wr_send_port = r_ports["wr_send"]
-        m.d.comb += [
-            wr_send_port.addr.eq(slot_addr(r1_qpn, r_ports["meta"].data.slot)),
-            wr_send_port.en.eq(r2_load),
-        ]
-        with m.If(r2_load):
-            m.d.sync += [r2_valid.eq(1), r2_qpn.eq(r1_qpn), r2_psn.eq(r1_psn), r2_walk.eq(r1_walk),
-                         r2_slot.eq(r_ports["meta"].data.slot), r2_ev.eq(r_ports["ev"].data)]
-        with m.Elif(r2_emit):
-            m.d.sync += r2_valid.eq(0)
-        slot = wr_send_port.data
-        r2_index = _psn_sub(r2_psn, slot.first)
-        r2_offset = Signal(_PSN + mtu_bits)
-        m.d.comb += r2_offset.eq(r2_index << mtu_bits)
-        r2_remaining = (slot.length - r2_offset)[:32]
-        r2_last = r2_remaining <= cfg.mtu
-        r2_dma_len = Mux(r2_last, r2_remaining, cfg.mtu)
-
-        # == send selection: retransmissions first ==========================================
-        def opcode(first, last, imm):
-            return Mux(first & last, Mux(imm, P.Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE,
-                                         P.Opcode.RDMA_WRITE_ONLY),
-                   Mux(first, P.Opcode.RDMA_WRITE_FIRST,
-                   Mux(last, Mux(imm, P.Opcode.RDMA_WRITE_LAST_WITH_IMMEDIATE,
-                                 P.Opcode.RDMA_WRITE_LAST),
-                       P.Opcode.RDMA_WRITE_MIDDLE)))
-
-        # A walker resend leaves only after its LOST feedback has left `feedback`, so path
-        # select applies the LOST (and any fate sweep) before it picks the resend's EV.
-        lost_outstanding = (lost_fifo.level != 0) | (
-            fb_valid & (fb_out.kind == P.FeedbackKind.LOST))
-        r2_hold = r2_walk & lost_outstanding
-        m.d.comb += [
-            r2_emit.eq(out_load & r2_valid & ~r2_hold),
-            s2_emit.eq(out_load & ~r2_valid & s2_can),
-        ]
-        ctx = out.context
-        meta_wp = wps["meta"]
-        with m.If(r2_emit):
-            r2_imm = slot.is_imm & r2_last
-            m.d.sync += [
-                out_valid.eq(1),
-                out.qpn.eq(r2_qpn), out.avoid_ev_valid.eq(1), out.avoid_ev.eq(r2_ev),
-                out.probe.eq(0), out.ev.eq(0),
-                ctx.psn.eq(r2_psn), ctx.opcode.eq(opcode(r2_index == 0, r2_last, r2_imm)),
-                ctx.ackreq.eq(1), ctx.va.eq(slot.va + r2_offset), ctx.rkey.eq(slot.rkey),
-                ctx.dma_len.eq(r2_dma_len), ctx.imm.eq(Mux(r2_imm, slot.imm, 0)),
-                ctx.local_addr.eq(slot.local + r2_offset), ctx.retransmission.eq(1),
-                ctx.msn.eq(slot.msn), ctx.rqmsn.eq(slot.rqmsn),
-            ]
-            m.d.comb += [meta_wp.addr.eq(psn_addr(r2_qpn, r2_psn)), meta_wp.en.eq(1),
-                         meta_wp.data.slot.eq(r2_slot), meta_wp.data.time.eq(time_now),
-                         meta_wp.data.retx.eq(1)]
-        with m.Elif(s2_emit):
-            s2_imm_now = s2_is_imm & s2_last
-            m.d.sync += [
-                out_valid.eq(1),
-                out.qpn.eq(s2_qpn), out.avoid_ev_valid.eq(0), out.avoid_ev.eq(0),
-                out.probe.eq(0), out.ev.eq(0),
-                ctx.psn.eq(s2_psn), ctx.opcode.eq(opcode(s2_first, s2_last, s2_imm_now)),
-                ctx.ackreq.eq(s2_ackreq), ctx.va.eq(s2_va), ctx.rkey.eq(s2_rkey),
-                ctx.dma_len.eq(s2_dma_len), ctx.imm.eq(Mux(s2_imm_now, s2_imm, 0)),
-                ctx.local_addr.eq(s2_local), ctx.retransmission.eq(0),
-                ctx.msn.eq(s2_msn), ctx.rqmsn.eq(s2_rqmsn),
-            ]
-            m.d.comb += [meta_wp.addr.eq(psn_addr(s2_qpn, s2_psn)), meta_wp.en.eq(1),
-                         meta_wp.data.slot.eq(s2_slot), meta_wp.data.time.eq(time_now),
-                         meta_wp.data.retx.eq(0)]
-        with m.Elif(out_load):
-            m.d.sync += out_valid.eq(0)
-        count("packets", s2_emit)
-        count("retransmissions", r2_emit)
+        # == send register: retransmissions first ==========================================
+        m.submodules.sender = sender = SendRegister(config=cfg)
+        wiring.connect(m, table_block.send, sender.tables)
+        m.d.comb += [sender.now.eq(now), sender.lost_pending.eq(feedback.lost_pending)]
+        wiring.connect(m, retransmitter.o, sender.resend)
+        wiring.connect(m, segmenter.o, sender.new)
+        wiring.connect(m, sender.o, wiring.flipped(self.send))
+        count_events(sender)
 
         # == EV reports =====================================================================
         m.d.comb += [
@@ -974,11 +638,11 @@ class Requester(wiring.Component):
         m.d.comb += [
             feedback_value.qpn.eq(a1_qpn), feedback_value.ev.eq(a1_ev),
             feedback_value.kind.eq(fb_kind),
-            feedback_fifo.w_data.eq(feedback_value),
-            feedback_fifo.w_en.eq(feedback_push),
+            feedback.ack.payload.eq(feedback_value),
+            feedback.ack.valid.eq(feedback_push),
         ]
-        count("feedback_dropped", (feedback_push & ~feedback_fifo.w_rdy)
-              + (lost_push & ~lost_fifo.w_rdy))
+        count("feedback_dropped", (feedback_push & ~feedback.ack.ready)
+              + retransmitter.events.lost_dropped)
         count("bad_acks", a1_valid & ~a1_exceed & a_drop)
         count("acks", a_apply & is_ack)
         count("duplicate_acks", a_apply & is_ack & ~advance & ~new_bits)
@@ -1003,10 +667,6 @@ class Requester(wiring.Component):
         ]
         count_events(inference)
         # == retransmit timer scanner =======================================================
-        # The segmenter sent the oldest outstanding PSN: the timer starts at that exact time.
-        arm_push = s2_emit & (s2_psn == s2_una_now)
-        m.d.comb += [arm_fifo.w_data.eq(Cat(s2_qpn, now)), arm_fifo.w_en.eq(arm_push)]
-        count("arm_dropped", arm_push & ~arm_fifo.w_rdy)
         m.submodules.scanner = scanner = TimerScanner(config=cfg)
         wiring.connect(m, table_block.scanner, scanner.tables)
         control_to(scanner)
@@ -1044,11 +704,11 @@ class Requester(wiring.Component):
         # decided under the QP's old state leaves `send` after the response, neither after an
         # ERROR nor after a re-initialisation with a new PSN.
         retx_pending = ((trim_queue.level != 0) | (timeout_walks.level != 0)
-                        | (infer_walks.level != 0) | w_valid | r1_valid | r2_valid)
+                        | (infer_walks.level != 0) | walker.o.valid | retransmitter.busy)
         ctl_drain_wait = Signal()
         m.d.comb += ctl_drain_wait.eq(
             (ctl_req.cmd == RequesterCommand.QP_WRITE)
-            & (retx_pending | (out_valid & (out.qpn == ctl_qpn))))
+            & (retx_pending | (self.send.valid & (self.send.payload.qpn == ctl_qpn))))
         m.d.comb += [
             self.ctl.ready.eq(ctl_state == CTL_IDLE),
             self.ctl_resp.valid.eq(ctl_state == CTL_RESP),
