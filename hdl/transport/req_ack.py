@@ -10,10 +10,12 @@ from amaranth.lib.wiring import In, Out
 from .. import protocol as P
 from ..interfaces import feedback_layout
 from ..packet.headers import PacketKind, packet_beat_layout
-from ..util import as_signal
+from ..util import as_signal, validating
 from .req_common import (
     PSN,
     ControlSignature,
+    check_config,
+    check_depth,
     clamp,
     events_layout,
     log2,
@@ -100,6 +102,10 @@ class AckProcessor(wiring.Component):
                 *NAK_COUNTERS.values(), *NACK_COUNTERS.values())
 
     def __init__(self, *, config, trim_depth, qp_error_depth):
+        with validating(self):
+            check_config(config)
+            check_depth("Trim queue depth", trim_depth)
+            check_depth("QP error queue depth", qp_error_depth)
         self._config = config
         self._trim_depth = trim_depth
         self._qp_error_depth = qp_error_depth

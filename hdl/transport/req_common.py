@@ -8,11 +8,13 @@ from amaranth.lib import data, wiring
 from amaranth.lib.wiring import Out
 
 from .. import protocol as P
+from ..config import NicConfig
 from .req_defs import ACKREQ_EVERY_BITS, INFER_K_BITS, REO_WND_BITS
 
 __all__ = [
     "PSN", "WIMM_BITS", "log2", "psn_sub", "psn_ge", "psn_gt", "clamp", "ones", "rotate_left",
     "popcount", "kth_highest", "data_opcode", "ControlSignature", "events_layout",
+    "check_config", "check_depth",
 ]
 
 PSN = P.PSN_BITS
@@ -125,3 +127,15 @@ def data_opcode(first, last, imm):
            Mux(last, Mux(imm, P.Opcode.RDMA_WRITE_LAST_WITH_IMMEDIATE,
                          P.Opcode.RDMA_WRITE_LAST),
                P.Opcode.RDMA_WRITE_MIDDLE)))
+
+
+def check_config(config):
+    """An engine's ``config`` parameter: a :class:`~hdl.config.NicConfig`."""
+    if not isinstance(config, NicConfig):
+        raise TypeError(f"Configuration must be a NicConfig, not {config!r}")
+
+
+def check_depth(name, depth):
+    """A queue depth parameter: an integer of at least 2."""
+    if not isinstance(depth, int) or depth < 2:
+        raise ValueError(f"{name} must be an integer of at least 2, not {depth!r}")

@@ -6,7 +6,17 @@ from amaranth.lib.wiring import In, Out
 
 from .. import protocol as P
 from ..interfaces import CompletionSide, completion_layout
-from .req_common import PSN, WIMM_BITS, ControlSignature, events_layout, log2, psn_ge, psn_gt
+from ..util import validating
+from .req_common import (
+    PSN,
+    WIMM_BITS,
+    ControlSignature,
+    check_config,
+    events_layout,
+    log2,
+    psn_ge,
+    psn_gt,
+)
 from .req_defs import slot_depth
 from .req_tables import table_access_signature
 
@@ -52,6 +62,8 @@ class CompletionEngine(wiring.Component):
     COUNTERS = ("completions", "error_completions")
 
     def __init__(self, *, config):
+        with validating(self):
+            check_config(config)
         self._config = config
         super().__init__({
             "tables": In(table_access_signature(config, "completion")),

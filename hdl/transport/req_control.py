@@ -5,7 +5,8 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .. import protocol as P
-from .req_common import ControlSignature, log2
+from ..util import validating
+from .req_common import ControlSignature, check_config, log2
 from .req_defs import (
     ACKREQ_EVERY_BITS,
     INFER_K_BITS,
@@ -55,6 +56,8 @@ class RequesterControl(wiring.Component):
     """
 
     def __init__(self, *, config):
+        with validating(self):
+            check_config(config)
         self._config = config
         super().__init__({
             "tables": In(table_access_signature(config, "control")),

@@ -5,9 +5,11 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .. import protocol as P
+from ..util import validating
 from .req_common import (
     PSN,
     ControlSignature,
+    check_config,
     events_layout,
     kth_highest,
     log2,
@@ -71,6 +73,8 @@ class InferenceUnit(wiring.Component):
     COUNTERS = ("infer_dropped", "reorder_expiries")
 
     def __init__(self, *, config):
+        with validating(self):
+            check_config(config)
         self._config = config
         super().__init__({
             "tables": In(table_access_signature(config, "inference")),

@@ -7,10 +7,12 @@ from amaranth.lib.wiring import In, Out
 
 from .. import protocol as P
 from ..interfaces import work_request_layout
+from ..util import validating
 from .req_common import (
     PSN,
     WIMM_BITS,
     ControlSignature,
+    check_config,
     data_opcode,
     events_layout,
     log2,
@@ -66,6 +68,8 @@ class WrIntake(wiring.Component):
     COUNTERS = ("wrs", "wr_refused")
 
     def __init__(self, *, config):
+        with validating(self):
+            check_config(config)
         self._config = config
         super().__init__({
             "tables": In(table_access_signature(config, "intake")),
@@ -219,6 +223,8 @@ class Segmenter(wiring.Component):
     COUNTERS = ("arm_dropped",)
 
     def __init__(self, *, config):
+        with validating(self):
+            check_config(config)
         self._config = config
         super().__init__({
             "tables": In(table_access_signature(config, "segmenter")),

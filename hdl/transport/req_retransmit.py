@@ -7,9 +7,11 @@ from amaranth.lib.wiring import In, Out
 
 from .. import protocol as P
 from ..interfaces import feedback_layout
+from ..util import validating
 from .req_common import (
     PSN,
     ControlSignature,
+    check_config,
     data_opcode,
     events_layout,
     log2,
@@ -61,6 +63,8 @@ class Walker(wiring.Component):
     """
 
     def __init__(self, *, config):
+        with validating(self):
+            check_config(config)
         self._config = config
         super().__init__({
             "timeout": In(stream.Signature(walk_layout(config))),
@@ -138,6 +142,8 @@ class Retransmitter(wiring.Component):
     EVENTS = (*COUNTERS, "lost_dropped")
 
     def __init__(self, *, config):
+        with validating(self):
+            check_config(config)
         self._config = config
         super().__init__({
             "tables": In(table_access_signature(config, "retransmitter")),

@@ -8,7 +8,8 @@ from amaranth.lib.wiring import In, Out
 
 from .. import protocol as P
 from ..interfaces import feedback_layout, path_request_layout
-from .req_common import events_layout, log2
+from ..util import validating
+from .req_common import check_config, check_depth, events_layout, log2
 from .req_defs import TIME_BITS, bitmap_psns, send_context_layout, slot_depth
 from .req_tables import table_access_signature
 
@@ -50,6 +51,8 @@ class SendRegister(wiring.Component):
     COUNTERS = ("packets", "retransmissions")
 
     def __init__(self, *, config):
+        with validating(self):
+            check_config(config)
         self._config = config
         super().__init__({
             "tables": In(table_access_signature(config, "send")),
@@ -116,6 +119,10 @@ class FeedbackMerge(wiring.Component):
     """
 
     def __init__(self, *, config, feedback_depth, lost_depth):
+        with validating(self):
+            check_config(config)
+            check_depth("Feedback queue depth", feedback_depth)
+            check_depth("LOST queue depth", lost_depth)
         self._config = config
         self._feedback_depth = feedback_depth
         self._lost_depth = lost_depth

@@ -16,7 +16,8 @@ from amaranth.lib.wiring import Out
 from amaranth.utils import ceil_log2
 
 from .. import protocol as P
-from .req_common import PSN, WIMM_BITS, log2
+from ..util import validating
+from .req_common import PSN, WIMM_BITS, check_config, log2
 from .req_defs import (
     CWND_BITS,
     MSN_BITS,
@@ -158,6 +159,8 @@ class RequesterTables(wiring.Component):
     """
 
     def __init__(self, *, config):
+        with validating(self):
+            check_config(config)
         self._config = config
         super().__init__({engine: Out(table_access_signature(config, engine))
                           for engine in TABLE_ACCESS})

@@ -6,7 +6,8 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .. import protocol as P
-from .req_common import PSN, ControlSignature, events_layout, psn_sub
+from ..util import validating
+from .req_common import PSN, ControlSignature, check_config, events_layout, psn_sub
 from .req_defs import RETRY_COUNT_BITS, RETRY_EXPONENT_MAX, WalkKind, walk_layout
 from .req_tables import table_access_signature
 
@@ -74,6 +75,8 @@ class TimerScanner(wiring.Component):
     COUNTERS = ("timeouts",)
 
     def __init__(self, *, config):
+        with validating(self):
+            check_config(config)
         self._config = config
         super().__init__({
             "tables": In(table_access_signature(config, "scanner")),

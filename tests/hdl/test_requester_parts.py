@@ -1,15 +1,18 @@
-"""The requester's parts on their own: the table ports, the walker, the send register.
+"""The requester's parts on their own: the table ports, the walker, the send register, the
+parameter checks.
 
 The requester as a whole is checked against its model in ``test_requester.py``; these tests
 pin down the rules of single engines that the whole only shows indirectly.
 """
 
+import pytest
 from amaranth.sim import Simulator
 
 from hdl.config import NicConfig
+from hdl.transport.req_ack import AckProcessor
 from hdl.transport.req_defs import WalkKind
 from hdl.transport.req_retransmit import Walker
-from hdl.transport.req_send import SendRegister
+from hdl.transport.req_send import FeedbackMerge, SendRegister
 from hdl.transport.req_tables import TABLE_ACCESS, requester_tables
 
 CONFIG = NicConfig(qps=4, mpr_units=1, wr_slots=2)
@@ -93,3 +96,13 @@ def test_send_register_sends_resends_first_and_holds_a_walk_resend_behind_lost_f
         assert not ctx.get(dut.o.payload.context.retransmission)
 
     _run(dut, bench)
+
+
+def test_engines_reject_a_bad_configuration_and_bad_queue_depths():
+    with pytest.raises(TypeError, match="Configuration must be a NicConfig, not"):
+        Walker(config={"qps": 4})
+    with pytest.raises(ValueError, match="Trim queue depth must be an integer of at least 2, "
+                                         "not 1"):
+        AckProcessor(config=CONFIG, trim_depth=1, qp_error_depth=4)
+    with pytest.raises(ValueError, match="LOST queue depth must be an integer of at least 2"):
+        FeedbackMerge(config=CONFIG, feedback_depth=4, lost_depth="4")
