@@ -1,208 +1,84 @@
 """The requester: work requests in, data-packet send requests out, SACK/NACK/NAK in, completions
 out. Per-QP send state, per-PSN metadata and WR slots live in block RAM.
 
-Five engines share the tables, each the only writer of its own ones, so every table has one
-write port and the engines run at the same time without arbitration:
+:class:`Requester` is the top: it instantiates the engines below and the FIFOs between them
+and wires them; it has no logic of its own beyond the counters. Each engine is a component
+of its own, with its latency, throughput and hazards in its docstring:
 
-* **WR intake** (S1) reads the QP's state, refuses bad WRs (an error completion through the
-  WR ring, so completions stay in order) and claims a WR slot;
-* **segmenter** (S2) cuts the WR into MTU packets, one per cycle, each checked against the
-  window (``next_psn - una < mpr * 128``) and its metadata written per PSN;
-* **retransmitter** (R0-R2) rebuilds a PSN's packet from its metadata and WR slot; it has
-  priority over new packets on ``send``;
-* **ACK processing** (A1) applies one MRC 1.0 SACK, NACK or AETH NAK per cycle: cumulative
-  advance, SACK bitmap merge (any ``sack_psn_offset``) into the acked bitmap, feedback for the
-  EV the named PSN went out on, NACK TRIMMED -> retransmit queue, fatal NAK -> QP ERROR;
-* **completion engine** walks a QP's WR ring from the oldest slot and completes WRs in order;
-* **timer scanner** visits one QP per cycle and expires its retransmit timer
-  (``docs/recovery.md``);
-* **walker** feeds the retransmitter PSN ranges (timeout and SACK-inferred losses);
-* **inference unit** (I0-I3) finds the holes with K later PSNs SACKed in each applied ACK.
+* **tables** (:class:`~.req_tables.RequesterTables`, ``req_tables.py``): the block RAM
+  tables, one write port each (its owner's) and one transparent read port per reader;
+* **control** (:class:`~.req_control.RequesterControl`, ``req_control.py``): commands,
+  with the engines held; its QP reset goes through each table owner's write port;
+* **WR intake** (:class:`~.req_intake.WrIntake`, S1) reads the QP's state, refuses bad WRs
+  (an error completion through the WR ring, so completions stay in order) and claims a WR
+  slot;
+* **segmenter** (:class:`~.req_intake.Segmenter`, S2) cuts the WR into MTU packets, one per
+  cycle, each checked against the window (``next_psn - una < mpr * 128``);
+* **walker** (:class:`~.req_retransmit.Walker`) turns PSN ranges (timeout and inferred
+  losses) into single PSNs for the retransmitter;
+* **retransmitter** (:class:`~.req_retransmit.Retransmitter`, R0-R2) rebuilds a PSN's packet
+  from its metadata and WR slot;
+* **send register** (:class:`~.req_send.SendRegister`) registers ``send``, resends first,
+  and writes each PSN's metadata;
+* **ACK processing** (:class:`~.req_ack.AckProcessor`, A0-A1) applies one MRC 1.0 SACK, NACK
+  or AETH NAK per cycle: cumulative advance, SACK bitmap merge (any ``sack_psn_offset``)
+  into the acked bitmap, feedback for the EV the named PSN went out on, NACK TRIMMED ->
+  trim queue, fatal NAK -> QP ERROR;
+* **inference unit** (:class:`~.req_infer.InferenceUnit`, I0-I3) finds the holes with K
+  later PSNs SACKed in each applied ACK, and expires reorder windows;
+* **timer scanner** (:class:`~.req_timer.TimerScanner`, V0-V1) visits one QP per cycle and
+  expires its retransmit timer (``docs/recovery.md``);
+* **completion engine** (:class:`~.req_completion.CompletionEngine`) walks a QP's WR ring
+  from the oldest slot and completes WRs in order;
+* **feedback merge** (:class:`~.req_send.FeedbackMerge`) queues the ACK side's and the
+  retransmitter's feedback into ``feedback``.
 
 Every read port is transparent for its table's write port, so a read sees every write of the
 same cycle and earlier: back-to-back operations on one QP need no other forwarding, except
-the segmenter's next PSN (a register: the WR being segmented has not written it yet).
+the intake's next PSN for the QP the segmenter works on (a register: the WR being segmented
+has not written it yet).
 """
 
-from functools import partial
 
 from amaranth import *
-from amaranth.hdl import unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
-from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from .. import protocol as P
 from ..config import NicConfig
 from ..interfaces import (
-    CompletionSide,
     completion_layout,
     feedback_layout,
     path_request_layout,
     work_request_layout,
 )
-from ..packet.headers import PacketKind, packet_beat_layout
-from ..util import as_signal, validating
+from ..packet.headers import packet_beat_layout
+from ..util import validating
+from .req_ack import AckProcessor
+from .req_common import log2
+from .req_completion import CompletionEngine
+from .req_control import RequesterControl
 from .req_defs import (
-    ACKREQ_EVERY_BITS,
-    CC_DECREASE_SHIFT,
-    CC_INCREASE_SHIFT,
-    CC_MAX_STEPS,
-    CC_MIN_WINDOW,
-    CWND_BITS,
-    INFER_K_BITS,
-    INFER_K_DEFAULT,
-    MAX_WR_PACKETS,
-    MSN_BITS,
-    NACK_COUNTERS,
-    NAK_COUNTERS,
-    REO_WND_BITS,
     REQUESTER_COUNTERS,
-    RETRY_COUNT_BITS,
-    RETRY_EXPONENT_MAX,
-    TIME_BITS,
-    YOUNG_CAP_LOG2,
-    RequesterCommand,
-    WalkKind,
     bitmap_psns,
-    cc_page,
     qp_error_layout,
     requester_command_layout,
     requester_response_layout,
     retx_layout,
     send_context_layout,
     sent_layout,
-    slot_depth,
-    timer_page,
     walk_layout,
 )
+from .req_infer import InferenceUnit
+from .req_intake import Segmenter, WrIntake
+from .req_retransmit import Retransmitter, Walker
+from .req_send import FeedbackMerge, SendRegister
+from .req_tables import RequesterTables, block_ram_bits, requester_tables
+from .req_timer import TimerScanner, retry_expiry_gateware
 
 __all__ = ["Requester", "send_context_layout", "requester_tables", "block_ram_bits",
            "retry_expiry_gateware"]
-
-_PSN = P.PSN_BITS
-_WIMM_BITS = 9          # WRITE_IMM counters: in flight = started - done (mod 512) <= 255
-
-
-def _log2(n):
-    return (n - 1).bit_length()
-
-
-def requester_tables(config):
-    """The block RAM tables: ``{name: (shape, depth, read_ports)}``. Each table has one write
-    port; a FPGA implementation holds one copy per read port."""
-    window = bitmap_psns(config)
-    slots = slot_depth(config)
-    count_bits = _log2(slots) + 1
-    qps = config.qps
-    return {
-        "cfg": (data.StructLayout({"state": 3, "mpr": 4, "max_wimm": 8, "timeout": 5,
-                                   "retry_linear": 3, "retry_exp": 5}), qps, 5),
-        # Messages (and WRITE_IMM messages) the QP started, modulo 2**16: the METH numbers.
-        "sq": (data.StructLayout({"tail": count_bits, "wimm": _WIMM_BITS, "msgs": MSN_BITS,
-                                  "imm_msgs": MSN_BITS}), qps, 3),
-        "next_psn": (unsigned(_PSN), qps, 5),
-        "ack": (data.StructLayout({"una": _PSN, "error": 1, "err_status": P.CompletionStatus,
-                                   "err_psn": _PSN}), qps, 7),
-        "cq": (data.StructLayout({"head": count_bits, "wimm": _WIMM_BITS, "err_done": 1}),
-               qps, 3),
-        "acked": (unsigned(window), qps, 2),
-        # A QP has a completion trigger queued while its two bits differ (ACK side sets,
-        # completion engine clears: one writer each).
-        "trig_set": (unsigned(1), qps, 2),
-        "trig_seen": (unsigned(1), qps, 2),
-        "meta": (data.StructLayout({"slot": _log2(slots), "time": TIME_BITS, "retx": 1}),
-                 qps * window, 1),
-        # The EV each PSN last went out on: read by the retransmitter (LOST feedback) and by
-        # ACK processing (the EV a SACK or NACK names by its PSN).
-        "ev": (unsigned(config.ev_index_bits), qps * window, 2),
-        "wr_done": (data.StructLayout({"wr_id": 64, "end": _PSN, "length": 32, "is_imm": 1,
-                                       "refused": P.CompletionStatus}), qps * slots, 1),
-        "wr_send": (data.StructLayout({"va": 64, "local": 64, "rkey": 32, "imm": 32,
-                                       "first": _PSN, "length": 32, "is_imm": 1,
-                                       "msn": MSN_BITS, "rqmsn": MSN_BITS}),
-                    qps * slots, 1),
-        # Loss recovery: the timer scanner's own table: armed, start time, una at its last visit,
-        # retries since the last progress.
-        "tmr": (data.StructLayout({"armed": 1, "start": 32, "una_seen": _PSN,
-                                   "retries": RETRY_COUNT_BITS}), qps, 2),
-        # Time una last advanced (ACK processing): where the timer restarts on progress.
-        "progress": (unsigned(32), qps, 1),
-        # The inference unit's own table: PSNs before `to` were already inferred lost; the
-        # reorder window (time-based inference) runs since `reo_at` for the holes before
-        # `reo_end` while `reo_armed`.
-        "infer": (data.StructLayout({"to": _PSN, "reo_armed": 1, "reo_end": _PSN,
-                                     "reo_at": TIME_BITS}), qps, 1),
-        # The ECN congestion window (ACK processing): PSNs from una the segmenter may send
-        # with CONFIG cc, and the PSN a mark must reach to shrink it again.
-        "cc": (data.StructLayout({"cwnd": CWND_BITS, "acc": CWND_BITS, "recover": _PSN}),
-               qps, 3),
-    }
-
-
-def block_ram_bits(config, *, copies=True):
-    """Block RAM bits of the tables: ``{name: bits}``; ``copies`` counts one copy per read
-    port (as a simple-dual-port FPGA RAM needs)."""
-    out = {}
-    for name, (shape, depth, ports) in requester_tables(config).items():
-        width = Shape.cast(shape).width
-        out[name] = width * depth * (ports if copies else 1)
-    return out
-
-
-def _psn_sub(a, b):
-    """``a - b`` modulo 2**24 (serial-number distance, non-negative view)."""
-    return (a - b)[:_PSN]
-
-
-def _psn_ge(a, b):
-    """``psn_diff(a, b) >= 0``."""
-    return ~_psn_sub(a, b)[_PSN - 1]
-
-
-def _psn_gt(a, b):
-    """``psn_diff(a, b) > 0``."""
-    return _psn_ge(a, b) & (a != b)
-
-
-def _clamp(distance, limit):
-    """A 24-bit serial distance clamped to ``[0, limit]`` (negative -> 0)."""
-    bits = limit.bit_length()
-    return Mux(distance[_PSN - 1], 0, Mux(distance >= limit, limit, distance[:bits]))
-
-
-def _ones(count, width):
-    """``count`` low bits set, ``count`` from 0 to ``width``."""
-    return ((Const(1, 1) << count) - 1)[:width]
-
-
-def _rotate_left(value, amount, width):
-    return (Cat(value, value) << amount)[width:2 * width]
-
-
-def retry_expiry_gateware(t, linear, exponential, retries):
-    """:func:`~hdl.transport.req_defs.retry_expiry` as logic: ``(exponent, exhausted)`` with
-    ``wait_units = 2**exponent`` (``tests/hdl/test_recovery.py`` checks it against the Python
-    function)."""
-    beyond = Mux(retries > linear, retries - linear, 0)
-    exponent = t + beyond
-    exponent = Mux(exponent > RETRY_EXPONENT_MAX, RETRY_EXPONENT_MAX, exponent)
-    exhausted = (exponential != P.RETRY_INFINITE) & (retries >= linear + exponential)
-    return exponent[:5], exhausted
-
-
-def _popcount(value):
-    return sum((value[i] for i in range(len(value))), C(0, 1))
-
-
-def _kth_highest(byte, rank):
-    """Position (0-7) of the ``rank``-th highest set bit of an 8-bit ``byte``."""
-    position = C(0, 3)
-    for i in range(8):
-        above = _popcount(byte[i:])
-        position = Mux(byte[i] & (above == rank), i, position)
-    return position
 
 
 class Requester(wiring.Component):
@@ -310,1144 +186,135 @@ class Requester(wiring.Component):
         m = Module()
         cfg = self._config
         qb = cfg.qpn_bits
-        window = bitmap_psns(cfg)
-        wb = _log2(window)
-        slots = slot_depth(cfg)
-        sb = _log2(slots)
-        mtu_bits = _log2(cfg.mtu)
-        bitmap_bits = P.SACK_BITMAP_BITS
-        tables = requester_tables(cfg)
+        wb = log2(bitmap_psns(cfg))
+        now = self.now_units
 
-        # -- tables -------------------------------------------------------------------------
-        mems, wps = {}, {}
-        for name, (shape, depth, _ports) in tables.items():
-            mems[name] = m.submodules[f"{name}_table"] = Memory(shape=shape, depth=depth,
-                                                                 init=[])
-            wps[name] = mems[name].write_port()
+        m.submodules.tables = tables = RequesterTables(config=cfg)
+        m.submodules.control = control = RequesterControl(config=cfg)
+        m.submodules.intake = intake = WrIntake(config=cfg)
+        m.submodules.segmenter = segmenter = Segmenter(config=cfg)
+        m.submodules.walker = walker = Walker(config=cfg)
+        m.submodules.retransmitter = retransmitter = Retransmitter(config=cfg)
+        m.submodules.sender = sender = SendRegister(config=cfg)
+        m.submodules.ack = ack = AckProcessor(config=cfg, trim_depth=self.TRIM_QUEUE_DEPTH,
+                                              qp_error_depth=self.QP_ERROR_DEPTH)
+        m.submodules.inference = inference = InferenceUnit(config=cfg)
+        m.submodules.scanner = scanner = TimerScanner(config=cfg)
+        m.submodules.completion = completion = CompletionEngine(config=cfg)
+        m.submodules.feedback = feedback = FeedbackMerge(
+            config=cfg, feedback_depth=self.FEEDBACK_DEPTH, lost_depth=self.LOST_DEPTH)
 
-        def rport(name):
-            return mems[name].read_port(transparent_for=(wps[name],))
-
-        def psn_addr(qpn, psn):
-            return Cat(psn[:wb], qpn)
-
-        def slot_addr(qpn, slot):
-            return Cat(slot[:sb], qpn)
-
-        counters = {name: Signal(32, name=f"count_{name}") for name in REQUESTER_COUNTERS}
-        for name, counter in counters.items():
-            m.d.comb += self.counters[name].eq(counter)
-
-        def count(name, enable=1):
-            m.d.sync += counters[name].eq(counters[name] + enable)
-
-        # -- control ------------------------------------------------------------------------
-        CTL_IDLE, CTL_HOLD, CTL_DECIDE, CTL_RESP = range(4)
-        ctl_state = Signal(2)
-        ctl_req = Signal(requester_command_layout(cfg))
-        ctl_errno = Signal(P.Errno)
-        ctl_data = Signal(64)
-        ackreq_every = Signal(ACKREQ_EVERY_BITS)
-        infer_k = Signal(INFER_K_BITS, init=INFER_K_DEFAULT)
-        reo_wnd = Signal(REO_WND_BITS)
-        cc_on = Signal()
-        hold = Signal()                 # pipelines may not write the QP tables
-        ctl_write = Signal()            # this cycle: QP_WRITE writes every QP table
-        # This cycle: QP_WRITE ERROR on a QP with outstanding WRs moves it to ERROR and wakes
-        # the completion engine, which flushes them (the fatal-NAK flush, WR_FLUSH_ERR).
-        ctl_flush = Signal()
-        m.d.comb += hold.eq((ctl_state == CTL_HOLD) | (ctl_state == CTL_DECIDE))
-        ctl_qpn = ctl_req.qpn[:qb]
-        ctl_ports = {name: rport(name) for name in ("cfg", "sq", "next_psn", "ack", "cq",
-                                                      "tmr", "cc", "trig_set", "trig_seen")}
-        for port in ctl_ports.values():
-            m.d.comb += port.addr.eq(ctl_qpn)
+        # -- tables, control, time ---------------------------------------------------------
+        engines = {"control": control, "intake": intake, "segmenter": segmenter,
+                   "retransmitter": retransmitter, "send": sender, "ack": ack,
+                   "inference": inference, "scanner": scanner, "completion": completion}
+        for name, engine in engines.items():
+            wiring.connect(m, getattr(tables, name), engine.tables)
+        # The `ev` table's writer: the EV each PSN went out on.
+        ev_write = tables.ev_reports.write.ev
+        m.d.comb += [
+            self.sent.ready.eq(1),
+            ev_write.addr.eq(Cat(self.sent.payload.psn[:wb], self.sent.payload.qpn)),
+            ev_write.data.eq(self.sent.payload.ev),
+            ev_write.en.eq(self.sent.valid),
+        ]
+        wiring.connect(m, control.control, intake.control, segmenter.control,
+                       retransmitter.control, ack.control, inference.control, scanner.control,
+                       completion.control)
+        for engine in (segmenter, retransmitter, sender, ack, inference, scanner):
+            m.d.comb += engine.now.eq(now)
 
         # -- FIFOs between the engines ------------------------------------------------------
         m.submodules.trim_queue = trim_queue = SyncFIFOBuffered(
-            width=qb + _PSN, depth=self.TRIM_QUEUE_DEPTH)
+            width=qb + P.PSN_BITS, depth=self.TRIM_QUEUE_DEPTH)
         # At most one trigger per QP is queued, so this queue never fills: ACK processing
         # never waits for the completion engine.
         m.submodules.ack_triggers = ack_triggers = SyncFIFOBuffered(
             width=qb + 1, depth=max(2, cfg.qps))
         m.submodules.wr_triggers = wr_triggers = SyncFIFOBuffered(width=qb, depth=4)
-        fb_layout = feedback_layout(cfg)
-        m.submodules.feedback_fifo = feedback_fifo = SyncFIFOBuffered(
-            width=fb_layout.size, depth=self.FEEDBACK_DEPTH)
-        qe_layout = qp_error_layout(cfg)
         m.submodules.qp_error_fifo = qp_error_fifo = SyncFIFOBuffered(
-            width=qe_layout.size, depth=self.QP_ERROR_DEPTH)
+            width=qp_error_layout(cfg).size, depth=self.QP_ERROR_DEPTH)
         # Loss recovery: arm events (segmenter -> scanner), walk requests per kind (scanner,
-        # inference unit -> walker), retry-exceeded QPs (scanner -> ACK processing), LOST
-        # feedback (walker), merged with the ACK side's into `feedback`.
-        wl = walk_layout(cfg)
+        # inference unit -> walker), retry-exceeded QPs (scanner -> ACK processing).
+        walk_bits = walk_layout(cfg).size
         m.submodules.arm_fifo = arm_fifo = SyncFIFOBuffered(width=qb + 32,
                                                             depth=self.ARM_DEPTH)
         m.submodules.timeout_walks = timeout_walks = SyncFIFOBuffered(
-            width=wl.size, depth=self.WALK_DEPTH)
+            width=walk_bits, depth=self.WALK_DEPTH)
         m.submodules.infer_walks = infer_walks = SyncFIFOBuffered(
-            width=wl.size, depth=self.WALK_DEPTH)
+            width=walk_bits, depth=self.WALK_DEPTH)
         m.submodules.exceed_fifo = exceed_fifo = SyncFIFOBuffered(width=qb,
                                                                   depth=self.EXCEED_DEPTH)
-        m.submodules.lost_fifo = lost_fifo = SyncFIFOBuffered(width=fb_layout.size,
-                                                              depth=self.LOST_DEPTH)
-        # Output register of `feedback`: the two queues take turns when both hold items.
-        fb_valid = Signal()
-        fb_out = Signal(fb_layout)
-        fb_lost_turn = Signal()
-        fb_load = ~fb_valid | self.feedback.ready
-        fb_pick_lost = lost_fifo.r_rdy & (~feedback_fifo.r_rdy | fb_lost_turn)
+
+        def fifo_in(fifo, port):
+            """A producer's stream into ``fifo``."""
+            m.d.comb += [fifo.w_data.eq(port.payload), fifo.w_en.eq(port.valid),
+                         port.ready.eq(fifo.w_rdy)]
+
+        def fifo_out(fifo, port):
+            """``fifo`` into a consumer's stream."""
+            m.d.comb += [port.payload.eq(fifo.r_data), port.valid.eq(fifo.r_rdy),
+                         fifo.r_en.eq(port.ready)]
+
+        # -- control ------------------------------------------------------------------------
+        wiring.connect(m, wiring.flipped(self.ctl), control.cmd)
+        wiring.connect(m, control.resp, wiring.flipped(self.ctl_resp))
         m.d.comb += [
-            self.feedback.valid.eq(fb_valid),
-            self.feedback.payload.eq(fb_out),
-            feedback_fifo.r_en.eq(fb_load & ~fb_pick_lost),
-            lost_fifo.r_en.eq(fb_load & fb_pick_lost),
-        ]
-        with m.If(fb_load):
-            m.d.sync += fb_valid.eq(feedback_fifo.r_rdy | lost_fifo.r_rdy)
-            with m.If(feedback_fifo.r_rdy | lost_fifo.r_rdy):
-                m.d.sync += [
-                    fb_out.eq(Mux(fb_pick_lost, lost_fifo.r_data, feedback_fifo.r_data)),
-                    fb_lost_turn.eq(~fb_pick_lost),
-                ]
-        m.d.comb += [
-            self.qp_error.valid.eq(qp_error_fifo.r_rdy),
-            self.qp_error.payload.eq(qp_error_fifo.r_data),
-            qp_error_fifo.r_en.eq(self.qp_error.ready),
+            control.busy.eq(ack.busy | completion.busy | inference.busy | scanner.busy),
+            control.resends_pending.eq(
+                (trim_queue.level != 0) | (timeout_walks.level != 0)
+                | (infer_walks.level != 0) | walker.o.valid | retransmitter.busy),
+            control.sending.eq(self.send.valid), control.sending_qpn.eq(self.send.payload.qpn),
         ]
 
-        # -- output register of `send` ------------------------------------------------------
-        out = Signal(self.send.payload.shape())
-        out_valid = Signal()
-        out_load = Signal()
-        m.d.comb += [
-            self.send.valid.eq(out_valid),
-            self.send.payload.eq(out),
-            out_load.eq(~out_valid | self.send.ready),
-        ]
-        now = self.now_units
-        time_now = now[:TIME_BITS]
+        # -- new packets: WR intake -> segmenter -> send register ---------------------------
+        wiring.connect(m, wiring.flipped(self.wr), intake.wr)
+        fifo_in(wr_triggers, intake.wr_trigger)
+        wiring.connect(m, intake.o, segmenter.i)
+        fifo_in(arm_fifo, segmenter.arm)
+        wiring.connect(m, segmenter.o, sender.new)
 
-        # == WR intake (S1) =================================================================
-        s1_valid = Signal()
-        s1 = Signal(work_request_layout(cfg))
-        s1_take = Signal()
-        s1_accept = Signal()
-        s1_ports = {name: rport(name) for name in ("cfg", "sq", "next_psn", "ack", "cq")}
-        for port in s1_ports.values():
-            m.d.comb += port.addr.eq(Mux(s1_take, self.wr.payload.qpn, s1.qpn))
-        s1_cfg, s1_sq, s1_ack, s1_cq = (s1_ports[n].data for n in ("cfg", "sq", "ack", "cq"))
+        # -- resends: trim queue, walker, retx -> retransmitter -> send register -----------
+        fifo_out(timeout_walks, walker.timeout)
+        fifo_out(infer_walks, walker.infer)
+        fifo_out(trim_queue, retransmitter.trim)
+        wiring.connect(m, walker.o, retransmitter.walk)
+        wiring.connect(m, wiring.flipped(self.retx), retransmitter.retx)
+        wiring.connect(m, retransmitter.lost, feedback.lost)
+        wiring.connect(m, retransmitter.o, sender.resend)
+        m.d.comb += sender.lost_pending.eq(feedback.lost_pending)
+        wiring.connect(m, sender.o, wiring.flipped(self.send))
 
-        # The QP the segmenter works on (or last worked on) has not written its final next
-        # PSN yet: take it from here.
-        fwd_valid = Signal()
-        fwd_qpn = Signal(qb)
-        fwd_end = Signal(_PSN)
-        s1_next_psn = Mux(fwd_valid & (fwd_qpn == s1.qpn), fwd_end, s1_ports["next_psn"].data)
+        # -- ACK processing, inference, timers, completions ---------------------------------
+        wiring.connect(m, wiring.flipped(self.rx), ack.rx)
+        fifo_out(exceed_fifo, ack.exceed)
+        m.d.comb += [ack.trim_level.eq(trim_queue.level),
+                     ack.qp_error_level.eq(qp_error_fifo.level)]
+        fifo_in(trim_queue, ack.trim)
+        fifo_in(ack_triggers, ack.trigger)
+        fifo_in(qp_error_fifo, ack.qp_error)
+        wiring.connect(m, ack.feedback, feedback.ack)
+        wiring.connect(m, ack.infer, inference.ack)
+        fifo_in(infer_walks, inference.walk)
+        fifo_out(arm_fifo, scanner.arm)
+        fifo_in(timeout_walks, scanner.timeout)
+        fifo_in(exceed_fifo, scanner.exceed)
+        wiring.connect(m, scanner.poll, inference.poll)
+        fifo_out(ack_triggers, completion.ack_trigger)
+        fifo_out(wr_triggers, completion.wr_trigger)
+        wiring.connect(m, completion.completion, wiring.flipped(self.completion))
+        wiring.connect(m, feedback.o, wiring.flipped(self.feedback))
+        fifo_out(qp_error_fifo, self.qp_error)
 
-        s1_state = Mux(s1_ack.error, P.QpState.ERROR, s1_cfg.state)
-        s1_op_ok = ((s1.opcode == P.WrOpcode.RDMA_WRITE)
-                    | (s1.opcode == P.WrOpcode.RDMA_WRITE_WITH_IMM))
-        s1_is_imm = s1.opcode == P.WrOpcode.RDMA_WRITE_WITH_IMM
-        max_length = MAX_WR_PACKETS << mtu_bits
-        s1_too_long = (s1.length > max_length) if max_length < (1 << 32) else C(0)
-        s1_refused_status = Signal(P.CompletionStatus)
-        s1_refused = Value.cast(s1_refused_status)
-        with m.If(s1_state == P.QpState.ERROR):
-            m.d.comb += s1_refused_status.eq(P.CompletionStatus.WR_FLUSH_ERR)
-        with m.Elif(~s1_op_ok | (s1_state != P.QpState.RTS)):
-            m.d.comb += s1_refused_status.eq(P.CompletionStatus.LOC_QP_OP_ERR)
-        with m.Elif(s1_too_long):
-            m.d.comb += s1_refused_status.eq(P.CompletionStatus.LOC_LEN_ERR)
-        s1_packets = Mux(s1.length == 0, 1, ((s1.length - 1) >> mtu_bits) + 1)
-        s1_slots_used = (s1_sq.tail - s1_cq.head)[:sb + 1]
-        s1_wimm_used = (s1_sq.wimm - s1_cq.wimm)[:_WIMM_BITS]
-        s1_slot_free = s1_slots_used < cfg.wr_slots
-        s1_wimm_ok = ~s1_is_imm | (s1_wimm_used < s1_cfg.max_wimm)
-        s2_free = Signal()
-        s1_accept_refused = s1_valid & (s1_refused != 0) & s1_slot_free & wr_triggers.w_rdy
-        s1_accept_send = s1_valid & (s1_refused == 0) & s1_slot_free & s1_wimm_ok & s2_free
-        m.d.comb += [
-            s1_accept.eq((s1_accept_refused | s1_accept_send) & ~hold),
-            self.wr.ready.eq((~s1_valid | s1_accept) & ~hold),
-            s1_take.eq(self.wr.valid & self.wr.ready),
-        ]
-        with m.If(s1_take):
-            m.d.sync += [s1_valid.eq(1), s1.eq(self.wr.payload)]
-            count("wrs")
-        with m.Elif(s1_accept):
-            m.d.sync += s1_valid.eq(0)
-        count("wr_refused", s1_accept & (s1_refused != 0))
-
-        s1_end = (s1_next_psn + Mux(s1_refused != 0, 0, s1_packets))[:_PSN]
-        m.d.comb += [
-            wps["wr_done"].addr.eq(slot_addr(s1.qpn, s1_sq.tail)),
-            wps["wr_done"].en.eq(s1_accept),
-            wps["wr_done"].data.wr_id.eq(s1.wr_id),
-            wps["wr_done"].data.end.eq(s1_end),
-            wps["wr_done"].data.length.eq(s1.length),
-            wps["wr_done"].data.is_imm.eq(s1_is_imm & (s1_refused == 0)),
-            wps["wr_done"].data.refused.eq(s1_refused_status),
-            wps["wr_send"].addr.eq(slot_addr(s1.qpn, s1_sq.tail)),
-            wps["wr_send"].en.eq(s1_accept & (s1_refused == 0)),
-            wps["wr_send"].data.va.eq(s1.remote_addr),
-            wps["wr_send"].data.local.eq(s1.local_addr),
-            wps["wr_send"].data.rkey.eq(s1.rkey),
-            wps["wr_send"].data.imm.eq(s1.imm),
-            wps["wr_send"].data.first.eq(s1_next_psn),
-            wps["wr_send"].data.length.eq(s1.length),
-            wps["wr_send"].data.is_imm.eq(s1_is_imm),
-            wps["wr_send"].data.msn.eq(s1_sq.msgs),
-            wps["wr_send"].data.rqmsn.eq(s1_sq.imm_msgs),
-            wr_triggers.w_data.eq(s1.qpn),
-            wr_triggers.w_en.eq(s1_accept & (s1_refused != 0)),
-        ]
-        # `sq` table: the intake's own (and the control's).
-        with m.If(ctl_write):
-            m.d.comb += [wps["sq"].addr.eq(ctl_qpn), wps["sq"].en.eq(1),
-                         wps["sq"].data.eq(0)]
-        with m.Else():
-            m.d.comb += [
-                wps["sq"].addr.eq(s1.qpn),
-                wps["sq"].en.eq(s1_accept),
-                wps["sq"].data.tail.eq(s1_sq.tail + 1),
-                wps["sq"].data.wimm.eq(s1_sq.wimm + (s1_is_imm & (s1_refused == 0))),
-                wps["sq"].data.msgs.eq(s1_sq.msgs + (s1_refused == 0)),
-                wps["sq"].data.imm_msgs.eq(s1_sq.imm_msgs + (s1_is_imm & (s1_refused == 0))),
-            ]
-
-        # == segmenter (S2) =================================================================
-        s2_active = Signal()
-        s2_qpn = Signal(qb)
-        s2_psn = Signal(_PSN)
-        s2_slot = Signal(sb)
-        s2_remaining = Signal(32)
-        s2_va = Signal(64)
-        s2_local = Signal(64)
-        s2_rkey = Signal(32)
-        s2_imm = Signal(32)
-        s2_is_imm = Signal()
-        s2_msn = Signal(MSN_BITS)
-        s2_rqmsn = Signal(MSN_BITS)
-        s2_first = Signal()
-        s2_mpr = Signal(4)
-        s2_una = Signal(_PSN)           # una at hand-off, until the table read below is valid
-        s2_fresh = Signal()             # the ack-table read below is for s2_qpn
-        s2_ackcnt = Signal(ACKREQ_EVERY_BITS)
-        s2_ack_port = rport("ack")
-        m.d.comb += s2_ack_port.addr.eq(s2_qpn)
-        s2_una_now = Mux(s2_fresh, s2_ack_port.data.una, s2_una)
-        s2_abort = s2_active & s2_fresh & s2_ack_port.data.error
-        s2_ahead = _psn_sub(s2_psn, s2_una_now)
-        s2_window_ok = s2_ahead < Cat(C(0, 7), s2_mpr)
-        # The ECN window (CONFIG cc): its table read is valid from the second cycle of a WR.
-        s2_cc_port = rport("cc")
-        m.d.comb += s2_cc_port.addr.eq(s2_qpn)
-        s2_cc_ok = ~cc_on | (s2_fresh & (s2_ahead < s2_cc_port.data.cwnd))
-        # This packet fills the QP's window (MPR, or the ECN window when on): it asks for an
-        # ACK, so a window-limited QP never waits for the responder's coalescing timer.
-        s2_closes = (((s2_ahead + 1) >= Cat(C(0, 7), s2_mpr))
-                     | (cc_on & ((s2_ahead + 1) >= s2_cc_port.data.cwnd)))
-        s2_last = s2_remaining <= cfg.mtu
-        s2_dma_len = Mux(s2_last, s2_remaining, cfg.mtu)
-        s2_can = s2_active & ~s2_abort & s2_window_ok & s2_cc_ok & ~hold
-        s2_emit = Signal()
-        s2_ackreq = (s2_last | s2_closes
-                     | ((ackreq_every != 0) & (s2_ackcnt == ackreq_every - 1)))
-        m.d.comb += s2_free.eq(~s2_active | s2_abort | (s2_emit & s2_last))
-
-        with m.If(s2_emit):
-            m.d.sync += [
-                s2_psn.eq(s2_psn + 1),
-                s2_va.eq(s2_va + s2_dma_len),
-                s2_local.eq(s2_local + s2_dma_len),
-                s2_remaining.eq(s2_remaining - s2_dma_len),
-                s2_first.eq(0),
-                s2_ackcnt.eq(Mux(s2_ackcnt == ackreq_every - 1, 0, s2_ackcnt + 1)),
-            ]
-            with m.If(s2_last):
-                m.d.sync += s2_active.eq(0)
-        with m.If(s2_abort):
-            m.d.sync += s2_active.eq(0)
-        m.d.sync += s2_fresh.eq(1)
-        with m.If(s1_accept_send & ~hold):
-            m.d.sync += [
-                s2_active.eq(1), s2_qpn.eq(s1.qpn), s2_psn.eq(s1_next_psn),
-                s2_slot.eq(s1_sq.tail[:sb]), s2_remaining.eq(s1.length),
-                s2_va.eq(s1.remote_addr), s2_local.eq(s1.local_addr), s2_rkey.eq(s1.rkey),
-                s2_imm.eq(s1.imm), s2_is_imm.eq(s1_is_imm), s2_first.eq(1),
-                s2_msn.eq(s1_sq.msgs), s2_rqmsn.eq(s1_sq.imm_msgs),
-                s2_mpr.eq(s1_cfg.mpr), s2_una.eq(s1_ack.una), s2_fresh.eq(0),
-                s2_ackcnt.eq(0),
-                fwd_valid.eq(1), fwd_qpn.eq(s1.qpn), fwd_end.eq(s1_end),
-            ]
-
-        # `next_psn` table: the segmenter's own (and the control's).
-        with m.If(ctl_write):
-            m.d.comb += [wps["next_psn"].addr.eq(ctl_qpn), wps["next_psn"].en.eq(1),
-                         wps["next_psn"].data.eq(ctl_req.psn)]
-        with m.Else():
-            m.d.comb += [wps["next_psn"].addr.eq(s2_qpn), wps["next_psn"].en.eq(s2_emit),
-                         wps["next_psn"].data.eq(s2_psn + 1)]
-        with m.If(ctl_write & (fwd_qpn == ctl_qpn)):
-            m.d.sync += fwd_valid.eq(0)
-
-        # == walker: one PSN per cycle of a range request, timeout walks first =============
-        w_valid = Signal()
-        w = Signal(wl)
-        w_first = Signal()
-        w_step = Signal()               # the walker's PSN enters R1 this cycle
-        w_done = w_step & (w.count == 1)
-        w_load = ~w_valid | w_done
-        w_take_timeout = w_load & timeout_walks.r_rdy
-        w_take_infer = w_load & ~timeout_walks.r_rdy & infer_walks.r_rdy
-        m.d.comb += [timeout_walks.r_en.eq(w_take_timeout), infer_walks.r_en.eq(w_take_infer)]
-        with m.If(w_take_timeout | w_take_infer):
-            m.d.sync += [
-                w_valid.eq(1), w_first.eq(1),
-                w.eq(Mux(w_take_timeout, timeout_walks.r_data, infer_walks.r_data)),
-            ]
-        with m.Elif(w_step):
-            m.d.sync += [w.psn.eq(w.psn + 1), w.count.eq(w.count - 1), w_first.eq(0)]
-            with m.If(w_done):
-                m.d.sync += w_valid.eq(0)
-
-        # == retransmitter (R0 take, R1 check, R2 rebuild) ==================================
-        r1_valid = Signal()
-        r1_qpn = Signal(qb)
-        r1_psn = Signal(_PSN)
-        r1_walk = Signal()              # from the walker (else TRIM queue or `retx`)
-        r1_kind = Signal(WalkKind)
-        r1_first = Signal()
-        r2_valid = Signal()
-        r2_qpn = Signal(qb)
-        r2_psn = Signal(_PSN)
-        r2_slot = Signal(sb)
-        r2_ev = Signal(cfg.ev_index_bits)
-        r2_walk = Signal()
-        r2_emit = Signal()
-        r1_advance = Signal()
-        r0_take = Signal()
-        r2_load = Signal()
-        m.d.comb += r0_take.eq(~r1_valid | r1_advance)
-        from_trim = trim_queue.r_rdy
-        from_walk = ~from_trim & w_valid
-        r0_qpn = Mux(from_trim, trim_queue.r_data[:qb], Mux(w_valid, w.qpn, self.retx.payload.qpn))
-        r0_psn = Mux(from_trim, trim_queue.r_data[qb:], Mux(w_valid, w.psn, self.retx.payload.psn))
-        r0_accept = r0_take & (from_trim | w_valid | (self.retx.valid & ~hold))
-        # `retx` waits while a command holds the engines: a QP_WRITE lets the retransmissions
-        # already queued leave first (control, below), and nothing new may join them.
-        m.d.comb += [
-            trim_queue.r_en.eq(r0_take),
-            w_step.eq(r0_take & from_walk),
-            self.retx.ready.eq(r0_take & ~from_trim & ~w_valid & ~hold),
-        ]
-        r_ports = {name: rport(name) for name in ("cfg", "next_psn", "ack", "acked", "meta",
-                                                    "ev")}
-        for name, port in r_ports.items():
-            addr = psn_addr(r0_qpn, r0_psn) if name in ("meta", "ev") else r0_qpn
-            m.d.comb += [port.addr.eq(addr), port.en.eq(r0_accept)]
-        r1_ack = r_ports["ack"].data
-        r1_meta = r_ports["meta"].data
-        r1_ok = ((r_ports["cfg"].data.state == P.QpState.RTS) & ~r1_ack.error
-                 & _psn_ge(r1_psn, r1_ack.una) & _psn_gt(r_ports["next_psn"].data, r1_psn)
-                 & ~r_ports["acked"].data.bit_select(r1_psn[:wb], 1))
-        # A TIMEOUT walk resends PSNs after the oldest only if they were last sent at least
-        # the base timeout ago (capped: the send time has 16 bits): the others may still be
-        # in flight on good paths. An INFER walk leaves retransmitted PSNs to the timer.
-        r1_timeout = r_ports["cfg"].data.timeout
-        r1_age = (time_now - r1_meta.time)[:TIME_BITS]
-        r1_young = (r1_age >> Mux(r1_timeout > YOUNG_CAP_LOG2, YOUNG_CAP_LOG2, r1_timeout)) == 0
-        r1_walk_ok = (r1_ok & ~((r1_kind == WalkKind.TIMEOUT) & ~r1_first & r1_young)
-                      & ~((r1_kind != WalkKind.TIMEOUT) & r1_meta.retx))
-        r1_go = Mux(r1_walk, r1_walk_ok, r1_ok)
-        r2_can_load = ~r2_valid | r2_emit
-        m.d.comb += [
-            r1_advance.eq(r1_valid & (~r1_go | r2_can_load)),
-            r2_load.eq(r1_valid & r1_go & r2_can_load),
-        ]
-        with m.If(r0_accept):
-            m.d.sync += [r1_valid.eq(1), r1_qpn.eq(r0_qpn), r1_psn.eq(r0_psn),
-                         r1_walk.eq(from_walk), r1_kind.eq(w.kind), r1_first.eq(w_first)]
-        with m.Elif(r1_advance):
-            m.d.sync += r1_valid.eq(0)
-        count("retx_ignored", r1_valid & ~r1_walk & ~r1_ok)
-        count("walk_skipped", r1_valid & r1_walk & ~r1_walk_ok)
-        # LOST feedback for the EV a PSN last went out on: every PSN an INFER walk resends, and
-        # the oldest PSN of a TIMEOUT walk (the one the timer is about) unless it was resent
-        # less than the base timeout ago (by an INFER, REORDER or TRIM resend after the timer
-        # last restarted: that copy has not had its time, and its EV is not the one that lost
-        # the PSN; the walk still resends it). The older holes a
-        # TIMEOUT walk also resends give none: after a long queueing delay they are mostly
-        # late, not lost, and a LOST per hole would strike every plane at once. Nor do the
-        # holes of a REORDER walk (the time rule alone): late by the reorder window is weaker
-        # evidence than K later PSNs, and a false LOST costs a path (with fate sharing, a port).
-        lost_push = r2_load & r1_walk & ((r1_kind == WalkKind.INFER)
-                                         | ((r1_kind == WalkKind.TIMEOUT) & r1_first
-                                            & ~r1_young))
-        lost_value = Signal(fb_layout)
-        m.d.comb += [
-            lost_value.qpn.eq(r1_qpn), lost_value.ev.eq(r_ports["ev"].data),
-            lost_value.kind.eq(P.FeedbackKind.LOST),
-            lost_fifo.w_data.eq(lost_value), lost_fifo.w_en.eq(lost_push),
-        ]
-        count("lost_feedback", lost_push & lost_fifo.w_rdy)
-        walk_resend = r2_load & r1_walk
-        count("timeout_retransmissions", walk_resend & (r1_kind == WalkKind.TIMEOUT))
-        count("inferred_losses", walk_resend & (r1_kind != WalkKind.TIMEOUT))
-        wr_send_port = mems["wr_send"].read_port(transparent_for=(wps["wr_send"],))
-        m.d.comb += [
-            wr_send_port.addr.eq(slot_addr(r1_qpn, r_ports["meta"].data.slot)),
-            wr_send_port.en.eq(r2_load),
-        ]
-        with m.If(r2_load):
-            m.d.sync += [r2_valid.eq(1), r2_qpn.eq(r1_qpn), r2_psn.eq(r1_psn), r2_walk.eq(r1_walk),
-                         r2_slot.eq(r_ports["meta"].data.slot), r2_ev.eq(r_ports["ev"].data)]
-        with m.Elif(r2_emit):
-            m.d.sync += r2_valid.eq(0)
-        slot = wr_send_port.data
-        r2_index = _psn_sub(r2_psn, slot.first)
-        r2_offset = Signal(_PSN + mtu_bits)
-        m.d.comb += r2_offset.eq(r2_index << mtu_bits)
-        r2_remaining = (slot.length - r2_offset)[:32]
-        r2_last = r2_remaining <= cfg.mtu
-        r2_dma_len = Mux(r2_last, r2_remaining, cfg.mtu)
-
-        # == send selection: retransmissions first ==========================================
-        def opcode(first, last, imm):
-            return Mux(first & last, Mux(imm, P.Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE,
-                                         P.Opcode.RDMA_WRITE_ONLY),
-                   Mux(first, P.Opcode.RDMA_WRITE_FIRST,
-                   Mux(last, Mux(imm, P.Opcode.RDMA_WRITE_LAST_WITH_IMMEDIATE,
-                                 P.Opcode.RDMA_WRITE_LAST),
-                       P.Opcode.RDMA_WRITE_MIDDLE)))
-
-        # A walker resend leaves only after its LOST feedback has left `feedback`, so path
-        # select applies the LOST (and any fate sweep) before it picks the resend's EV.
-        lost_outstanding = (lost_fifo.level != 0) | (
-            fb_valid & (fb_out.kind == P.FeedbackKind.LOST))
-        r2_hold = r2_walk & lost_outstanding
-        m.d.comb += [
-            r2_emit.eq(out_load & r2_valid & ~r2_hold),
-            s2_emit.eq(out_load & ~r2_valid & s2_can),
-        ]
-        ctx = out.context
-        meta_wp = wps["meta"]
-        with m.If(r2_emit):
-            r2_imm = slot.is_imm & r2_last
-            m.d.sync += [
-                out_valid.eq(1),
-                out.qpn.eq(r2_qpn), out.avoid_ev_valid.eq(1), out.avoid_ev.eq(r2_ev),
-                out.probe.eq(0), out.ev.eq(0),
-                ctx.psn.eq(r2_psn), ctx.opcode.eq(opcode(r2_index == 0, r2_last, r2_imm)),
-                ctx.ackreq.eq(1), ctx.va.eq(slot.va + r2_offset), ctx.rkey.eq(slot.rkey),
-                ctx.dma_len.eq(r2_dma_len), ctx.imm.eq(Mux(r2_imm, slot.imm, 0)),
-                ctx.local_addr.eq(slot.local + r2_offset), ctx.retransmission.eq(1),
-                ctx.msn.eq(slot.msn), ctx.rqmsn.eq(slot.rqmsn),
-            ]
-            m.d.comb += [meta_wp.addr.eq(psn_addr(r2_qpn, r2_psn)), meta_wp.en.eq(1),
-                         meta_wp.data.slot.eq(r2_slot), meta_wp.data.time.eq(time_now),
-                         meta_wp.data.retx.eq(1)]
-        with m.Elif(s2_emit):
-            s2_imm_now = s2_is_imm & s2_last
-            m.d.sync += [
-                out_valid.eq(1),
-                out.qpn.eq(s2_qpn), out.avoid_ev_valid.eq(0), out.avoid_ev.eq(0),
-                out.probe.eq(0), out.ev.eq(0),
-                ctx.psn.eq(s2_psn), ctx.opcode.eq(opcode(s2_first, s2_last, s2_imm_now)),
-                ctx.ackreq.eq(s2_ackreq), ctx.va.eq(s2_va), ctx.rkey.eq(s2_rkey),
-                ctx.dma_len.eq(s2_dma_len), ctx.imm.eq(Mux(s2_imm_now, s2_imm, 0)),
-                ctx.local_addr.eq(s2_local), ctx.retransmission.eq(0),
-                ctx.msn.eq(s2_msn), ctx.rqmsn.eq(s2_rqmsn),
-            ]
-            m.d.comb += [meta_wp.addr.eq(psn_addr(s2_qpn, s2_psn)), meta_wp.en.eq(1),
-                         meta_wp.data.slot.eq(s2_slot), meta_wp.data.time.eq(time_now),
-                         meta_wp.data.retx.eq(0)]
-        with m.Elif(out_load):
-            m.d.sync += out_valid.eq(0)
-        count("packets", s2_emit)
-        count("retransmissions", r2_emit)
-
-        # == EV reports =====================================================================
-        m.d.comb += [
-            self.sent.ready.eq(1),
-            wps["ev"].addr.eq(psn_addr(self.sent.payload.qpn, self.sent.payload.psn)),
-            wps["ev"].data.eq(self.sent.payload.ev),
-            wps["ev"].en.eq(self.sent.valid),
-        ]
-
-        # == ACK processing (A0 take, A1 apply) =============================================
-        def room(fifo, depth):
-            return fifo.level <= depth - 2      # one more may be in A1 already
-
-        rx_header = self.rx.payload.header
-        rx_seth = rx_header.ctl.sack.seth
-        rx_is_sack = rx_header.kind == PacketKind.SACK
-        rx_is_nack = rx_header.kind == PacketKind.NACK
-        rx_is_aeth = rx_header.kind == PacketKind.AETH
-        # The PSN the packet is about: a SACK's ack_psn (cack_psn + ack_psn_offset; a probe
-        # answer's offset is a probe id, so its own PSN is its cack_psn), a NACK's nack_psn,
-        # a NAK's PSN. Its EV is the one the PSN last went out on (the `ev` table).
-        rx_psn = Mux(rx_is_sack & ~rx_seth.pr,
-                     (rx_header.bth.psn + rx_seth.ack_psn_offset.as_signed())[:_PSN],
-                     rx_header.bth.psn)
-        rx_take = Signal()
-        # A QP whose retries are exhausted takes the place of an rx beat.
-        a0_room = (~hold & room(trim_queue, self.TRIM_QUEUE_DEPTH)
-                   & room(qp_error_fifo, self.QP_ERROR_DEPTH))
-        x_take = exceed_fifo.r_rdy & a0_room
-        m.d.comb += [
-            self.rx.ready.eq(a0_room & ~exceed_fifo.r_rdy),
-            rx_take.eq(self.rx.valid & self.rx.ready),
-            exceed_fifo.r_en.eq(x_take),
-        ]
-        a_ports = {name: rport(name) for name in ("cfg", "next_psn", "ack", "acked",
-                                                    "trig_set", "trig_seen", "cc")}
-        for port in a_ports.values():
-            m.d.comb += [port.addr.eq(Mux(x_take, exceed_fifo.r_data, rx_header.bth.dqpn[:qb])),
-                         port.en.eq(rx_take | x_take)]
-        a_ev_port = rport("ev")
-        m.d.comb += [a_ev_port.addr.eq(psn_addr(rx_header.bth.dqpn[:qb], rx_psn)),
-                     a_ev_port.en.eq(rx_take)]
-        a1_valid = Signal()
-        a1_exceed = Signal()            # retries exhausted for QP a1_qpn (not a packet)
-        a1_known = Signal()             # a SACK/NACK/NAK for a QP that exists
-        a1_qpn = Signal(qb)
-        a1_kind = Signal(PacketKind)
-        a1_syndrome = Signal(8)
-        a1_reason = Signal(8)
-        a1_psn = Signal(_PSN)
-        a1_pr = Signal()
-        a1_mark = Signal(P.SackMark)
-        a1_cum = Signal(_PSN)
-        a1_base = Signal(_PSN)          # PSN of SACK bitmap bit 0
-        a1_sack = Signal(bitmap_bits)
-        m.d.sync += [a1_valid.eq(rx_take | x_take), a1_exceed.eq(x_take)]
-        with m.If(x_take):
-            m.d.sync += [a1_known.eq(0), a1_qpn.eq(exceed_fifo.r_data), a1_sack.eq(0)]
-        with m.Elif(rx_take):
-            m.d.sync += [
-                # A SACK whose SETH cack_psn is not its BTH PSN is malformed: a bad ACK.
-                a1_known.eq((rx_is_sack & (rx_seth.cack_psn == rx_header.bth.psn)
-                             | rx_is_nack | rx_is_aeth) & (rx_header.bth.dqpn < cfg.qps)),
-                a1_qpn.eq(rx_header.bth.dqpn[:qb]),
-                a1_kind.eq(rx_header.kind),
-                a1_syndrome.eq(rx_header.aeth.syndrome),
-                a1_reason.eq(rx_header.ctl.neth.nack_reason),
-                a1_psn.eq(rx_psn),
-                a1_pr.eq(rx_seth.pr),
-                a1_mark.eq(rx_seth.m),
-                a1_cum.eq(rx_header.bth.psn),
-                a1_base.eq((rx_header.bth.psn + rx_seth.sack_psn_offset.as_signed())[:_PSN]),
-                a1_sack.eq(Mux(rx_is_sack, rx_seth.sack_bitmap, 0)),
-            ]
-        a_ack = a_ports["ack"].data
-        a_next = a_ports["next_psn"].data
-        a_old_bitmap = a_ports["acked"].data
-        a_una = a_ack.una
-        a1_ev = a_ev_port.data
-        # Signals, not expressions: each is read in many places below.
-        sig = partial(as_signal, m)
-        is_ack = sig(a1_kind == PacketKind.SACK, "a_is_ack")
-        is_nack = sig(a1_kind == PacketKind.NACK, "a_is_nack")
-        is_nak = sig((a1_kind == PacketKind.AETH) & (a1_syndrome[5:7] == 3), "a_is_nak")
-        code = a1_syndrome[:5]
-        fatal = sig(is_nak & ((code == P.NakCode.INVALID_REQUEST)
-                              | (code == P.NakCode.REMOTE_ACCESS)
-                              | (code == P.NakCode.REMOTE_OPERATIONAL)), "a_fatal")
-        trim = sig(is_nack & (a1_reason == P.NackReason.TRIMMED), "a_trim")
-        out_of_window = sig(is_nack & (a1_reason == P.NackReason.PSN_OOR_WINDOW),
-                            "a_out_of_window")
-        # Only a SACK moves the cumulative PSN.
-        cand = sig(Mux(is_ack, (a1_cum + 1)[:_PSN], a_una), "a_cand")
-        advance = sig(_psn_gt(cand, a_una), "a_advance")
-        beyond = sig(advance & ~_psn_ge(a_next, cand), "a_beyond")
-        new_una = sig(Mux(advance, cand, a_una), "a_new_una")
-        outstanding = sig(_psn_ge(a1_psn, new_una) & _psn_gt(a_next, a1_psn), "a_outstanding")
-        # The PSN the packet names was sent and its EV entry still holds it.
-        psn_sent = sig(_psn_gt(a_next, a1_psn) & (_psn_sub(a_next, a1_psn) <= window),
-                       "a_psn_sent")
-        a_live = sig((a_ports["cfg"].data.state == P.QpState.RTS) & ~a_ack.error, "a_live")
-        a_drop = sig(~a1_known | ~a_live | ~(is_ack | fatal | trim | out_of_window) | beyond
-                     | (fatal & ~outstanding), "a_drop")
-        a_apply = sig(a1_valid & ~a1_exceed & ~a_drop, "a_apply")
-        # Exhausted retries: like a fatal NAK for the oldest PSN, if the QP is still live.
-        x_apply = sig(a1_valid & a1_exceed & a_live, "x_apply")
-
-        # SACK bit i is PSN base + i (any sack_psn_offset); keep the bits for PSNs in
-        # [max(una, base), next_psn): a bitmap that does not overlap the window adds nothing.
-        lo = _clamp(_psn_sub(new_una, a1_base), bitmap_bits)
-        hi = _clamp(_psn_sub(a_next, a1_base), bitmap_bits)
-        sack_mask = _ones(hi, bitmap_bits) & ~_ones(lo, bitmap_bits)
-        sack_rot = _rotate_left(Cat(a1_sack & sack_mask, C(0, window - bitmap_bits)),
-                                a1_base[:wb], window)
-        clear_len = Mux(advance, _psn_sub(cand, a_una)[:wb + 1], 0)
-        clear = _rotate_left(_ones(clear_len, window), a_una[:wb], window)
-        new_bitmap = Signal(window)
-        m.d.comb += new_bitmap.eq((a_old_bitmap & ~clear) | sack_rot)
-        new_bits = (sack_rot & ~a_old_bitmap).any()
-        trim_queued = (a_apply & trim & outstanding
-                       & ~new_bitmap.bit_select(a1_psn[:wb], 1))
-        err_status = Signal(P.CompletionStatus)
-        with m.Switch(code):
-            for nak_code, status in (
-                    (P.NakCode.INVALID_REQUEST, P.CompletionStatus.REM_INV_REQ_ERR),
-                    (P.NakCode.REMOTE_ACCESS, P.CompletionStatus.REM_ACCESS_ERR),
-                    (P.NakCode.REMOTE_OPERATIONAL, P.CompletionStatus.REM_OP_ERR)):
-                with m.Case(nak_code):
-                    m.d.comb += err_status.eq(status)
-
-        c_ack = ctl_ports["ack"].data
-        with m.If(ctl_write):
-            m.d.comb += [
-                wps["ack"].addr.eq(ctl_qpn), wps["ack"].en.eq(1),
-                wps["ack"].data.eq(0), wps["ack"].data.una.eq(ctl_req.psn),
-                wps["acked"].addr.eq(ctl_qpn), wps["acked"].en.eq(1), wps["acked"].data.eq(0),
-            ]
-        with m.Elif(ctl_flush):
-            # Software ERROR: the fatal-NAK error with WR_FLUSH_ERR for the oldest PSN, so
-            # the completion engine gives every outstanding WR WR_FLUSH_ERR.
-            m.d.comb += [
-                wps["ack"].addr.eq(ctl_qpn), wps["ack"].en.eq(1),
-                wps["ack"].data.una.eq(c_ack.una), wps["ack"].data.error.eq(1),
-                wps["ack"].data.err_status.eq(P.CompletionStatus.WR_FLUSH_ERR),
-                wps["ack"].data.err_psn.eq(c_ack.una),
-            ]
-        with m.Elif(x_apply):
-            m.d.comb += [
-                wps["ack"].addr.eq(a1_qpn), wps["ack"].en.eq(1),
-                wps["ack"].data.una.eq(a_una), wps["ack"].data.error.eq(1),
-                wps["ack"].data.err_status.eq(P.CompletionStatus.RETRY_EXC_ERR),
-                wps["ack"].data.err_psn.eq(a_una),
-            ]
-        with m.Else():
-            m.d.comb += [
-                wps["ack"].addr.eq(a1_qpn), wps["ack"].en.eq(a_apply),
-                wps["ack"].data.una.eq(new_una),
-                wps["ack"].data.error.eq(fatal),
-                wps["ack"].data.err_status.eq(Mux(fatal, err_status, 0)),
-                wps["ack"].data.err_psn.eq(Mux(fatal, a1_psn, 0)),
-                wps["acked"].addr.eq(a1_qpn), wps["acked"].en.eq(a_apply),
-                wps["acked"].data.eq(new_bitmap),
-            ]
-
-        # The ECN window: an ACK echoing CE for a PSN sent after the last decrease takes 1/8
-        # (at least one) off the window the QP used (floor CC_MIN_WINDOW): the larger of the
-        # PSNs in flight before it and the PSNs sent since the last decrease, at most cwnd; an
-        # unmarked ACK counts the PSNs it acknowledges cumulatively (at least one), every
-        # cwnd/4 counted add one PSN (byte counting, at most CC_MAX_STEPS per ACK), up to MPR.
-        a_cc = a_ports["cc"].data
-        cc_max = Cat(C(0, 7), a_ports["cfg"].data.mpr)
-        cc_flight = _psn_sub(a_next, a_una)        # in flight when the marked ACK left
-        cc_sent = _psn_sub(a_next, a_cc.recover)   # sent since the last decrease
-        cc_window = Mux(cc_sent > cc_flight, cc_sent, cc_flight)
-        cc_base = Mux(cc_window < a_cc.cwnd, cc_window[:CWND_BITS], a_cc.cwnd)
-        cc_step = cc_base >> CC_DECREASE_SHIFT
-        cc_cut = (cc_base - Mux(cc_step == 0, 1, cc_step))[:CWND_BITS]
-        # SETH m = SKIP_ONCE: the trigger arrived with CE (a probe answer carries no mark).
-        cc_marked = (a1_mark == P.SackMark.SKIP_ONCE) & ~a1_pr
-        cc_decrease = cc_marked & _psn_ge(a1_psn, a_cc.recover)
-        cc_write = Signal.like(a_cc)
-        m.d.comb += cc_write.eq(a_cc)
-        with m.If(cc_decrease):
-            # (base - max(base/8, 1) >= CC_MIN_WINDOW for every base above the floor; a mark
-            # with nothing in flight, base 0, gives the floor, not a wrapped cut)
-            m.d.comb += [cc_write.cwnd.eq(Mux(cc_base <= CC_MIN_WINDOW, CC_MIN_WINDOW, cc_cut)),
-                         cc_write.acc.eq(0), cc_write.recover.eq(a_next)]
-        with m.Elif(~cc_marked):
-            cc_thr = Signal(CWND_BITS)
-            cc_sum = Signal(CWND_BITS + 1)
-            m.d.comb += [cc_thr.eq(Mux((a_cc.cwnd >> CC_INCREASE_SHIFT) == 0, 1,
-                                       a_cc.cwnd >> CC_INCREASE_SHIFT)),
-                         cc_sum.eq(a_cc.acc + Mux(clear_len == 0, 1, clear_len))]
-            cc_steps = Signal(range(CC_MAX_STEPS + 1))
-            cc_used = Signal(CWND_BITS + 3)
-            for k in range(1, CC_MAX_STEPS + 1):    # the last true condition wins
-                with m.If(cc_sum >= cc_thr * k):
-                    m.d.comb += [cc_steps.eq(k), cc_used.eq(cc_thr * k)]
-            cc_left = (cc_sum - cc_used)[:CWND_BITS + 1]
-            cc_grown = a_cc.cwnd + cc_steps
-            m.d.comb += [cc_write.cwnd.eq(Mux(cc_grown < cc_max, cc_grown, cc_max)),
-                         cc_write.acc.eq(Mux(cc_left < cc_thr, cc_left, cc_thr - 1))]
-        with m.If(ctl_write):
-            m.d.comb += [wps["cc"].addr.eq(ctl_qpn), wps["cc"].en.eq(1),
-                         wps["cc"].data.cwnd.eq(Cat(C(0, 7), ctl_req.mpr)),
-                         wps["cc"].data.recover.eq(ctl_req.psn)]
-        with m.Else():
-            m.d.comb += [wps["cc"].addr.eq(a1_qpn), wps["cc"].en.eq(a_apply & is_ack),
-                         wps["cc"].data.eq(cc_write)]
-
-        # Completion triggers: none while one is queued for the QP (the engine reads the QP
-        # when it takes the trigger, so it sees this ACK's change too).
-        # A software flush queues one the same way (ACK processing is idle while the control
-        # decides, so the two never push in the same cycle).
-        trigger_bit = ~a_ports["trig_seen"].data
-        trigger_push = (((a_apply & (advance | fatal)) | x_apply)
-                        & (a_ports["trig_set"].data == a_ports["trig_seen"].data))
-        ctl_trigger_bit = ~ctl_ports["trig_seen"].data
-        ctl_trigger_push = ctl_flush & (ctl_ports["trig_set"].data
-                                        == ctl_ports["trig_seen"].data)
-        trigger_qpn = Mux(ctl_flush, ctl_qpn, a1_qpn)
-        trigger_value = Mux(ctl_flush, ctl_trigger_bit, trigger_bit)
-        m.d.comb += [
-            ack_triggers.w_data.eq(Cat(trigger_qpn, trigger_value)),
-            ack_triggers.w_en.eq(trigger_push | ctl_trigger_push),
-            wps["trig_set"].addr.eq(trigger_qpn), wps["trig_set"].data.eq(trigger_value),
-            wps["trig_set"].en.eq(trigger_push | ctl_trigger_push),
-            trim_queue.w_data.eq(Cat(a1_qpn, a1_psn)),
-            trim_queue.w_en.eq(trim_queued),
-        ]
-        qp_error_value = Signal(qe_layout)
-        m.d.comb += [
-            qp_error_value.qpn.eq(a1_qpn),
-            qp_error_value.status.eq(Mux(x_apply, P.CompletionStatus.RETRY_EXC_ERR, err_status)),
-            qp_error_fifo.w_data.eq(qp_error_value),
-            qp_error_fifo.w_en.eq((a_apply & fatal) | x_apply),
-            # The timer restarts from the time una last advanced.
-            wps["progress"].addr.eq(a1_qpn), wps["progress"].data.eq(now),
-            wps["progress"].en.eq(a_apply & advance),
-        ]
-        count("retry_exceeded", x_apply)
-        feedback_value = Signal(fb_layout)
-        # Feedback for the EV the named PSN went out on: SACK m NONE -> ACKED, SKIP_ONCE -> ECN,
-        # ALWAYS_SKIP -> LOST (a bad path); NACK TRIMMED -> TRIMMED. A probe answer (pr = 1)
-        # gives none, nor a PSN whose EV entry no longer holds it.
-        feedback_push = a_apply & psn_sent & ((is_ack & ~a1_pr) | trim)
-        fb_kind = Signal(P.FeedbackKind)
-        with m.If(trim):
-            m.d.comb += fb_kind.eq(P.FeedbackKind.TRIMMED)
-        with m.Elif(a1_mark == P.SackMark.SKIP_ONCE):
-            m.d.comb += fb_kind.eq(P.FeedbackKind.ECN)
-        with m.Elif(a1_mark == P.SackMark.ALWAYS_SKIP):
-            m.d.comb += fb_kind.eq(P.FeedbackKind.LOST)
-        with m.Else():
-            m.d.comb += fb_kind.eq(P.FeedbackKind.ACKED)
-        m.d.comb += [
-            feedback_value.qpn.eq(a1_qpn), feedback_value.ev.eq(a1_ev),
-            feedback_value.kind.eq(fb_kind),
-            feedback_fifo.w_data.eq(feedback_value),
-            feedback_fifo.w_en.eq(feedback_push),
-        ]
-        count("feedback_dropped", (feedback_push & ~feedback_fifo.w_rdy)
-              + (lost_push & ~lost_fifo.w_rdy))
-        count("bad_acks", a1_valid & ~a1_exceed & a_drop)
-        count("acks", a_apply & is_ack)
-        count("duplicate_acks", a_apply & is_ack & ~advance & ~new_bits)
-        for nak_code, name in NAK_COUNTERS.items():
-            count(name, a_apply & is_nak & (code == nak_code))
-        for reason, name in NACK_COUNTERS.items():
-            count(name, a_apply & is_nack & (a1_reason == reason))
-
-        # == inference unit (I0 count, I1 group, I2 bit + table read, I3 apply) ===========
-        # Count rule: the K-th highest SACKed PSN of an applied ACK bounds the region whose
-        # holes have K later PSNs acknowledged. Time rule: the holes below the PSN a QP's
-        # reorder window armed with, once it has run reo_wnd units. The region is
-        # [max(to, una), the later of the two ends). Off the ACK path, one ACK per cycle,
-        # never stalls; a walk that finds its queue full is dropped (counted) and the table
-        # entry stays, so a later ACK infers the same holes again.
-        groups = bitmap_bits // 8
-        count_cap = 16                  # counts saturate: K is at most 15
-        i0_valid, i1_valid, i2_valid, i3_valid = (Signal(name=f"i{n}_valid") for n in range(4))
-
-        def carried(stage):
-            return {"qpn": Signal(qb, name=f"i{stage}_qpn"),
-                    "cand": Signal(_PSN, name=f"i{stage}_cand"),
-                    "una": Signal(_PSN, name=f"i{stage}_una"),
-                    "next": Signal(_PSN, name=f"i{stage}_next"),
-                    "poll": Signal(name=f"i{stage}_poll")}
-
-        i0, i1, i2, i3 = (carried(n) for n in range(4))
-        i0_sack = Signal(bitmap_bits)
-        a_sack = a1_sack & sack_mask
-        # A reorder-window poll from the timer scanner (driven below): the QP it visits, with
-        # its una and next_psn, and no SACK bits. An ACK in the same cycle takes I0 and the
-        # poll is dropped (the scanner comes back one scan period later).
-        poll_valid = Signal()
-        poll_qpn, poll_una, poll_next = Signal(qb), Signal(_PSN), Signal(_PSN)
-        ack_infer = Signal()
-        m.d.comb += ack_infer.eq(a_apply & ~fatal & ((infer_k != 0) | (reo_wnd != 0))
-                                 & (a_sack != 0))
-        m.d.sync += i0_valid.eq(ack_infer | poll_valid)
-        with m.If(ack_infer):
-            m.d.sync += [i0["qpn"].eq(a1_qpn), i0["cand"].eq(a1_base), i0["una"].eq(new_una),
-                         i0["next"].eq(a_next), i0["poll"].eq(0), i0_sack.eq(a_sack)]
-        with m.Else():
-            m.d.sync += [i0["qpn"].eq(poll_qpn), i0["cand"].eq(poll_una), i0["una"].eq(poll_una),
-                         i0["next"].eq(poll_next), i0["poll"].eq(1), i0_sack.eq(0)]
-        # I0: SACKed PSNs per 8-bit group and at or above each group (saturating).
-        i1_sack = Signal(bitmap_bits)
-        i1_above = [Signal(5, name=f"i1_above{g}") for g in range(groups + 1)]
-        suffix = [Signal(5, name=f"i0_above{g}") for g in range(groups + 1)]
-        for g in reversed(range(groups)):
-            # A signal per step: an expression would double at each of the `groups` steps.
-            total = _popcount(i0_sack[8 * g:8 * g + 8]) + suffix[g + 1]
-            m.d.comb += suffix[g].eq(Mux(total >= count_cap, count_cap, total))
-        m.d.sync += [i1_valid.eq(i0_valid), i1_sack.eq(i0_sack)]
-        m.d.sync += [i1_above[g].eq(suffix[g]) for g in range(groups + 1)]
-        m.d.sync += [i1[k].eq(i0[k]) for k in i0]
-
-        # I1: the group holding the rank-th highest SACKed PSN, and its rank inside the
-        # group: for the K-th (count rule) and the highest (time rule).
-        def kth_group(k, name):
-            byte, rank, group = C(0, 8), C(0, 4), C(0, max(1, _log2(groups)))
-            for g in range(groups):
-                here = (i1_above[g] >= k) & (i1_above[g + 1] < k)
-                byte = byte | Mux(here, i1_sack[8 * g:8 * g + 8], 0)
-                rank = rank | Mux(here, (k - i1_above[g + 1])[:4], 0)
-                group = group | Mux(here, g, 0)
-            out = (Signal(8, name=f"i2_{name}_byte"), Signal(4, name=f"i2_{name}_rank"),
-                   Signal(len(group), name=f"i2_{name}_group"))
-            m.d.sync += [out[0].eq(byte), out[1].eq(rank), out[2].eq(group)]
-            return out
-
-        i2_byte, i2_rank, i2_group = kth_group(infer_k, "kth")
-        i2_top_byte, _, i2_top_group = kth_group(1, "top")
-        i2_found = Signal()
-        m.d.sync += [i2_valid.eq(i1_valid),
-                     i2_found.eq((infer_k != 0) & (i1_above[0] >= infer_k))]
-        m.d.sync += [i2[k].eq(i1[k]) for k in i1]
-        # I2: the bits inside the groups; read the QP's entry (written back in I3: the
-        # transparent read port forwards it to the next ACK of the same QP).
-        i3_end = Signal(_PSN)
-        i3_top = Signal(_PSN)
-        i3_found = Signal()
-        i2_bit = Cat(_kth_highest(i2_byte, i2_rank), i2_group)
-        i2_top_bit = Cat(_kth_highest(i2_top_byte, 1), i2_top_group)
-        infer_port = rport("infer")
-        m.d.comb += [infer_port.addr.eq(i2["qpn"]), infer_port.en.eq(i2_valid)]
-        m.d.sync += [i3_valid.eq(i2_valid), i3_found.eq(i2_found),
-                     i3_end.eq((i2["cand"] + i2_bit)[:_PSN]),
-                     i3_top.eq((i2["cand"] + i2_top_bit + 1)[:_PSN])]
-        m.d.sync += [i3[k].eq(i2[k]) for k in i2]
-        # I3: the region [lower, end); `to` is trusted only inside [una, next_psn]. Every
-        # comparison takes table and stage values directly (one level of comparators, then
-        # muxes): comparisons with `lower` are made against both `to` and `una` and picked.
-        entry = infer_port.data
-        una3, next3 = i3["una"], i3["next"]
-        use_to = Signal()
-        m.d.comb += use_to.eq(_psn_ge(entry.to, una3) & _psn_ge(next3, entry.to))
-
-        def above_lower(value):
-            return Mux(use_to, _psn_gt(value, entry.to), _psn_gt(value, una3))
-
-        i3_lower = Mux(use_to, entry.to, una3)
-        # A SACK infers (and arms the reorder window) only when its bitmap starts at or below
-        # `lower`: then every hole of the region is one the SACK itself reports. A bitmap
-        # placed higher (the responder's block around a late trigger) says nothing about the
-        # PSNs below its base, which may well have arrived.
-        base_ok = Mux(use_to, _psn_ge(entry.to, i3["cand"]), _psn_ge(una3, i3["cand"]))
-        found = Signal()
-        m.d.comb += found.eq(i3_found & base_ok)
-        reo_running = Signal()
-        reo_expired = Signal()
-        m.d.comb += [
-            reo_running.eq((reo_wnd != 0) & entry.reo_armed & above_lower(entry.reo_end)
-                           & _psn_ge(next3, entry.reo_end)),
-            reo_expired.eq(reo_running & ((time_now - entry.reo_at)[:TIME_BITS] >= reo_wnd)),
-        ]
-        # The time rule's end wins when it lies beyond the count rule's (or there is none).
-        use_reo = Signal()
-        m.d.comb += use_reo.eq(reo_expired & (~found | _psn_gt(entry.reo_end, i3_end)))
-        region_end = Signal(_PSN)       # == lower when nothing is inferred
-        m.d.comb += region_end.eq(Mux(use_reo, entry.reo_end, Mux(found, i3_end, i3_lower)))
-        count_push = Signal()           # the count rule alone finds holes
-        m.d.comb += count_push.eq(found & above_lower(i3_end))
-        i3_push = use_reo | count_push
-        # top > the region's end (== lower when nothing is pushed), picked the same way.
-        top_above_end = Mux(use_reo, _psn_gt(i3_top, entry.reo_end),
-                            Mux(count_push, _psn_gt(i3_top, i3_end), above_lower(i3_top)))
-        reo_arm = ((reo_wnd != 0) & (reo_expired | ~reo_running) & top_above_end & base_ok
-                   & ~i3["poll"])          # a poll has no SACKed PSN to arm with
-        i3_write = i3_valid & (~i3_push | infer_walks.w_rdy)
-        infer_walk = Signal(wl)
-        m.d.comb += [
-            infer_walk.qpn.eq(i3["qpn"]), infer_walk.psn.eq(i3_lower),
-            infer_walk.count.eq(_psn_sub(region_end, i3_lower)),
-            infer_walk.kind.eq(Mux(use_reo & ~count_push, WalkKind.REORDER, WalkKind.INFER)),
-            infer_walks.w_data.eq(infer_walk), infer_walks.w_en.eq(i3_valid & i3_push),
-        ]
-        infer_wp = wps["infer"]
-        with m.If(ctl_write):
-            m.d.comb += [infer_wp.addr.eq(ctl_qpn), infer_wp.en.eq(1),
-                         infer_wp.data.to.eq(ctl_req.psn)]
-        with m.Else():
-            m.d.comb += [infer_wp.addr.eq(i3["qpn"]), infer_wp.en.eq(i3_write),
-                         infer_wp.data.to.eq(Mux(i3_push, region_end, entry.to))]
-            with m.If(reo_arm):
-                m.d.comb += [infer_wp.data.reo_armed.eq(1), infer_wp.data.reo_end.eq(i3_top),
-                             infer_wp.data.reo_at.eq(time_now)]
-            with m.Else():
-                m.d.comb += [infer_wp.data.reo_armed.eq(reo_running & ~reo_expired),
-                             infer_wp.data.reo_end.eq(entry.reo_end),
-                             infer_wp.data.reo_at.eq(entry.reo_at)]
-        count("infer_dropped", i3_valid & i3_push & ~infer_walks.w_rdy)
-        count("reorder_expiries", i3_write & reo_expired)
-        infer_busy = i0_valid | i1_valid | i2_valid | i3_valid
-
-        # == retransmit timer scanner (V0 pick + read, V1 decide + write) ===================
-        # The segmenter sent the oldest outstanding PSN: the timer starts at that exact time.
-        arm_push = s2_emit & (s2_psn == s2_una_now)
-        m.d.comb += [arm_fifo.w_data.eq(Cat(s2_qpn, now)), arm_fifo.w_en.eq(arm_push)]
-        count("arm_dropped", arm_push & ~arm_fifo.w_rdy)
-        scan_qpn = Signal(qb)           # qps is a power of two: wraps by itself
-        v0_go = ~hold
-        v0_event = arm_fifo.r_rdy
-        v0_qpn = Mux(v0_event, arm_fifo.r_data[:qb], scan_qpn)
-        m.d.comb += arm_fifo.r_en.eq(v0_go)
-        with m.If(v0_go & ~v0_event):
-            m.d.sync += scan_qpn.eq(scan_qpn + 1)
-        v_ports = {name: rport(name) for name in ("cfg", "ack", "next_psn", "tmr", "progress")}
-        for port in v_ports.values():
-            m.d.comb += [port.addr.eq(v0_qpn), port.en.eq(v0_go)]
-        v1_valid = Signal()
-        v1_event = Signal()
-        v1_qpn = Signal(qb)
-        v1_time = Signal(32)
-        m.d.sync += [v1_valid.eq(v0_go), v1_event.eq(v0_event), v1_qpn.eq(v0_qpn),
-                     v1_time.eq(arm_fifo.r_data[qb:])]
-        v_cfg, v_ack, v_tmr = v_ports["cfg"].data, v_ports["ack"].data, v_ports["tmr"].data
-        v_live = (v_cfg.state == P.QpState.RTS) & ~v_ack.error
-        v_outstanding = v_ack.una != v_ports["next_psn"].data
-        v_exponent, v_exhausted = retry_expiry_gateware(
-            v_cfg.timeout, v_cfg.retry_linear, v_cfg.retry_exp, v_tmr.retries)
-        v_expired = ((now - v_tmr.start)[:32] >> v_exponent) != 0
-        # Every scanner visit of a live QP with PSNs outstanding also polls its reorder
-        # window (inference unit, I0), so a window expires reo_wnd after it armed (within a
-        # scan period) even when no later ACK of the QP arrives to find it expired.
-        m.d.comb += [
-            poll_valid.eq(v1_valid & ~v1_event & v_live & v_outstanding & (reo_wnd != 0)),
-            poll_qpn.eq(v1_qpn), poll_una.eq(v_ack.una),
-            poll_next.eq(v_ports["next_psn"].data),
-        ]
-        timeout_walk = Signal(wl)
-        m.d.comb += [
-            timeout_walk.qpn.eq(v1_qpn), timeout_walk.psn.eq(v_ack.una),
-            timeout_walk.count.eq(_psn_sub(v_ports["next_psn"].data, v_ack.una)),
-            timeout_walk.kind.eq(WalkKind.TIMEOUT),
-            timeout_walks.w_data.eq(timeout_walk),
-            exceed_fifo.w_data.eq(v1_qpn),
-        ]
-        tw = wps["tmr"]
-        retries_max = (1 << RETRY_COUNT_BITS) - 1
-        with m.If(ctl_write):
-            m.d.comb += [tw.addr.eq(ctl_qpn), tw.en.eq(1), tw.data.eq(0),
-                         tw.data.una_seen.eq(ctl_req.psn)]
-        with m.Else():
-            m.d.comb += [tw.addr.eq(v1_qpn), tw.data.eq(v_tmr), tw.data.una_seen.eq(v_ack.una)]
-            def restart(start):
-                return [tw.en.eq(1), tw.data.armed.eq(1), tw.data.retries.eq(0),
-                        tw.data.start.eq(start)]
-
-            with m.If(~v1_valid):
-                pass
-            with m.Elif(~v_live | ~v_outstanding):
-                m.d.comb += [tw.en.eq(1), tw.data.armed.eq(0), tw.data.retries.eq(0)]
-            with m.Elif(v1_event):
-                m.d.comb += restart(v1_time)
-            with m.Elif(~v_tmr.armed):
-                m.d.comb += restart(now)
-            with m.Elif(v_ack.una != v_tmr.una_seen):
-                m.d.comb += restart(v_ports["progress"].data)
-            with m.Elif(v_expired & v_exhausted):
-                # Until ACK processing applies it, a repeat ask is harmless (it checks).
-                m.d.comb += [exceed_fifo.w_en.eq(1), tw.en.eq(exceed_fifo.w_rdy),
-                             tw.data.start.eq(now)]
-            with m.Elif(v_expired):
-                # A full queue: nothing changes, the next visit asks again.
-                m.d.comb += [
-                    timeout_walks.w_en.eq(1), tw.en.eq(timeout_walks.w_rdy),
-                    tw.data.start.eq(now),
-                    tw.data.retries.eq(Mux(v_tmr.retries == retries_max, retries_max,
-                                           v_tmr.retries + 1)),
-                ]
-                count("timeouts", timeout_walks.w_rdy)
-
-        # == completion engine ==============================================================
-        E_IDLE, E_LOAD, E_CHECK = range(3)
-        e_state = Signal(2)
-        e_qpn = Signal(qb)
-        e_head = Signal(sb + 1)
-        e_tail = Signal(sb + 1)
-        e_wimm = Signal(_WIMM_BITS)
-        e_err_done = Signal()
-        e_una = Signal(_PSN)
-        e_error = Signal()
-        e_err_psn = Signal(_PSN)
-        e_err_status = Signal(P.CompletionStatus)
-        e_pick = Signal()
-        e_pick_qpn = Mux(ack_triggers.r_rdy, ack_triggers.r_data[:qb], wr_triggers.r_data)
-        m.d.comb += [
-            wps["trig_seen"].addr.eq(ack_triggers.r_data[:qb]),
-            wps["trig_seen"].data.eq(ack_triggers.r_data[qb]),
-            wps["trig_seen"].en.eq(e_pick & ack_triggers.r_rdy),
-            e_pick.eq((e_state == E_IDLE) & ~hold & (ack_triggers.r_rdy | wr_triggers.r_rdy)),
-            ack_triggers.r_en.eq(e_pick),
-            wr_triggers.r_en.eq(e_pick & ~ack_triggers.r_rdy),
-        ]
-        e_ports = {name: rport(name) for name in ("cq", "ack", "sq")}
-        for port in e_ports.values():
-            m.d.comb += port.addr.eq(Mux(e_pick, e_pick_qpn, e_qpn))
-        e_cq, e_ack = e_ports["cq"].data, e_ports["ack"].data
-        wr_done_port = mems["wr_done"].read_port(transparent_for=(wps["wr_done"],))
-        done = wr_done_port.data
-        e_transfer = self.completion.valid & self.completion.ready
-        e_next_head = (e_head + 1)[:sb + 1]
-        with m.Switch(e_state):
-            with m.Case(E_LOAD):
-                m.d.comb += wr_done_port.addr.eq(slot_addr(e_qpn, e_cq.head))
-            with m.Default():
-                m.d.comb += wr_done_port.addr.eq(
-                    slot_addr(e_qpn, Mux(e_transfer, e_next_head, e_head)))
-        acked_wr = _psn_ge(e_una, done.end)
-        e_status = Signal(P.CompletionStatus)
-        e_complete = Signal()
-        e_takes_error = Signal()
-        with m.If((Value.cast(done.refused) != 0) & (acked_wr | e_error)):
-            m.d.comb += [e_complete.eq(1), e_status.eq(done.refused)]
-        with m.Elif(acked_wr):
-            m.d.comb += [e_complete.eq(1), e_status.eq(P.CompletionStatus.SUCCESS)]
-        with m.Elif(e_error):
-            m.d.comb += e_complete.eq(1)
-            with m.If(e_err_status == P.CompletionStatus.RETRY_EXC_ERR):
-                m.d.comb += e_status.eq(P.CompletionStatus.RETRY_EXC_ERR)
-            with m.Elif(~e_err_done & _psn_gt(done.end, e_err_psn)):
-                m.d.comb += [e_status.eq(e_err_status), e_takes_error.eq(1)]
-            with m.Else():
-                m.d.comb += e_status.eq(P.CompletionStatus.WR_FLUSH_ERR)
-        comp = self.completion.payload
-        m.d.comb += [
-            self.completion.valid.eq((e_state == E_CHECK) & e_complete),
-            comp.qpn.eq(e_qpn), comp.side.eq(CompletionSide.REQUESTER),
-            comp.wr_id.eq(done.wr_id), comp.status.eq(e_status),
-            comp.opcode.eq(P.WcOpcode.RDMA_WRITE), comp.byte_len.eq(done.length),
-            comp.imm_valid.eq(0), comp.imm.eq(0),
-        ]
-        with m.Switch(e_state):
-            with m.Case(E_IDLE):
-                with m.If(e_pick):
-                    m.d.sync += [e_qpn.eq(e_pick_qpn), e_state.eq(E_LOAD)]
-            with m.Case(E_LOAD):
-                m.d.sync += [
-                    e_head.eq(e_cq.head), e_wimm.eq(e_cq.wimm), e_err_done.eq(e_cq.err_done),
-                    e_tail.eq(e_ports["sq"].data.tail), e_una.eq(e_ack.una),
-                    e_error.eq(e_ack.error), e_err_psn.eq(e_ack.err_psn),
-                    e_err_status.eq(e_ack.err_status),
-                    e_state.eq(Mux(e_cq.head == e_ports["sq"].data.tail, E_IDLE, E_CHECK)),
-                ]
-            with m.Case(E_CHECK):
-                with m.If(~e_complete):
-                    m.d.sync += e_state.eq(E_IDLE)
-                with m.Elif(e_transfer):
-                    m.d.sync += [
-                        e_head.eq(e_next_head), e_wimm.eq(e_wimm + done.is_imm),
-                        e_err_done.eq(e_err_done | e_takes_error),
-                    ]
-                    with m.If(e_next_head == e_tail):
-                        m.d.sync += e_state.eq(E_IDLE)
-        with m.If(ctl_write):
-            m.d.comb += [wps["cq"].addr.eq(ctl_qpn), wps["cq"].en.eq(1), wps["cq"].data.eq(0)]
-        with m.Else():
-            m.d.comb += [
-                wps["cq"].addr.eq(e_qpn), wps["cq"].en.eq(e_transfer),
-                wps["cq"].data.head.eq(e_next_head),
-                wps["cq"].data.wimm.eq(e_wimm + done.is_imm),
-                wps["cq"].data.err_done.eq(e_err_done | e_takes_error),
-            ]
-        ok = e_status == P.CompletionStatus.SUCCESS
-        count("completions", e_transfer & ok)
-        count("error_completions", e_transfer & ~ok)
-
-        # == control FSM ====================================================================
-        c_cfg, c_sq, c_cq = (ctl_ports[n].data for n in ("cfg", "sq", "cq"))
-        c_next = ctl_ports["next_psn"].data
-        state_ok = Signal()
-        with m.Switch(ctl_req.state):
-            with m.Case(*(int(s) for s in P.QpState)):
-                m.d.comb += state_ok.eq(1)
-        bad_qp_write = (~state_ok | (ctl_req.mpr == 0) | (ctl_req.mpr > cfg.mpr_units)
-                        | (ctl_req.max_wimm == 0) | (ctl_req.max_wimm > cfg.max_wimm)
-                        | (ctl_req.timeout > P.LOCAL_ACK_TIMEOUT_MAX)
-                        | (ctl_req.retry_exp > P.RETRY_EXPONENTIAL_MAX))
-        c_outstanding = (c_sq.tail - c_cq.head)[:sb + 1]
-        # A QP_WRITE first lets every send request already decided leave: the TRIM and walk
-        # queues, the walker and R1/R2 run dry (nothing refills them while the engines are
-        # held and `retx` waits) and the `send` register holds no packet of the QP. Nothing
-        # decided under the QP's old state leaves `send` after the response, neither after an
-        # ERROR nor after a re-initialisation with a new PSN.
-        retx_pending = ((trim_queue.level != 0) | (timeout_walks.level != 0)
-                        | (infer_walks.level != 0) | w_valid | r1_valid | r2_valid)
-        ctl_drain_wait = Signal()
-        m.d.comb += ctl_drain_wait.eq(
-            (ctl_req.cmd == RequesterCommand.QP_WRITE)
-            & (retx_pending | (out_valid & (out.qpn == ctl_qpn))))
-        m.d.comb += [
-            self.ctl.ready.eq(ctl_state == CTL_IDLE),
-            self.ctl_resp.valid.eq(ctl_state == CTL_RESP),
-            self.ctl_resp.payload.errno.eq(ctl_errno),
-            self.ctl_resp.payload.data.eq(ctl_data),
-        ]
-        with m.If(ctl_write):
-            m.d.comb += [
-                wps["cfg"].addr.eq(ctl_qpn), wps["cfg"].en.eq(1),
-                wps["cfg"].data.state.eq(ctl_req.state), wps["cfg"].data.mpr.eq(ctl_req.mpr),
-                wps["cfg"].data.max_wimm.eq(ctl_req.max_wimm),
-                wps["cfg"].data.timeout.eq(ctl_req.timeout),
-                wps["cfg"].data.retry_linear.eq(ctl_req.retry_linear),
-                wps["cfg"].data.retry_exp.eq(ctl_req.retry_exp),
-            ]
-        with m.Switch(ctl_state):
-            with m.Case(CTL_IDLE):
-                with m.If(self.ctl.valid):
-                    m.d.sync += [ctl_req.eq(self.ctl.payload), ctl_state.eq(CTL_HOLD)]
-            with m.Case(CTL_HOLD):
-                with m.If(~a1_valid & (e_state == E_IDLE) & ~infer_busy & ~v1_valid
-                          & ~ctl_drain_wait):
-                    m.d.sync += ctl_state.eq(CTL_DECIDE)
-            with m.Case(CTL_DECIDE):
-                m.d.sync += [ctl_state.eq(CTL_RESP), ctl_errno.eq(P.Errno.OK), ctl_data.eq(0)]
-                with m.Switch(ctl_req.cmd):
-                    with m.Case(RequesterCommand.CONFIG):
-                        m.d.sync += [ackreq_every.eq(ctl_req.ackreq_every),
-                                     infer_k.eq(ctl_req.infer_k), cc_on.eq(ctl_req.cc),
-                                     reo_wnd.eq(ctl_req.reo_wnd)]
-                    with m.Case(RequesterCommand.QP_READ):
-                        with m.If(ctl_req.qpn >= cfg.qps):
-                            m.d.sync += ctl_errno.eq(P.Errno.ENOENT)
-                        with m.Elif(ctl_req.page == 0):
-                            m.d.sync += ctl_data.eq(Cat(
-                                Mux(c_ack.error, int(P.QpState.ERROR), c_cfg.state)[:3],
-                                C(0, 5), c_next, c_ack.una))
-                        with m.Elif(ctl_req.page == 1):
-                            m.d.sync += ctl_data.eq(Cat(
-                                c_outstanding, C(0, 7 - sb),
-                                (c_sq.wimm - c_cq.wimm)[:8], c_cfg.mpr, C(0, 4),
-                                c_cfg.max_wimm, Value.cast(c_ack.err_status),
-                                C(0, 3), c_ack.err_psn))
-                        with m.Elif(ctl_req.page == 2):
-                            c_tmr = ctl_ports["tmr"].data
-                            m.d.sync += ctl_data.eq(timer_page(
-                                armed=c_tmr.armed, retries=c_tmr.retries, start=c_tmr.start))
-                        with m.Else():
-                            c_cc = ctl_ports["cc"].data
-                            m.d.sync += ctl_data.eq(cc_page(
-                                cwnd=c_cc.cwnd, acc=c_cc.acc, recover=c_cc.recover))
-                    with m.Case(RequesterCommand.QP_WRITE):
-                        with m.If(ctl_req.qpn >= cfg.qps):
-                            m.d.sync += ctl_errno.eq(P.Errno.ENOENT)
-                        with m.Elif(bad_qp_write):
-                            m.d.sync += ctl_errno.eq(P.Errno.EINVAL)
-                        with m.Elif(c_outstanding != 0):
-                            # ERROR flushes the outstanding WRs (a QP already in ERROR keeps
-                            # its flush and statuses); any other state waits for them.
-                            with m.If(ctl_req.state == P.QpState.ERROR):
-                                m.d.comb += ctl_flush.eq(~c_ack.error)
-                            with m.Else():
-                                m.d.sync += ctl_errno.eq(P.Errno.EBUSY)
-                        with m.Else():
-                            m.d.comb += ctl_write.eq(1)
-                    with m.Default():
-                        m.d.sync += ctl_errno.eq(P.Errno.EINVAL)
-            with m.Case(CTL_RESP):
-                with m.If(self.ctl_resp.ready):
-                    m.d.sync += ctl_state.eq(CTL_IDLE)
+        # -- counters: each adds its engines' events ----------------------------------------
+        events = {name: [] for name in REQUESTER_COUNTERS}
+        for engine in (intake, segmenter, retransmitter, sender, ack, inference, scanner,
+                       completion):
+            for name in engine.COUNTERS:
+                events[name].append(engine.events[name])
+        events["feedback_dropped"].append(retransmitter.events.lost_dropped)
+        for name in REQUESTER_COUNTERS:
+            counter = Signal(32, name=f"count_{name}")
+            m.d.comb += self.counters[name].eq(counter)
+            m.d.sync += counter.eq(counter + sum(events[name]))
         return m

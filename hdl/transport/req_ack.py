@@ -1,0 +1,415 @@
+"""The requester's ACK processing (:class:`AckProcessor`)."""
+
+from functools import partial
+from types import SimpleNamespace
+
+from amaranth import *
+from amaranth.lib import stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from .. import protocol as P
+from ..interfaces import feedback_layout
+from ..packet.headers import PacketKind, packet_beat_layout
+from ..util import as_signal, validating
+from .req_common import (
+    PSN,
+    ControlSignature,
+    check_config,
+    check_depth,
+    clamp,
+    events_layout,
+    log2,
+    ones,
+    psn_ge,
+    psn_gt,
+    psn_sub,
+    rotate_left,
+)
+from .req_completion import ack_trigger_layout
+from .req_defs import (
+    CC_DECREASE_SHIFT,
+    CC_INCREASE_SHIFT,
+    CC_MAX_STEPS,
+    CC_MIN_WINDOW,
+    CWND_BITS,
+    NACK_COUNTERS,
+    NAK_COUNTERS,
+    bitmap_psns,
+    qp_error_layout,
+)
+from .req_infer import infer_request_layout
+from .req_retransmit import trim_layout
+from .req_tables import table_access_signature
+
+__all__ = ["AckProcessor"]
+
+
+class AckProcessor(wiring.Component):
+    """Apply one MRC 1.0 SACK, NACK or AETH NAK per cycle (A0 take and read, A1 apply).
+
+    A1 decides and writes the QP's tables in the cycle after A0 took the packet: cumulative
+    advance (only a SACK moves una), the SACK bitmap merged into the ``acked`` bitmap (any
+    ``sack_psn_offset``; bits outside ``[una, next_psn)`` are ignored), the ECN window
+    (``cc``), the time una last advanced (``progress``); a fatal NAK for an outstanding PSN
+    fails the QP. A QP whose retries are exhausted (``exceed``, from the timer scanner)
+    takes an rx beat's place and fails the QP with RETRY_EXC_ERR if it is still live. A
+    packet for an unknown QP, a QP not live, of an unknown kind, acknowledging beyond
+    ``next_psn``, a fatal NAK for a PSN not outstanding, or a malformed SACK is dropped and
+    counted (``bad_acks``). One packet per cycle, back to back on one QP (A0 reads through
+    the transparent ports what A1 writes).
+
+    Outputs, all from A1: a completion trigger when una advanced or the QP failed (at most
+    one queued per QP: ``trig_set`` differs from ``trig_seen`` while one waits), the PSN of
+    a NACK TRIMMED still outstanding (``trim``), the failed QP (``qp_error``), feedback for
+    the EV the named PSN last went out on (``feedback``: ACKED, ECN, LOST for an
+    ALWAYS_SKIP mark, TRIMMED; none for a probe answer or a PSN whose EV entry no longer
+    holds it; dropped and counted when not ready), and the SACK bits for the inference unit.
+
+    Hazards: A0 waits (``rx`` and ``exceed`` not ready) while the control holds and while
+    the trim or QP-error queue has room for fewer than two (one may be in A1); the trigger
+    queue never fills. The control's QP reset and software flush go through this engine's
+    write ports (``control.write``, ``control.flush``, the flush's trigger included: A1 is
+    idle then).
+
+    Parameters
+    ----------
+    config : NicConfig
+    trim_depth, qp_error_depth : int
+        Depths of the queues behind ``trim`` and ``qp_error`` (their levels come back on
+        ``trim_level`` and ``qp_error_level``).
+
+    Members
+    -------
+    tables : ``In(table_access_signature(config, "ack"))``
+    control : ``In(ControlSignature(config))``
+    now : ``In(32)``
+        The time in 1.024 us units (kept per QP when una advances).
+    rx : ``In(stream.Signature(packet_beat_layout(config)))``
+    exceed : ``In(stream.Signature(config.qpn_bits))``
+    trim_level, qp_error_level : ``In(range(depth + 1))``
+    trim : ``Out(stream.Signature(trim_layout(config)))``
+    trigger : ``Out(stream.Signature(ack_trigger_layout(config)))``
+    qp_error : ``Out(stream.Signature(qp_error_layout(config)))``
+    feedback : ``Out(stream.Signature(feedback_layout(config)))``
+    infer : ``Out(stream.Signature(infer_request_layout(config), always_ready=True))``
+    busy : ``Out(1)``
+        A1 holds a packet.
+    events : ``Out(events_layout(COUNTERS))``
+        ``feedback_dropped`` counts this engine's part of that counter.
+    """
+
+    COUNTERS = ("acks", "duplicate_acks", "bad_acks", "retry_exceeded", "feedback_dropped",
+                *NAK_COUNTERS.values(), *NACK_COUNTERS.values())
+
+    def __init__(self, *, config, trim_depth, qp_error_depth):
+        with validating(self):
+            check_config(config)
+            check_depth("Trim queue depth", trim_depth)
+            check_depth("QP error queue depth", qp_error_depth)
+        self._config = config
+        self._trim_depth = trim_depth
+        self._qp_error_depth = qp_error_depth
+        super().__init__({
+            "tables": In(table_access_signature(config, "ack")),
+            "control": In(ControlSignature(config)),
+            "now": In(32),
+            "rx": In(stream.Signature(packet_beat_layout(config))),
+            "exceed": In(stream.Signature(config.qpn_bits)),
+            "trim_level": In(range(trim_depth + 1)),
+            "qp_error_level": In(range(qp_error_depth + 1)),
+            "trim": Out(stream.Signature(trim_layout(config))),
+            "trigger": Out(stream.Signature(ack_trigger_layout(config))),
+            "qp_error": Out(stream.Signature(qp_error_layout(config))),
+            "feedback": Out(stream.Signature(feedback_layout(config))),
+            "infer": Out(stream.Signature(infer_request_layout(config), always_ready=True)),
+            "busy": Out(1),
+            "events": Out(events_layout(self.COUNTERS)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self._config
+        qb = cfg.qpn_bits
+        window = bitmap_psns(cfg)
+        wb = log2(window)
+        bitmap_bits = P.SACK_BITMAP_BITS
+        reads = self.tables.read
+
+        # -- A0: take a packet (or an exhausted QP), read the QP ---------------------------
+        rx_header = self.rx.payload.header
+        rx_seth = rx_header.ctl.sack.seth
+        rx_is_sack = rx_header.kind == PacketKind.SACK
+        rx_is_nack = rx_header.kind == PacketKind.NACK
+        rx_is_aeth = rx_header.kind == PacketKind.AETH
+        # The PSN the packet is about: a SACK's ack_psn (cack_psn + ack_psn_offset; a probe
+        # answer's offset is a probe id, so its own PSN is its cack_psn), a NACK's nack_psn,
+        # a NAK's PSN. Its EV is the one the PSN last went out on (the `ev` table).
+        rx_psn = Mux(rx_is_sack & ~rx_seth.pr,
+                     (rx_header.bth.psn + rx_seth.ack_psn_offset.as_signed())[:PSN],
+                     rx_header.bth.psn)
+        rx_take = Signal()
+        # A QP whose retries are exhausted takes the place of an rx beat. One more item may
+        # be in A1 already, so A0 takes one only while each queue has room for two.
+        a0_room = (~self.control.hold & (self.trim_level <= self._trim_depth - 2)
+                   & (self.qp_error_level <= self._qp_error_depth - 2))
+        x_take = self.exceed.valid & a0_room
+        m.d.comb += [
+            self.rx.ready.eq(a0_room & ~self.exceed.valid),
+            rx_take.eq(self.rx.valid & self.rx.ready),
+            self.exceed.ready.eq(x_take),
+        ]
+        for name in ("cfg", "next_psn", "ack", "acked", "trig_set", "trig_seen", "cc"):
+            port = getattr(reads, name)
+            m.d.comb += [port.addr.eq(Mux(x_take, self.exceed.payload,
+                                          rx_header.bth.dqpn[:qb])),
+                         port.en.eq(rx_take | x_take)]
+        m.d.comb += [reads.ev.addr.eq(Cat(rx_psn[:wb], rx_header.bth.dqpn[:qb])),
+                     reads.ev.en.eq(rx_take)]
+        a1_valid = Signal()
+        a1_exceed = Signal()            # retries exhausted for QP a1_qpn (not a packet)
+        a1_known = Signal()             # a SACK/NACK/NAK for a QP that exists
+        a1_qpn = Signal(qb)
+        a1_kind = Signal(PacketKind)
+        a1_syndrome = Signal(8)
+        a1_reason = Signal(8)
+        a1_psn = Signal(PSN)
+        a1_pr = Signal()
+        a1_mark = Signal(P.SackMark)
+        a1_cum = Signal(PSN)
+        a1_base = Signal(PSN)          # PSN of SACK bitmap bit 0
+        a1_sack = Signal(bitmap_bits)
+        m.d.comb += self.busy.eq(a1_valid)
+        m.d.sync += [a1_valid.eq(rx_take | x_take), a1_exceed.eq(x_take)]
+        with m.If(x_take):
+            m.d.sync += [a1_known.eq(0), a1_qpn.eq(self.exceed.payload), a1_sack.eq(0)]
+        with m.Elif(rx_take):
+            m.d.sync += [
+                # A SACK whose SETH cack_psn is not its BTH PSN is malformed: a bad ACK.
+                a1_known.eq((rx_is_sack & (rx_seth.cack_psn == rx_header.bth.psn)
+                             | rx_is_nack | rx_is_aeth) & (rx_header.bth.dqpn < cfg.qps)),
+                a1_qpn.eq(rx_header.bth.dqpn[:qb]),
+                a1_kind.eq(rx_header.kind),
+                a1_syndrome.eq(rx_header.aeth.syndrome),
+                a1_reason.eq(rx_header.ctl.neth.nack_reason),
+                a1_psn.eq(rx_psn),
+                a1_pr.eq(rx_seth.pr),
+                a1_mark.eq(rx_seth.m),
+                a1_cum.eq(rx_header.bth.psn),
+                a1_base.eq((rx_header.bth.psn + rx_seth.sack_psn_offset.as_signed())[:PSN]),
+                a1_sack.eq(Mux(rx_is_sack, rx_seth.sack_bitmap, 0)),
+            ]
+
+        # -- A1: decide --------------------------------------------------------------------
+        a_ack = reads.ack.data
+        a_next = reads.next_psn.data
+        a_old_bitmap = reads.acked.data
+        a_una = a_ack.una
+        # Signals, not expressions: each is read in many places below.
+        sig = partial(as_signal, m)
+        is_ack = sig(a1_kind == PacketKind.SACK, "a_is_ack")
+        is_nack = sig(a1_kind == PacketKind.NACK, "a_is_nack")
+        is_nak = sig((a1_kind == PacketKind.AETH) & (a1_syndrome[5:7] == 3), "a_is_nak")
+        code = a1_syndrome[:5]
+        fatal = sig(is_nak & ((code == P.NakCode.INVALID_REQUEST)
+                              | (code == P.NakCode.REMOTE_ACCESS)
+                              | (code == P.NakCode.REMOTE_OPERATIONAL)), "a_fatal")
+        trim = sig(is_nack & (a1_reason == P.NackReason.TRIMMED), "a_trim")
+        out_of_window = sig(is_nack & (a1_reason == P.NackReason.PSN_OOR_WINDOW),
+                            "a_out_of_window")
+        # Only a SACK moves the cumulative PSN.
+        cand = sig(Mux(is_ack, (a1_cum + 1)[:PSN], a_una), "a_cand")
+        advance = sig(psn_gt(cand, a_una), "a_advance")
+        beyond = sig(advance & ~psn_ge(a_next, cand), "a_beyond")
+        new_una = sig(Mux(advance, cand, a_una), "a_new_una")
+        outstanding = sig(psn_ge(a1_psn, new_una) & psn_gt(a_next, a1_psn), "a_outstanding")
+        # The PSN the packet names was sent and its EV entry still holds it.
+        psn_sent = sig(psn_gt(a_next, a1_psn) & (psn_sub(a_next, a1_psn) <= window),
+                       "a_psn_sent")
+        a_live = sig((reads.cfg.data.state == P.QpState.RTS) & ~a_ack.error, "a_live")
+        a_drop = sig(~a1_known | ~a_live | ~(is_ack | fatal | trim | out_of_window) | beyond
+                     | (fatal & ~outstanding), "a_drop")
+        a_apply = sig(a1_valid & ~a1_exceed & ~a_drop, "a_apply")
+        # Exhausted retries: like a fatal NAK for the oldest PSN, if the QP is still live.
+        x_apply = sig(a1_valid & a1_exceed & a_live, "x_apply")
+
+        # SACK bit i is PSN base + i (any sack_psn_offset); keep the bits for PSNs in
+        # [max(una, base), next_psn): a bitmap that does not overlap the window adds nothing.
+        lo = clamp(psn_sub(new_una, a1_base), bitmap_bits)
+        hi = clamp(psn_sub(a_next, a1_base), bitmap_bits)
+        sack_mask = ones(hi, bitmap_bits) & ~ones(lo, bitmap_bits)
+        sack_rot = rotate_left(Cat(a1_sack & sack_mask, C(0, window - bitmap_bits)),
+                                a1_base[:wb], window)
+        clear_len = Mux(advance, psn_sub(cand, a_una)[:wb + 1], 0)
+        clear = rotate_left(ones(clear_len, window), a_una[:wb], window)
+        new_bitmap = Signal(window)
+        m.d.comb += new_bitmap.eq((a_old_bitmap & ~clear) | sack_rot)
+        new_bits = (sack_rot & ~a_old_bitmap).any()
+        trim_queued = (a_apply & trim & outstanding
+                       & ~new_bitmap.bit_select(a1_psn[:wb], 1))
+        err_status = Signal(P.CompletionStatus)
+        with m.Switch(code):
+            for nak_code, status in (
+                    (P.NakCode.INVALID_REQUEST, P.CompletionStatus.REM_INV_REQ_ERR),
+                    (P.NakCode.REMOTE_ACCESS, P.CompletionStatus.REM_ACCESS_ERR),
+                    (P.NakCode.REMOTE_OPERATIONAL, P.CompletionStatus.REM_OP_ERR)):
+                with m.Case(nak_code):
+                    m.d.comb += err_status.eq(status)
+
+        v = SimpleNamespace(**{name: value for name, value in locals().items()
+                               if name not in ("self", "platform", "m")})
+        self._write_tables(m, v)
+        self._outputs(m, v)
+        return m
+
+    def _write_tables(self, m, v):
+        """A1's writes of the QP's ``ack``, ``acked`` and ``cc`` entries."""
+        ctl = self.control
+        reads = self.tables.read
+        wps = {name: getattr(self.tables.write, name) for name in ("ack", "acked", "cc")}
+        with m.If(ctl.write):
+            m.d.comb += [
+                wps["ack"].addr.eq(ctl.qpn), wps["ack"].en.eq(1),
+                wps["ack"].data.eq(0), wps["ack"].data.una.eq(ctl.psn),
+                wps["acked"].addr.eq(ctl.qpn), wps["acked"].en.eq(1), wps["acked"].data.eq(0),
+            ]
+        with m.Elif(ctl.flush):
+            # Software ERROR: the v.fatal-NAK error with WR_FLUSH_ERR for the oldest PSN, so
+            # the completion engine gives every outstanding WR WR_FLUSH_ERR.
+            m.d.comb += [
+                wps["ack"].addr.eq(ctl.qpn), wps["ack"].en.eq(1),
+                wps["ack"].data.una.eq(ctl.flush_una), wps["ack"].data.error.eq(1),
+                wps["ack"].data.err_status.eq(P.CompletionStatus.WR_FLUSH_ERR),
+                wps["ack"].data.err_psn.eq(ctl.flush_una),
+            ]
+        with m.Elif(v.x_apply):
+            m.d.comb += [
+                wps["ack"].addr.eq(v.a1_qpn), wps["ack"].en.eq(1),
+                wps["ack"].data.una.eq(v.a_una), wps["ack"].data.error.eq(1),
+                wps["ack"].data.err_status.eq(P.CompletionStatus.RETRY_EXC_ERR),
+                wps["ack"].data.err_psn.eq(v.a_una),
+            ]
+        with m.Else():
+            m.d.comb += [
+                wps["ack"].addr.eq(v.a1_qpn), wps["ack"].en.eq(v.a_apply),
+                wps["ack"].data.una.eq(v.new_una),
+                wps["ack"].data.error.eq(v.fatal),
+                wps["ack"].data.err_status.eq(Mux(v.fatal, v.err_status, 0)),
+                wps["ack"].data.err_psn.eq(Mux(v.fatal, v.a1_psn, 0)),
+                wps["acked"].addr.eq(v.a1_qpn), wps["acked"].en.eq(v.a_apply),
+                wps["acked"].data.eq(v.new_bitmap),
+            ]
+
+        # The ECN window: an ACK echoing CE for a PSN sent after the last decrease takes 1/8
+        # (at least one) off the window the QP used (floor CC_MIN_WINDOW): the larger of the
+        # PSNs in flight before it and the PSNs sent since the last decrease, at most cwnd; an
+        # unmarked ACK counts the PSNs it acknowledges cumulatively (at least one), every
+        # cwnd/4 counted add one PSN (byte counting, at most CC_MAX_STEPS per ACK), up to MPR.
+        a_cc = reads.cc.data
+        cc_max = Cat(C(0, 7), reads.cfg.data.mpr)
+        cc_flight = psn_sub(v.a_next, v.a_una)        # in flight when the marked ACK left
+        cc_sent = psn_sub(v.a_next, a_cc.recover)   # sent since the last decrease
+        cc_window = Mux(cc_sent > cc_flight, cc_sent, cc_flight)
+        cc_base = Mux(cc_window < a_cc.cwnd, cc_window[:CWND_BITS], a_cc.cwnd)
+        cc_step = cc_base >> CC_DECREASE_SHIFT
+        cc_cut = (cc_base - Mux(cc_step == 0, 1, cc_step))[:CWND_BITS]
+        # SETH m = SKIP_ONCE: the trigger arrived with CE (a probe answer carries no mark).
+        cc_marked = (v.a1_mark == P.SackMark.SKIP_ONCE) & ~v.a1_pr
+        cc_decrease = cc_marked & psn_ge(v.a1_psn, a_cc.recover)
+        cc_write = Signal.like(a_cc)
+        m.d.comb += cc_write.eq(a_cc)
+        with m.If(cc_decrease):
+            # (base - max(base/8, 1) >= CC_MIN_WINDOW for every base above the floor; a mark
+            # with nothing in flight, base 0, gives the floor, not a wrapped cut)
+            m.d.comb += [cc_write.cwnd.eq(Mux(cc_base <= CC_MIN_WINDOW, CC_MIN_WINDOW, cc_cut)),
+                         cc_write.acc.eq(0), cc_write.recover.eq(v.a_next)]
+        with m.Elif(~cc_marked):
+            cc_thr = Signal(CWND_BITS)
+            cc_sum = Signal(CWND_BITS + 1)
+            m.d.comb += [cc_thr.eq(Mux((a_cc.cwnd >> CC_INCREASE_SHIFT) == 0, 1,
+                                       a_cc.cwnd >> CC_INCREASE_SHIFT)),
+                         cc_sum.eq(a_cc.acc + Mux(v.clear_len == 0, 1, v.clear_len))]
+            cc_steps = Signal(range(CC_MAX_STEPS + 1))
+            cc_used = Signal(CWND_BITS + 3)
+            for k in range(1, CC_MAX_STEPS + 1):    # the last true condition wins
+                with m.If(cc_sum >= cc_thr * k):
+                    m.d.comb += [cc_steps.eq(k), cc_used.eq(cc_thr * k)]
+            cc_left = (cc_sum - cc_used)[:CWND_BITS + 1]
+            cc_grown = a_cc.cwnd + cc_steps
+            m.d.comb += [cc_write.cwnd.eq(Mux(cc_grown < cc_max, cc_grown, cc_max)),
+                         cc_write.acc.eq(Mux(cc_left < cc_thr, cc_left, cc_thr - 1))]
+        with m.If(ctl.write):
+            m.d.comb += [wps["cc"].addr.eq(ctl.qpn), wps["cc"].en.eq(1),
+                         wps["cc"].data.cwnd.eq(Cat(C(0, 7), ctl.mpr)),
+                         wps["cc"].data.recover.eq(ctl.psn)]
+        with m.Else():
+            m.d.comb += [wps["cc"].addr.eq(v.a1_qpn), wps["cc"].en.eq(v.a_apply & v.is_ack),
+                         wps["cc"].data.eq(cc_write)]
+
+    def _outputs(self, m, v):
+        """A1's triggers, queue items, feedback, SACK bits for inference and events."""
+        ctl = self.control
+        reads = self.tables.read
+        events = self.events
+        wps = {name: getattr(self.tables.write, name) for name in ("trig_set", "progress")}
+        # Completion triggers: none while one is queued for the QP (the engine reads the QP
+        # when it takes the trigger, so it sees this ACK's change too).
+        # A software flush queues one the same way (ACK processing is idle while the control
+        # decides, so the two never push in the same cycle).
+        trigger_bit = ~reads.trig_seen.data
+        trigger_push = (((v.a_apply & (v.advance | v.fatal)) | v.x_apply)
+                        & (reads.trig_set.data == reads.trig_seen.data))
+        trigger_qpn = Mux(ctl.flush, ctl.qpn, v.a1_qpn)
+        trigger_value = Mux(ctl.flush, ctl.flush_trigger_bit, trigger_bit)
+        m.d.comb += [
+            self.trigger.payload.qpn.eq(trigger_qpn), self.trigger.payload.bit.eq(trigger_value),
+            self.trigger.valid.eq(trigger_push | ctl.flush_trigger),
+            wps["trig_set"].addr.eq(trigger_qpn), wps["trig_set"].data.eq(trigger_value),
+            wps["trig_set"].en.eq(trigger_push | ctl.flush_trigger),
+            self.trim.payload.qpn.eq(v.a1_qpn), self.trim.payload.psn.eq(v.a1_psn),
+            self.trim.valid.eq(v.trim_queued),
+        ]
+        m.d.comb += [
+            self.qp_error.payload.qpn.eq(v.a1_qpn),
+            self.qp_error.payload.status.eq(Mux(v.x_apply, P.CompletionStatus.RETRY_EXC_ERR,
+                                                v.err_status)),
+            self.qp_error.valid.eq((v.a_apply & v.fatal) | v.x_apply),
+            # The timer restarts from the time una last advanced.
+            wps["progress"].addr.eq(v.a1_qpn), wps["progress"].data.eq(self.now),
+            wps["progress"].en.eq(v.a_apply & v.advance),
+        ]
+        m.d.comb += events.retry_exceeded.eq(v.x_apply)
+        feedback_value = self.feedback.payload
+        # Feedback for the EV the named PSN went out on: SACK m NONE -> ACKED, SKIP_ONCE -> ECN,
+        # ALWAYS_SKIP -> LOST (a bad path); NACK TRIMMED -> TRIMMED. A probe answer (pr = 1)
+        # gives none, nor a PSN whose EV entry no longer holds it.
+        feedback_push = v.a_apply & v.psn_sent & ((v.is_ack & ~v.a1_pr) | v.trim)
+        fb_kind = Signal(P.FeedbackKind)
+        with m.If(v.trim):
+            m.d.comb += fb_kind.eq(P.FeedbackKind.TRIMMED)
+        with m.Elif(v.a1_mark == P.SackMark.SKIP_ONCE):
+            m.d.comb += fb_kind.eq(P.FeedbackKind.ECN)
+        with m.Elif(v.a1_mark == P.SackMark.ALWAYS_SKIP):
+            m.d.comb += fb_kind.eq(P.FeedbackKind.LOST)
+        with m.Else():
+            m.d.comb += fb_kind.eq(P.FeedbackKind.ACKED)
+        m.d.comb += [
+            feedback_value.qpn.eq(v.a1_qpn), feedback_value.ev.eq(reads.ev.data),
+            feedback_value.kind.eq(fb_kind),
+            self.feedback.valid.eq(feedback_push),
+            events.feedback_dropped.eq(feedback_push & ~self.feedback.ready),
+            events.bad_acks.eq(v.a1_valid & ~v.a1_exceed & v.a_drop),
+            events.acks.eq(v.a_apply & v.is_ack),
+            events.duplicate_acks.eq(v.a_apply & v.is_ack & ~v.advance & ~v.new_bits),
+        ]
+        for nak_code, name in NAK_COUNTERS.items():
+            m.d.comb += events[name].eq(v.a_apply & v.is_nak & (v.code == nak_code))
+        for reason, name in NACK_COUNTERS.items():
+            m.d.comb += events[name].eq(v.a_apply & v.is_nack & (v.a1_reason == reason))
+        a_sack = v.a1_sack & v.sack_mask
+        request = self.infer.payload
+        m.d.comb += [
+            self.infer.valid.eq(v.a_apply & ~v.fatal
+                                & ((ctl.infer_k != 0) | (ctl.reo_wnd != 0)) & (a_sack != 0)),
+            request.qpn.eq(v.a1_qpn), request.base.eq(v.a1_base), request.una.eq(v.new_una),
+            request.next.eq(v.a_next), request.sack.eq(a_sack),
+        ]

@@ -1,0 +1,184 @@
+"""The requester's completion engine (:class:`CompletionEngine`)."""
+
+from amaranth import *
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from .. import protocol as P
+from ..interfaces import CompletionSide, completion_layout
+from ..util import validating
+from .req_common import (
+    PSN,
+    WIMM_BITS,
+    ControlSignature,
+    check_config,
+    events_layout,
+    log2,
+    psn_ge,
+    psn_gt,
+)
+from .req_defs import slot_depth
+from .req_tables import table_access_signature
+
+__all__ = ["ack_trigger_layout", "CompletionEngine"]
+
+
+def ack_trigger_layout(config):
+    """A completion trigger from ACK processing: QP ``qpn`` may complete WRs; ``bit`` is the
+    value its ``trig_set`` entry took (the engine copies it to ``trig_seen``)."""
+    return data.StructLayout({"qpn": config.qpn_bits, "bit": 1})
+
+
+class CompletionEngine(wiring.Component):
+    """Complete a QP's WRs in order, from the oldest WR slot, when a trigger names the QP.
+
+    A trigger from ACK processing (una advanced, or the QP failed) goes before one from the
+    intake (a refused WR). IDLE takes a trigger and reads the QP's ``cq``, ``ack`` and ``sq``
+    entries; LOAD latches them and reads the oldest slot's ``wr_done``; CHECK offers that
+    slot's completion when it is due (acknowledged, refused, or the QP failed) and, while the
+    completion is taken, one per cycle, reads the next slot ahead. A WR not yet due, or the
+    ring's end, returns the engine to IDLE: 3 cycles per QP visited, then one completion per
+    cycle. Statuses: SUCCESS, the WR's refusal, and after an error the QP's error status for
+    the WR holding the error PSN, RETRY_EXC_ERR for all after exhausted retries, WR_FLUSH_ERR
+    for the others.
+
+    Hazards: the engine reads the QP's state once per visit (LOAD); an ACK applied later
+    queues another trigger (ACK processing queues at most one per QP: ``trig_set`` differs
+    from ``trig_seen`` while one waits). No trigger is taken while the control holds.
+    A QP_WRITE resets ``cq`` (``control.write``; the control waits for IDLE first).
+
+    Members
+    -------
+    tables : ``In(table_access_signature(config, "completion"))``
+    control : ``In(ControlSignature(config))``
+    ack_trigger : ``In(stream.Signature(ack_trigger_layout(config)))``
+    wr_trigger : ``In(stream.Signature(config.qpn_bits))``
+    completion : ``Out(stream.Signature(completion_layout(config)))``
+    busy : ``Out(1)``
+        Not idle.
+    events : ``Out(events_layout(COUNTERS))``
+    """
+
+    COUNTERS = ("completions", "error_completions")
+
+    def __init__(self, *, config):
+        with validating(self):
+            check_config(config)
+        self._config = config
+        super().__init__({
+            "tables": In(table_access_signature(config, "completion")),
+            "control": In(ControlSignature(config)),
+            "ack_trigger": In(stream.Signature(ack_trigger_layout(config))),
+            "wr_trigger": In(stream.Signature(config.qpn_bits)),
+            "completion": Out(stream.Signature(completion_layout(config))),
+            "busy": Out(1),
+            "events": Out(events_layout(self.COUNTERS)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        qb = self._config.qpn_bits
+        sb = log2(slot_depth(self._config))
+        ctl = self.control
+        wps = {"trig_seen": self.tables.write.trig_seen, "cq": self.tables.write.cq}
+
+        def slot_addr(qpn, slot):
+            return Cat(slot[:sb], qpn)
+
+        E_IDLE, E_LOAD, E_CHECK = range(3)
+        e_state = Signal(2)
+        e_qpn = Signal(qb)
+        e_head = Signal(sb + 1)
+        e_tail = Signal(sb + 1)
+        e_wimm = Signal(WIMM_BITS)
+        e_err_done = Signal()
+        e_una = Signal(PSN)
+        e_error = Signal()
+        e_err_psn = Signal(PSN)
+        e_err_status = Signal(P.CompletionStatus)
+        e_pick = Signal()
+        ack_trigger, wr_trigger = self.ack_trigger, self.wr_trigger
+        e_pick_qpn = Mux(ack_trigger.valid, ack_trigger.payload.qpn, wr_trigger.payload)
+        m.d.comb += [
+            wps["trig_seen"].addr.eq(ack_trigger.payload.qpn),
+            wps["trig_seen"].data.eq(ack_trigger.payload.bit),
+            wps["trig_seen"].en.eq(e_pick & ack_trigger.valid),
+            e_pick.eq((e_state == E_IDLE) & ~ctl.hold & (ack_trigger.valid | wr_trigger.valid)),
+            ack_trigger.ready.eq(e_pick),
+            wr_trigger.ready.eq(e_pick & ~ack_trigger.valid),
+            self.busy.eq(e_state != E_IDLE),
+        ]
+        reads = self.tables.read
+        for port in (reads.cq, reads.ack, reads.sq):
+            m.d.comb += port.addr.eq(Mux(e_pick, e_pick_qpn, e_qpn))
+        e_cq, e_ack, e_sq = reads.cq.data, reads.ack.data, reads.sq.data
+        wr_done_port = reads.wr_done
+        done = wr_done_port.data
+        e_transfer = self.completion.valid & self.completion.ready
+        e_next_head = (e_head + 1)[:sb + 1]
+        with m.Switch(e_state):
+            with m.Case(E_LOAD):
+                m.d.comb += wr_done_port.addr.eq(slot_addr(e_qpn, e_cq.head))
+            with m.Default():
+                m.d.comb += wr_done_port.addr.eq(
+                    slot_addr(e_qpn, Mux(e_transfer, e_next_head, e_head)))
+        acked_wr = psn_ge(e_una, done.end)
+        e_status = Signal(P.CompletionStatus)
+        e_complete = Signal()
+        e_takes_error = Signal()
+        with m.If((Value.cast(done.refused) != 0) & (acked_wr | e_error)):
+            m.d.comb += [e_complete.eq(1), e_status.eq(done.refused)]
+        with m.Elif(acked_wr):
+            m.d.comb += [e_complete.eq(1), e_status.eq(P.CompletionStatus.SUCCESS)]
+        with m.Elif(e_error):
+            m.d.comb += e_complete.eq(1)
+            with m.If(e_err_status == P.CompletionStatus.RETRY_EXC_ERR):
+                m.d.comb += e_status.eq(P.CompletionStatus.RETRY_EXC_ERR)
+            with m.Elif(~e_err_done & psn_gt(done.end, e_err_psn)):
+                m.d.comb += [e_status.eq(e_err_status), e_takes_error.eq(1)]
+            with m.Else():
+                m.d.comb += e_status.eq(P.CompletionStatus.WR_FLUSH_ERR)
+        comp = self.completion.payload
+        m.d.comb += [
+            self.completion.valid.eq((e_state == E_CHECK) & e_complete),
+            comp.qpn.eq(e_qpn), comp.side.eq(CompletionSide.REQUESTER),
+            comp.wr_id.eq(done.wr_id), comp.status.eq(e_status),
+            comp.opcode.eq(P.WcOpcode.RDMA_WRITE), comp.byte_len.eq(done.length),
+            comp.imm_valid.eq(0), comp.imm.eq(0),
+        ]
+        with m.Switch(e_state):
+            with m.Case(E_IDLE):
+                with m.If(e_pick):
+                    m.d.sync += [e_qpn.eq(e_pick_qpn), e_state.eq(E_LOAD)]
+            with m.Case(E_LOAD):
+                m.d.sync += [
+                    e_head.eq(e_cq.head), e_wimm.eq(e_cq.wimm), e_err_done.eq(e_cq.err_done),
+                    e_tail.eq(e_sq.tail), e_una.eq(e_ack.una),
+                    e_error.eq(e_ack.error), e_err_psn.eq(e_ack.err_psn),
+                    e_err_status.eq(e_ack.err_status),
+                    e_state.eq(Mux(e_cq.head == e_sq.tail, E_IDLE, E_CHECK)),
+                ]
+            with m.Case(E_CHECK):
+                with m.If(~e_complete):
+                    m.d.sync += e_state.eq(E_IDLE)
+                with m.Elif(e_transfer):
+                    m.d.sync += [
+                        e_head.eq(e_next_head), e_wimm.eq(e_wimm + done.is_imm),
+                        e_err_done.eq(e_err_done | e_takes_error),
+                    ]
+                    with m.If(e_next_head == e_tail):
+                        m.d.sync += e_state.eq(E_IDLE)
+        with m.If(ctl.write):
+            m.d.comb += [wps["cq"].addr.eq(ctl.qpn), wps["cq"].en.eq(1), wps["cq"].data.eq(0)]
+        with m.Else():
+            m.d.comb += [
+                wps["cq"].addr.eq(e_qpn), wps["cq"].en.eq(e_transfer),
+                wps["cq"].data.head.eq(e_next_head),
+                wps["cq"].data.wimm.eq(e_wimm + done.is_imm),
+                wps["cq"].data.err_done.eq(e_err_done | e_takes_error),
+            ]
+        ok = e_status == P.CompletionStatus.SUCCESS
+        m.d.comb += [self.events.completions.eq(e_transfer & ok),
+                     self.events.error_completions.eq(e_transfer & ~ok)]
+
+        return m

@@ -1,0 +1,338 @@
+"""The requester's new-packet path: the WR intake (:class:`WrIntake`) checks a WR and claims
+its WR slot, the segmenter (:class:`Segmenter`) cuts it into packets."""
+
+from amaranth import *
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from .. import protocol as P
+from ..interfaces import work_request_layout
+from ..util import validating
+from .req_common import (
+    PSN,
+    WIMM_BITS,
+    ControlSignature,
+    check_config,
+    data_opcode,
+    events_layout,
+    log2,
+    psn_sub,
+)
+from .req_defs import ACKREQ_EVERY_BITS, MAX_WR_PACKETS, MSN_BITS, slot_depth
+from .req_send import send_item_layout
+from .req_tables import table_access_signature
+from .req_timer import arm_layout
+
+__all__ = ["segment_job_layout", "WrIntake", "Segmenter"]
+
+
+def segment_job_layout(config):
+    """An accepted WR for the segmenter: its QP, first PSN, WR slot, length, addresses,
+    immediate data, METH numbers, and the QP's MPR and una when it was checked."""
+    return data.StructLayout({
+        "qpn": config.qpn_bits, "psn": PSN, "slot": log2(slot_depth(config)), "length": 32,
+        "va": 64, "local": 64, "rkey": 32, "imm": 32, "is_imm": 1, "msn": MSN_BITS,
+        "rqmsn": MSN_BITS, "mpr": 4, "una": PSN,
+    })
+
+
+class WrIntake(wiring.Component):
+    """Take work requests, refuse the bad ones, claim a WR slot for each (S1).
+
+    A WR taken is checked the next cycle against its QP's tables: refused (an error
+    completion through the WR ring, so completions stay in order: WR_FLUSH_ERR for a QP in
+    ERROR, LOC_QP_OP_ERR for a bad opcode or a QP not in RTS, LOC_LEN_ERR for a WR over
+    ``MAX_WR_PACKETS`` packets), or handed to the segmenter. Either way it waits for a free
+    WR slot (and a refused one for room in the completion engine's queue, a WRITE WITH
+    IMMEDIATE for the QP's ``max_wimm``, a sent one for the segmenter). Accepting writes the
+    slot (``wr_done``, ``wr_send``) and advances ``sq``. One WR per cycle when nothing waits.
+
+    Hazards: the QP the segmenter works on (or last worked on) has not written its final
+    next PSN yet: the intake keeps the end PSN of the last WR it handed over and takes it
+    from there (the only forwarding in the requester; a QP_WRITE of that QP clears it).
+    Every other table read is transparent. Nothing is taken or accepted while the control
+    holds; a QP_WRITE resets ``sq`` (``control.write``).
+
+    Members
+    -------
+    tables : ``In(table_access_signature(config, "intake"))``
+    control : ``In(ControlSignature(config))``
+    wr : ``In(stream.Signature(work_request_layout(config)))``
+    o : ``Out(stream.Signature(segment_job_layout(config)))``
+        WRs to send, to the segmenter.
+    wr_trigger : ``Out(stream.Signature(config.qpn_bits))``
+        The QP of a refused WR, for the completion engine.
+    events : ``Out(events_layout(COUNTERS))``
+    """
+
+    COUNTERS = ("wrs", "wr_refused")
+
+    def __init__(self, *, config):
+        with validating(self):
+            check_config(config)
+        self._config = config
+        super().__init__({
+            "tables": In(table_access_signature(config, "intake")),
+            "control": In(ControlSignature(config)),
+            "wr": In(stream.Signature(work_request_layout(config))),
+            "o": Out(stream.Signature(segment_job_layout(config))),
+            "wr_trigger": Out(stream.Signature(config.qpn_bits)),
+            "events": Out(events_layout(self.COUNTERS)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self._config
+        qb = cfg.qpn_bits
+        sb = log2(slot_depth(cfg))
+        mtu_bits = log2(cfg.mtu)
+        ctl = self.control
+        hold = ctl.hold
+        reads, wps = self.tables.read, self.tables.write
+
+        s1_valid = Signal()
+        s1 = Signal(work_request_layout(cfg))
+        s1_take = Signal()
+        s1_accept = Signal()
+        for name in ("cfg", "sq", "next_psn", "ack", "cq"):
+            m.d.comb += getattr(reads, name).addr.eq(Mux(s1_take, self.wr.payload.qpn, s1.qpn))
+        s1_cfg, s1_sq, s1_ack, s1_cq = (getattr(reads, n).data for n in ("cfg", "sq", "ack", "cq"))
+
+        # The WR last handed to the segmenter: its QP's next PSN is its end PSN.
+        fwd_valid = Signal()
+        fwd_qpn = Signal(qb)
+        fwd_end = Signal(PSN)
+        s1_next_psn = Mux(fwd_valid & (fwd_qpn == s1.qpn), fwd_end, reads.next_psn.data)
+
+        s1_state = Mux(s1_ack.error, P.QpState.ERROR, s1_cfg.state)
+        s1_op_ok = ((s1.opcode == P.WrOpcode.RDMA_WRITE)
+                    | (s1.opcode == P.WrOpcode.RDMA_WRITE_WITH_IMM))
+        s1_is_imm = s1.opcode == P.WrOpcode.RDMA_WRITE_WITH_IMM
+        max_length = MAX_WR_PACKETS << mtu_bits
+        s1_too_long = (s1.length > max_length) if max_length < (1 << 32) else C(0)
+        s1_refused_status = Signal(P.CompletionStatus)
+        s1_refused = Value.cast(s1_refused_status)
+        with m.If(s1_state == P.QpState.ERROR):
+            m.d.comb += s1_refused_status.eq(P.CompletionStatus.WR_FLUSH_ERR)
+        with m.Elif(~s1_op_ok | (s1_state != P.QpState.RTS)):
+            m.d.comb += s1_refused_status.eq(P.CompletionStatus.LOC_QP_OP_ERR)
+        with m.Elif(s1_too_long):
+            m.d.comb += s1_refused_status.eq(P.CompletionStatus.LOC_LEN_ERR)
+        s1_packets = Mux(s1.length == 0, 1, ((s1.length - 1) >> mtu_bits) + 1)
+        s1_slots_used = (s1_sq.tail - s1_cq.head)[:sb + 1]
+        s1_wimm_used = (s1_sq.wimm - s1_cq.wimm)[:WIMM_BITS]
+        s1_slot_free = s1_slots_used < cfg.wr_slots
+        s1_wimm_ok = ~s1_is_imm | (s1_wimm_used < s1_cfg.max_wimm)
+        m.d.comb += [
+            self.wr_trigger.valid.eq(s1_valid & (s1_refused != 0) & s1_slot_free & ~hold),
+            self.wr_trigger.payload.eq(s1.qpn),
+            self.o.valid.eq(s1_valid & (s1_refused == 0) & s1_slot_free & s1_wimm_ok & ~hold),
+        ]
+        s1_accept_refused = self.wr_trigger.valid & self.wr_trigger.ready
+        s1_accept_send = self.o.valid & self.o.ready
+        m.d.comb += [
+            s1_accept.eq(s1_accept_refused | s1_accept_send),
+            self.wr.ready.eq((~s1_valid | s1_accept) & ~hold),
+            s1_take.eq(self.wr.valid & self.wr.ready),
+            self.events.wrs.eq(s1_take),
+            self.events.wr_refused.eq(s1_accept & (s1_refused != 0)),
+        ]
+        with m.If(s1_take):
+            m.d.sync += [s1_valid.eq(1), s1.eq(self.wr.payload)]
+        with m.Elif(s1_accept):
+            m.d.sync += s1_valid.eq(0)
+
+        s1_end = (s1_next_psn + Mux(s1_refused != 0, 0, s1_packets))[:PSN]
+        slot_addr = Cat(s1_sq.tail[:sb], s1.qpn)
+        m.d.comb += [
+            wps.wr_done.addr.eq(slot_addr),
+            wps.wr_done.en.eq(s1_accept),
+            wps.wr_done.data.wr_id.eq(s1.wr_id),
+            wps.wr_done.data.end.eq(s1_end),
+            wps.wr_done.data.length.eq(s1.length),
+            wps.wr_done.data.is_imm.eq(s1_is_imm & (s1_refused == 0)),
+            wps.wr_done.data.refused.eq(s1_refused_status),
+            wps.wr_send.addr.eq(slot_addr),
+            wps.wr_send.en.eq(s1_accept & (s1_refused == 0)),
+            wps.wr_send.data.va.eq(s1.remote_addr),
+            wps.wr_send.data.local.eq(s1.local_addr),
+            wps.wr_send.data.rkey.eq(s1.rkey),
+            wps.wr_send.data.imm.eq(s1.imm),
+            wps.wr_send.data.first.eq(s1_next_psn),
+            wps.wr_send.data.length.eq(s1.length),
+            wps.wr_send.data.is_imm.eq(s1_is_imm),
+            wps.wr_send.data.msn.eq(s1_sq.msgs),
+            wps.wr_send.data.rqmsn.eq(s1_sq.imm_msgs),
+        ]
+        with m.If(ctl.write):
+            m.d.comb += [wps.sq.addr.eq(ctl.qpn), wps.sq.en.eq(1), wps.sq.data.eq(0)]
+        with m.Else():
+            m.d.comb += [
+                wps.sq.addr.eq(s1.qpn),
+                wps.sq.en.eq(s1_accept),
+                wps.sq.data.tail.eq(s1_sq.tail + 1),
+                wps.sq.data.wimm.eq(s1_sq.wimm + (s1_is_imm & (s1_refused == 0))),
+                wps.sq.data.msgs.eq(s1_sq.msgs + (s1_refused == 0)),
+                wps.sq.data.imm_msgs.eq(s1_sq.imm_msgs + (s1_is_imm & (s1_refused == 0))),
+            ]
+
+        job = self.o.payload
+        m.d.comb += [
+            job.qpn.eq(s1.qpn), job.psn.eq(s1_next_psn), job.slot.eq(s1_sq.tail[:sb]),
+            job.length.eq(s1.length), job.va.eq(s1.remote_addr), job.local.eq(s1.local_addr),
+            job.rkey.eq(s1.rkey), job.imm.eq(s1.imm), job.is_imm.eq(s1_is_imm),
+            job.msn.eq(s1_sq.msgs), job.rqmsn.eq(s1_sq.imm_msgs), job.mpr.eq(s1_cfg.mpr),
+            job.una.eq(s1_ack.una),
+        ]
+        with m.If(s1_accept_send):
+            m.d.sync += [fwd_valid.eq(1), fwd_qpn.eq(s1.qpn), fwd_end.eq(s1_end)]
+        with m.If(ctl.write & (fwd_qpn == ctl.qpn)):
+            m.d.sync += fwd_valid.eq(0)
+        return m
+
+
+class Segmenter(wiring.Component):
+    """Cut a WR into MTU packets, one per cycle (S2).
+
+    Each packet is checked against the QP's window (``psn - una < mpr x 128``) and, with
+    CONFIG ``cc``, its ECN window (``psn - una < cwnd``); it asks for an ACK when it is the
+    WR's last, fills a window, or is the ``ackreq_every``-th. A packet taken by the send
+    register advances ``next_psn``; one that is the QP's oldest outstanding PSN arms the
+    retransmit timer (``arm``; dropped and counted when the queue is full). The segmenter
+    takes the next WR in the cycle it offers the current one's last packet, so back-to-back
+    WRs leave back to back.
+
+    Hazards: una comes with the WR for the first cycle (the ``ack`` and ``cc`` reads are for
+    the new QP from the second); an ACK applied meanwhile is seen through the transparent
+    ports. A QP that fails (``ack.error``) stops the WR at once. Nothing is offered while the
+    control holds; a QP_WRITE resets ``next_psn`` (``control.write``).
+
+    Members
+    -------
+    tables : ``In(table_access_signature(config, "segmenter"))``
+    control : ``In(ControlSignature(config))``
+    now : ``In(32)``
+        The time in 1.024 us units (the arm event's time).
+    i : ``In(stream.Signature(segment_job_layout(config)))``
+    o : ``Out(stream.Signature(send_item_layout(config)))``
+        New packets, to the send register.
+    arm : ``Out(stream.Signature(arm_layout(config)))``
+    events : ``Out(events_layout(COUNTERS))``
+    """
+
+    COUNTERS = ("arm_dropped",)
+
+    def __init__(self, *, config):
+        with validating(self):
+            check_config(config)
+        self._config = config
+        super().__init__({
+            "tables": In(table_access_signature(config, "segmenter")),
+            "control": In(ControlSignature(config)),
+            "now": In(32),
+            "i": In(stream.Signature(segment_job_layout(config))),
+            "o": Out(stream.Signature(send_item_layout(config))),
+            "arm": Out(stream.Signature(arm_layout(config))),
+            "events": Out(events_layout(self.COUNTERS)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self._config
+        qb = cfg.qpn_bits
+        sb = log2(slot_depth(cfg))
+        ctl = self.control
+        ackreq_every, cc_on = ctl.ackreq_every, ctl.cc_on
+        reads = self.tables.read
+
+        s2_active = Signal()
+        s2_qpn = Signal(qb)
+        s2_psn = Signal(PSN)
+        s2_slot = Signal(sb)
+        s2_remaining = Signal(32)
+        s2_va = Signal(64)
+        s2_local = Signal(64)
+        s2_rkey = Signal(32)
+        s2_imm = Signal(32)
+        s2_is_imm = Signal()
+        s2_msn = Signal(MSN_BITS)
+        s2_rqmsn = Signal(MSN_BITS)
+        s2_first = Signal()
+        s2_mpr = Signal(4)
+        s2_una = Signal(PSN)            # una at hand-off, until the table read below is valid
+        s2_fresh = Signal()             # the ack-table read below is for s2_qpn
+        s2_ackcnt = Signal(ACKREQ_EVERY_BITS)
+        m.d.comb += [reads.ack.addr.eq(s2_qpn), reads.cc.addr.eq(s2_qpn)]
+        s2_una_now = Mux(s2_fresh, reads.ack.data.una, s2_una)
+        s2_abort = s2_active & s2_fresh & reads.ack.data.error
+        s2_ahead = psn_sub(s2_psn, s2_una_now)
+        s2_window_ok = s2_ahead < Cat(C(0, 7), s2_mpr)
+        # The ECN window (CONFIG cc): its table read is valid from the second cycle of a WR.
+        s2_cc_ok = ~cc_on | (s2_fresh & (s2_ahead < reads.cc.data.cwnd))
+        # This packet fills the QP's window (MPR, or the ECN window when on): it asks for an
+        # ACK, so a window-limited QP never waits for the responder's coalescing timer.
+        s2_closes = (((s2_ahead + 1) >= Cat(C(0, 7), s2_mpr))
+                     | (cc_on & ((s2_ahead + 1) >= reads.cc.data.cwnd)))
+        s2_last = s2_remaining <= cfg.mtu
+        s2_dma_len = Mux(s2_last, s2_remaining, cfg.mtu)
+        s2_emit = self.o.valid & self.o.ready
+        s2_ackreq = (s2_last | s2_closes
+                     | ((ackreq_every != 0) & (s2_ackcnt == ackreq_every - 1)))
+        m.d.comb += [
+            self.o.valid.eq(s2_active & ~s2_abort & s2_window_ok & s2_cc_ok & ~ctl.hold),
+            self.i.ready.eq(~s2_active | s2_abort | (s2_emit & s2_last)),
+        ]
+
+        with m.If(s2_emit):
+            m.d.sync += [
+                s2_psn.eq(s2_psn + 1),
+                s2_va.eq(s2_va + s2_dma_len),
+                s2_local.eq(s2_local + s2_dma_len),
+                s2_remaining.eq(s2_remaining - s2_dma_len),
+                s2_first.eq(0),
+                s2_ackcnt.eq(Mux(s2_ackcnt == ackreq_every - 1, 0, s2_ackcnt + 1)),
+            ]
+            with m.If(s2_last):
+                m.d.sync += s2_active.eq(0)
+        with m.If(s2_abort):
+            m.d.sync += s2_active.eq(0)
+        m.d.sync += s2_fresh.eq(1)
+        job = self.i.payload
+        with m.If(self.i.valid & self.i.ready):
+            m.d.sync += [
+                s2_active.eq(1), s2_qpn.eq(job.qpn), s2_psn.eq(job.psn),
+                s2_slot.eq(job.slot), s2_remaining.eq(job.length),
+                s2_va.eq(job.va), s2_local.eq(job.local), s2_rkey.eq(job.rkey),
+                s2_imm.eq(job.imm), s2_is_imm.eq(job.is_imm), s2_first.eq(1),
+                s2_msn.eq(job.msn), s2_rqmsn.eq(job.rqmsn),
+                s2_mpr.eq(job.mpr), s2_una.eq(job.una), s2_fresh.eq(0),
+                s2_ackcnt.eq(0),
+            ]
+
+        wp = self.tables.write.next_psn
+        with m.If(ctl.write):
+            m.d.comb += [wp.addr.eq(ctl.qpn), wp.en.eq(1), wp.data.eq(ctl.psn)]
+        with m.Else():
+            m.d.comb += [wp.addr.eq(s2_qpn), wp.en.eq(s2_emit), wp.data.eq(s2_psn + 1)]
+
+        # The segmenter sent the oldest outstanding PSN: the timer starts at that exact time.
+        m.d.comb += [
+            self.arm.valid.eq(s2_emit & (s2_psn == s2_una_now)),
+            self.arm.payload.qpn.eq(s2_qpn), self.arm.payload.time.eq(self.now),
+            self.events.arm_dropped.eq(self.arm.valid & ~self.arm.ready),
+        ]
+
+        s2_imm_now = s2_is_imm & s2_last
+        item = self.o.payload
+        request, ctx = item.request, item.request.context
+        m.d.comb += [
+            item.slot.eq(s2_slot), item.walk.eq(0),
+            request.qpn.eq(s2_qpn), request.avoid_ev_valid.eq(0), request.avoid_ev.eq(0),
+            request.probe.eq(0), request.ev.eq(0),
+            ctx.psn.eq(s2_psn), ctx.opcode.eq(data_opcode(s2_first, s2_last, s2_imm_now)),
+            ctx.ackreq.eq(s2_ackreq), ctx.va.eq(s2_va), ctx.rkey.eq(s2_rkey),
+            ctx.dma_len.eq(s2_dma_len), ctx.imm.eq(Mux(s2_imm_now, s2_imm, 0)),
+            ctx.local_addr.eq(s2_local), ctx.retransmission.eq(0),
+            ctx.msn.eq(s2_msn), ctx.rqmsn.eq(s2_rqmsn),
+        ]
+        return m

@@ -1,0 +1,297 @@
+"""The requester's resend path: the walker (:class:`Walker`) turns PSN ranges into single
+PSNs, the retransmitter (:class:`Retransmitter`) checks each and rebuilds its packet."""
+
+from amaranth import *
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from .. import protocol as P
+from ..interfaces import feedback_layout
+from ..util import validating
+from .req_common import (
+    PSN,
+    ControlSignature,
+    check_config,
+    data_opcode,
+    events_layout,
+    log2,
+    psn_ge,
+    psn_gt,
+    psn_sub,
+)
+from .req_defs import (
+    TIME_BITS,
+    YOUNG_CAP_LOG2,
+    WalkKind,
+    bitmap_psns,
+    retx_layout,
+    slot_depth,
+    walk_layout,
+)
+from .req_send import send_item_layout
+from .req_tables import table_access_signature
+
+__all__ = ["trim_layout", "walk_step_layout", "Walker", "Retransmitter"]
+
+
+def trim_layout(config):
+    """A trimmed PSN to resend (ACK processing -> retransmitter)."""
+    return data.StructLayout({"qpn": config.qpn_bits, "psn": PSN})
+
+
+def walk_step_layout(config):
+    """One PSN of a walk (walker -> retransmitter): ``first`` marks the walk's first PSN."""
+    return data.StructLayout({"qpn": config.qpn_bits, "psn": PSN, "kind": WalkKind,
+                              "first": 1})
+
+
+class Walker(wiring.Component):
+    """Hand the retransmitter a walk's PSNs, one per cycle, TIMEOUT walks first.
+
+    A walk ``(qpn, psn, count, kind)`` becomes ``count`` PSNs from ``psn``. The next walk is
+    taken in the cycle the last PSN of the current one is taken (no bubble). No table access;
+    whether a PSN is still worth resending is the retransmitter's check.
+
+    Members
+    -------
+    timeout : ``In(stream.Signature(walk_layout(config)))``
+        TIMEOUT walks (timer scanner).
+    infer : ``In(stream.Signature(walk_layout(config)))``
+        INFER and REORDER walks (inference unit).
+    o : ``Out(stream.Signature(walk_step_layout(config)))``
+        Valid while a walk is under way.
+    """
+
+    def __init__(self, *, config):
+        with validating(self):
+            check_config(config)
+        self._config = config
+        super().__init__({
+            "timeout": In(stream.Signature(walk_layout(config))),
+            "infer": In(stream.Signature(walk_layout(config))),
+            "o": Out(stream.Signature(walk_step_layout(config))),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        w_valid = Signal()
+        w = Signal(walk_layout(self._config))
+        w_first = Signal()
+        w_step = self.o.valid & self.o.ready
+        w_done = w_step & (w.count == 1)
+        w_load = ~w_valid | w_done
+        w_take_timeout = w_load & self.timeout.valid
+        w_take_infer = w_load & ~self.timeout.valid & self.infer.valid
+        m.d.comb += [
+            self.timeout.ready.eq(w_take_timeout), self.infer.ready.eq(w_take_infer),
+            self.o.valid.eq(w_valid),
+            self.o.payload.qpn.eq(w.qpn), self.o.payload.psn.eq(w.psn),
+            self.o.payload.kind.eq(w.kind), self.o.payload.first.eq(w_first),
+        ]
+        with m.If(w_take_timeout | w_take_infer):
+            m.d.sync += [
+                w_valid.eq(1), w_first.eq(1),
+                w.eq(Mux(w_take_timeout, self.timeout.payload, self.infer.payload)),
+            ]
+        with m.Elif(w_step):
+            m.d.sync += [w.psn.eq(w.psn + 1), w.count.eq(w.count - 1), w_first.eq(0)]
+            with m.If(w_done):
+                m.d.sync += w_valid.eq(0)
+        return m
+
+
+class Retransmitter(wiring.Component):
+    """Resend single PSNs: a trimmed PSN first, then the walker's, then ``retx`` requests.
+
+    R0 takes a PSN and reads the QP's state and the PSN's metadata; R1 checks that the PSN is
+    still outstanding (QP live, ``una <= psn < next_psn``, not SACKed) and, for a walk, worth
+    resending (a TIMEOUT walk skips PSNs after its first sent less than the base timeout ago;
+    an INFER or REORDER walk skips PSNs already resent), gives LOST feedback where due, and
+    reads the WR slot; R2 rebuilds the packet (offset, length, opcode from the slot and the
+    PSN's index in the WR) and offers it to the send register. One PSN per cycle; 3 cycles
+    from R0 to ``o``. A PSN that fails the check is dropped (``retx_ignored`` for a request,
+    ``walk_skipped`` for a walk).
+
+    Hazards: reads other engines' tables through transparent ports in R0; a write in R1's
+    cycle (an ACK that acknowledges the PSN) is not seen, so a PSN acknowledged in that
+    cycle may still be resent (harmless: a duplicate). ``retx`` waits while the control
+    holds; the trim queue and walks are drained (the control waits for them).
+
+    Members
+    -------
+    tables : ``In(table_access_signature(config, "retransmitter"))``
+    control : ``In(ControlSignature(config))``
+    now : ``In(32)``
+        The time in 1.024 us units.
+    trim : ``In(stream.Signature(trim_layout(config)))``
+    walk : ``In(stream.Signature(walk_step_layout(config)))``
+    retx : ``In(stream.Signature(retx_layout(config)))``
+    lost : ``Out(stream.Signature(feedback_layout(config)))``
+        LOST feedback for the EV a resent PSN last went out on; dropped when not ready.
+    o : ``Out(stream.Signature(send_item_layout(config)))``
+        Rebuilt packets (``walk`` set for a walker's), for the send register.
+    busy : ``Out(1)``
+        R1 or R2 holds a PSN.
+    events : ``Out(events_layout(EVENTS))``
+        The counters of :attr:`COUNTERS` and ``lost_dropped`` (LOST feedback dropped, a
+        part of ``feedback_dropped``).
+    """
+
+    COUNTERS = ("retx_ignored", "walk_skipped", "lost_feedback", "timeout_retransmissions",
+                "inferred_losses")
+    EVENTS = (*COUNTERS, "lost_dropped")
+
+    def __init__(self, *, config):
+        with validating(self):
+            check_config(config)
+        self._config = config
+        super().__init__({
+            "tables": In(table_access_signature(config, "retransmitter")),
+            "control": In(ControlSignature(config)),
+            "now": In(32),
+            "trim": In(stream.Signature(trim_layout(config))),
+            "walk": In(stream.Signature(walk_step_layout(config))),
+            "retx": In(stream.Signature(retx_layout(config))),
+            "lost": Out(stream.Signature(feedback_layout(config))),
+            "o": Out(stream.Signature(send_item_layout(config))),
+            "busy": Out(1),
+            "events": Out(events_layout(self.EVENTS)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self._config
+        qb = cfg.qpn_bits
+        wb = log2(bitmap_psns(cfg))
+        sb = log2(slot_depth(cfg))
+        mtu_bits = log2(cfg.mtu)
+        hold = self.control.hold
+        time_now = self.now[:TIME_BITS]
+        trim, walk, retx = self.trim, self.walk, self.retx
+        reads = self.tables.read
+        events = self.events
+
+        r1_valid = Signal()
+        r1_qpn = Signal(qb)
+        r1_psn = Signal(PSN)
+        r1_walk = Signal()              # from the walker (else TRIM queue or `retx`)
+        r1_kind = Signal(WalkKind)
+        r1_first = Signal()
+        r2_valid = Signal()
+        r2_qpn = Signal(qb)
+        r2_psn = Signal(PSN)
+        r2_slot = Signal(sb)
+        r2_ev = Signal(cfg.ev_index_bits)
+        r2_walk = Signal()
+        r2_emit = self.o.valid & self.o.ready
+        r1_advance = Signal()
+        r0_take = Signal()
+        r2_load = Signal()
+        m.d.comb += [r0_take.eq(~r1_valid | r1_advance), self.busy.eq(r1_valid | r2_valid)]
+
+        # R0: take a PSN, read its QP and metadata.
+        from_trim = trim.valid
+        from_walk = ~from_trim & walk.valid
+        r0_qpn = Mux(from_trim, trim.payload.qpn, Mux(walk.valid, walk.payload.qpn,
+                                                       retx.payload.qpn))
+        r0_psn = Mux(from_trim, trim.payload.psn, Mux(walk.valid, walk.payload.psn,
+                                                       retx.payload.psn))
+        r0_accept = r0_take & (from_trim | walk.valid | (retx.valid & ~hold))
+        # `retx` waits while a command holds the engines: a QP_WRITE lets the retransmissions
+        # already queued leave first (control), and nothing new may join them.
+        m.d.comb += [
+            trim.ready.eq(r0_take),
+            walk.ready.eq(r0_take & ~from_trim),
+            retx.ready.eq(r0_take & ~from_trim & ~walk.valid & ~hold),
+        ]
+        for name in ("cfg", "next_psn", "ack", "acked", "meta", "ev"):
+            port = getattr(reads, name)
+            addr = Cat(r0_psn[:wb], r0_qpn) if name in ("meta", "ev") else r0_qpn
+            m.d.comb += [port.addr.eq(addr), port.en.eq(r0_accept)]
+        with m.If(r0_accept):
+            m.d.sync += [r1_valid.eq(1), r1_qpn.eq(r0_qpn), r1_psn.eq(r0_psn),
+                         r1_walk.eq(from_walk), r1_kind.eq(walk.payload.kind),
+                         r1_first.eq(walk.payload.first)]
+        with m.Elif(r1_advance):
+            m.d.sync += r1_valid.eq(0)
+
+        # R1: check, LOST feedback, read the WR slot.
+        r1_ack = reads.ack.data
+        r1_meta = reads.meta.data
+        r1_ok = ((reads.cfg.data.state == P.QpState.RTS) & ~r1_ack.error
+                 & psn_ge(r1_psn, r1_ack.una) & psn_gt(reads.next_psn.data, r1_psn)
+                 & ~reads.acked.data.bit_select(r1_psn[:wb], 1))
+        # A TIMEOUT walk resends PSNs after the oldest only if they were last sent at least
+        # the base timeout ago (capped: the send time has 16 bits): the others may still be
+        # in flight on good paths. An INFER walk leaves retransmitted PSNs to the timer.
+        r1_timeout = reads.cfg.data.timeout
+        r1_age = (time_now - r1_meta.time)[:TIME_BITS]
+        r1_young = (r1_age >> Mux(r1_timeout > YOUNG_CAP_LOG2, YOUNG_CAP_LOG2, r1_timeout)) == 0
+        r1_walk_ok = (r1_ok & ~((r1_kind == WalkKind.TIMEOUT) & ~r1_first & r1_young)
+                      & ~((r1_kind != WalkKind.TIMEOUT) & r1_meta.retx))
+        r1_go = Mux(r1_walk, r1_walk_ok, r1_ok)
+        r2_can_load = ~r2_valid | r2_emit
+        m.d.comb += [
+            r1_advance.eq(r1_valid & (~r1_go | r2_can_load)),
+            r2_load.eq(r1_valid & r1_go & r2_can_load),
+        ]
+        # LOST feedback for the EV a PSN last went out on: every PSN an INFER walk resends, and
+        # the oldest PSN of a TIMEOUT walk (the one the timer is about) unless it was resent
+        # less than the base timeout ago (by an INFER, REORDER or TRIM resend after the timer
+        # last restarted: that copy has not had its time, and its EV is not the one that lost
+        # the PSN; the walk still resends it). The older holes a
+        # TIMEOUT walk also resends give none: after a long queueing delay they are mostly
+        # late, not lost, and a LOST per hole would strike every plane at once. Nor do the
+        # holes of a REORDER walk (the time rule alone): late by the reorder window is weaker
+        # evidence than K later PSNs, and a false LOST costs a path (with fate sharing, a port).
+        lost_push = r2_load & r1_walk & ((r1_kind == WalkKind.INFER)
+                                         | ((r1_kind == WalkKind.TIMEOUT) & r1_first
+                                            & ~r1_young))
+        m.d.comb += [
+            self.lost.payload.qpn.eq(r1_qpn), self.lost.payload.ev.eq(reads.ev.data),
+            self.lost.payload.kind.eq(P.FeedbackKind.LOST),
+            self.lost.valid.eq(lost_push),
+        ]
+        walk_resend = r2_load & r1_walk
+        m.d.comb += [
+            events.retx_ignored.eq(r1_valid & ~r1_walk & ~r1_ok),
+            events.walk_skipped.eq(r1_valid & r1_walk & ~r1_walk_ok),
+            events.lost_feedback.eq(lost_push & self.lost.ready),
+            events.lost_dropped.eq(lost_push & ~self.lost.ready),
+            events.timeout_retransmissions.eq(walk_resend & (r1_kind == WalkKind.TIMEOUT)),
+            events.inferred_losses.eq(walk_resend & (r1_kind != WalkKind.TIMEOUT)),
+        ]
+        wr_send_port = reads.wr_send
+        m.d.comb += [
+            wr_send_port.addr.eq(Cat(r1_meta.slot[:sb], r1_qpn)),
+            wr_send_port.en.eq(r2_load),
+        ]
+        with m.If(r2_load):
+            m.d.sync += [r2_valid.eq(1), r2_qpn.eq(r1_qpn), r2_psn.eq(r1_psn), r2_walk.eq(r1_walk),
+                         r2_slot.eq(r1_meta.slot), r2_ev.eq(reads.ev.data)]
+        with m.Elif(r2_emit):
+            m.d.sync += r2_valid.eq(0)
+
+        # R2: rebuild the packet from the WR slot.
+        slot = wr_send_port.data
+        r2_index = psn_sub(r2_psn, slot.first)
+        r2_offset = Signal(PSN + mtu_bits)
+        m.d.comb += r2_offset.eq(r2_index << mtu_bits)
+        r2_remaining = (slot.length - r2_offset)[:32]
+        r2_last = r2_remaining <= cfg.mtu
+        r2_dma_len = Mux(r2_last, r2_remaining, cfg.mtu)
+        r2_imm = slot.is_imm & r2_last
+        item = self.o.payload
+        request, ctx = item.request, item.request.context
+        m.d.comb += [
+            self.o.valid.eq(r2_valid),
+            item.slot.eq(r2_slot), item.walk.eq(r2_walk),
+            request.qpn.eq(r2_qpn), request.avoid_ev_valid.eq(1), request.avoid_ev.eq(r2_ev),
+            request.probe.eq(0), request.ev.eq(0),
+            ctx.psn.eq(r2_psn), ctx.opcode.eq(data_opcode(r2_index == 0, r2_last, r2_imm)),
+            ctx.ackreq.eq(1), ctx.va.eq(slot.va + r2_offset), ctx.rkey.eq(slot.rkey),
+            ctx.dma_len.eq(r2_dma_len), ctx.imm.eq(Mux(r2_imm, slot.imm, 0)),
+            ctx.local_addr.eq(slot.local + r2_offset), ctx.retransmission.eq(1),
+            ctx.msn.eq(slot.msn), ctx.rqmsn.eq(slot.rqmsn),
+        ]
+        return m

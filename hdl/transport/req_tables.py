@@ -1,0 +1,190 @@
+"""The requester's block RAM tables (:class:`RequesterTables`) and the ports each engine has
+on them.
+
+Every table has exactly one write port, owned by one engine (the control's QP reset goes
+through the owner's port), and one read port per engine that reads it. Every read port is
+transparent for its table's write port: a read sees every write of the same cycle and earlier.
+:data:`TABLE_ACCESS` names, per engine, the tables it reads and the ones it writes;
+:func:`table_access_signature` is that engine's port on :class:`RequesterTables`.
+"""
+
+from amaranth import *
+from amaranth.hdl import unsigned
+from amaranth.lib import data, wiring
+from amaranth.lib.memory import Memory, ReadPort, WritePort
+from amaranth.lib.wiring import Out
+from amaranth.utils import ceil_log2
+
+from .. import protocol as P
+from ..util import validating
+from .req_common import PSN, WIMM_BITS, check_config, log2
+from .req_defs import (
+    CWND_BITS,
+    MSN_BITS,
+    RETRY_COUNT_BITS,
+    TIME_BITS,
+    bitmap_psns,
+    slot_depth,
+)
+
+__all__ = ["requester_tables", "block_ram_bits", "TABLE_ACCESS", "table_access_signature",
+           "RequesterTables"]
+
+
+def requester_tables(config):
+    """The block RAM tables: ``{name: (shape, depth, read_ports)}``. Each table has one write
+    port; a FPGA implementation holds one copy per read port."""
+    window = bitmap_psns(config)
+    slots = slot_depth(config)
+    count_bits = log2(slots) + 1
+    qps = config.qps
+    return {
+        "cfg": (data.StructLayout({"state": 3, "mpr": 4, "max_wimm": 8, "timeout": 5,
+                                   "retry_linear": 3, "retry_exp": 5}), qps, 5),
+        # Messages (and WRITE_IMM messages) the QP started, modulo 2**16: the METH numbers.
+        "sq": (data.StructLayout({"tail": count_bits, "wimm": WIMM_BITS, "msgs": MSN_BITS,
+                                  "imm_msgs": MSN_BITS}), qps, 3),
+        "next_psn": (unsigned(PSN), qps, 5),
+        "ack": (data.StructLayout({"una": PSN, "error": 1, "err_status": P.CompletionStatus,
+                                   "err_psn": PSN}), qps, 7),
+        "cq": (data.StructLayout({"head": count_bits, "wimm": WIMM_BITS, "err_done": 1}),
+               qps, 3),
+        "acked": (unsigned(window), qps, 2),
+        # A QP has a completion trigger queued while its two bits differ (ACK side sets,
+        # completion engine clears: one writer each).
+        "trig_set": (unsigned(1), qps, 2),
+        "trig_seen": (unsigned(1), qps, 2),
+        "meta": (data.StructLayout({"slot": log2(slots), "time": TIME_BITS, "retx": 1}),
+                 qps * window, 1),
+        # The EV each PSN last went out on: read by the retransmitter (LOST feedback) and by
+        # ACK processing (the EV a SACK or NACK names by its PSN).
+        "ev": (unsigned(config.ev_index_bits), qps * window, 2),
+        "wr_done": (data.StructLayout({"wr_id": 64, "end": PSN, "length": 32, "is_imm": 1,
+                                       "refused": P.CompletionStatus}), qps * slots, 1),
+        "wr_send": (data.StructLayout({"va": 64, "local": 64, "rkey": 32, "imm": 32,
+                                       "first": PSN, "length": 32, "is_imm": 1,
+                                       "msn": MSN_BITS, "rqmsn": MSN_BITS}),
+                    qps * slots, 1),
+        # Loss recovery: the timer scanner's own table: armed, start time, una at its last visit,
+        # retries since the last progress.
+        "tmr": (data.StructLayout({"armed": 1, "start": 32, "una_seen": PSN,
+                                   "retries": RETRY_COUNT_BITS}), qps, 2),
+        # Time una last advanced (ACK processing): where the timer restarts on progress.
+        "progress": (unsigned(32), qps, 1),
+        # The inference unit's own table: PSNs before `to` were already inferred lost; the
+        # reorder window (time-based inference) runs since `reo_at` for the holes before
+        # `reo_end` while `reo_armed`.
+        "infer": (data.StructLayout({"to": PSN, "reo_armed": 1, "reo_end": PSN,
+                                     "reo_at": TIME_BITS}), qps, 1),
+        # The ECN congestion window (ACK processing): PSNs from una the segmenter may send
+        # with CONFIG cc, and the PSN a mark must reach to shrink it again.
+        "cc": (data.StructLayout({"cwnd": CWND_BITS, "acc": CWND_BITS, "recover": PSN}),
+               qps, 3),
+    }
+
+
+def block_ram_bits(config, *, copies=True):
+    """Block RAM bits of the tables: ``{name: bits}``; ``copies`` counts one copy per read
+    port (as a simple-dual-port FPGA RAM needs)."""
+    out = {}
+    for name, (shape, depth, ports) in requester_tables(config).items():
+        width = Shape.cast(shape).width
+        out[name] = width * depth * (ports if copies else 1)
+    return out
+
+
+#: Per engine: ``(tables read, tables written)``. The read ports of a table add up to its
+#: ``read_ports`` in :func:`requester_tables`; every table is written by one engine.
+TABLE_ACCESS = {
+    "control": (("cfg", "sq", "next_psn", "ack", "cq", "tmr", "cc", "trig_set", "trig_seen"),
+                ("cfg",)),
+    "intake": (("cfg", "sq", "next_psn", "ack", "cq"), ("sq", "wr_done", "wr_send")),
+    "segmenter": (("ack", "cc"), ("next_psn",)),
+    "retransmitter": (("cfg", "next_psn", "ack", "acked", "meta", "ev", "wr_send"), ()),
+    "send": ((), ("meta",)),
+    "ev_reports": ((), ("ev",)),
+    "ack": (("cfg", "next_psn", "ack", "acked", "trig_set", "trig_seen", "cc", "ev"),
+            ("ack", "acked", "cc", "trig_set", "progress")),
+    "inference": (("infer",), ("infer",)),
+    "scanner": (("cfg", "ack", "next_psn", "tmr", "progress"), ("tmr",)),
+    "completion": (("cq", "ack", "sq", "wr_done"), ("trig_seen", "cq")),
+}
+
+
+def _addr_width(depth):
+    return ceil_log2(depth)          # as Memory's own ports
+
+
+def table_access_signature(config, engine):
+    """The port of ``engine`` on :class:`RequesterTables`, from the tables' side: ``read``
+    holds a :class:`~amaranth.lib.memory.ReadPort` signature per table the engine reads,
+    ``write`` a :class:`~amaranth.lib.memory.WritePort` signature per table it writes. An
+    engine takes it as ``In(...)``."""
+    tables = requester_tables(config)
+    reads, writes = TABLE_ACCESS[engine]
+
+    def shape(name):
+        return tables[name][0], _addr_width(tables[name][1])
+
+    members = {}
+    if reads:
+        members["read"] = Out(wiring.Signature({
+            name: Out(ReadPort.Signature(addr_width=shape(name)[1], shape=shape(name)[0]))
+            for name in reads}))
+    if writes:
+        members["write"] = Out(wiring.Signature({
+            name: Out(WritePort.Signature(addr_width=shape(name)[1], shape=shape(name)[0]))
+            for name in writes}))
+    return wiring.Signature(members)
+
+
+class RequesterTables(wiring.Component):
+    """The requester's per-QP, per-PSN and per-WR-slot tables in block RAM.
+
+    Each read port is synchronous: ``data`` is the entry at the ``addr`` of the previous cycle
+    in which ``en`` was high (``en`` idles high), and transparent: it already holds a write of
+    that same cycle to that entry. A write takes effect at the end of its cycle. No other
+    logic: the ports are the memories' own.
+
+    Parameters
+    ----------
+    config : NicConfig
+
+    Members
+    -------
+    <engine> : ``Out(table_access_signature(config, engine))``
+        One port per engine named in :data:`TABLE_ACCESS` (``control``, ``intake``,
+        ``segmenter``, ``retransmitter``, ``send``, ``ev_reports``, ``ack``, ``inference``,
+        ``scanner``, ``completion``), with the read and write ports it gives that engine.
+    """
+
+    def __init__(self, *, config):
+        with validating(self):
+            check_config(config)
+        self._config = config
+        super().__init__({engine: Out(table_access_signature(config, engine))
+                          for engine in TABLE_ACCESS})
+
+    @property
+    def config(self):
+        return self._config
+
+    def elaborate(self, platform):
+        m = Module()
+        memories, write_ports = {}, {}
+        for name, (shape, depth, _ports) in requester_tables(self._config).items():
+            memories[name] = m.submodules[f"{name}_table"] = Memory(shape=shape, depth=depth,
+                                                                      init=[])
+            write_ports[name] = memories[name].write_port()
+        for engine, (reads, writes) in TABLE_ACCESS.items():
+            access = getattr(self, engine)
+            for name in writes:
+                port, outer = write_ports[name], getattr(access.write, name)
+                m.d.comb += [port.addr.eq(outer.addr), port.en.eq(outer.en),
+                             port.data.eq(outer.data)]
+            for name in reads:
+                port = memories[name].read_port(transparent_for=(write_ports[name],))
+                outer = getattr(access.read, name)
+                m.d.comb += [port.addr.eq(outer.addr), port.en.eq(outer.en),
+                             outer.data.eq(port.data)]
+        return m
