@@ -31,11 +31,12 @@ NIC_GROUPS = [
         r"fetch_req__valid", r"fetch_req__ready", r"fetch__valid", r"fetch__ready",
         r"place__valid", r"place__ready"]),
     ("requester: ACKs in, QP state", [
-        r"requester\.rx__valid", r"requester\.rx__ready", r"requester\.a1_valid",
-        r"requester\.a1_qpn", r"requester\.a1_psn", r"requester\.a1_cum",
-        r"requester\.a1_syndrome", r"requester\.e_qpn", r"requester\.e_state",
-        r"requester\.e_una", r"requester\.e_error", r"requester\.ctl__valid",
-        r"requester\.ctl_state", r"requester\.send__valid", r"requester\.send__ready",
+        r"requester\.rx__valid", r"requester\.rx__ready", r"requester\.ack\.a1_valid",
+        r"requester\.ack\.a1_qpn", r"requester\.ack\.a1_psn", r"requester\.ack\.a1_cum",
+        r"requester\.ack\.a1_syndrome", r"requester\.completion\.e_qpn",
+        r"requester\.completion\.e_state", r"requester\.completion\.e_una",
+        r"requester\.completion\.e_error", r"requester\.ctl__valid",
+        r"requester\.control\.ctl_state", r"requester\.send__valid", r"requester\.send__ready",
         r"requester\.completion__valid", r"requester\.qp_error__valid"]),
     ("responder: data in, ACKs out", [
         r"responder\.i__valid", r"responder\.i__ready", r"responder\.e_valid",
