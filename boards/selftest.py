@@ -661,8 +661,9 @@ class PayloadChecker(wiring.Component):
     on), its delivered bytes number :func:`payload_length` of its PSN and equal
     :func:`payload_pattern`. A trimmed packet is good when its header is the sent one with the
     trim DSCP, ``payload_len`` 0, and it carries no payload. Always
-    ready; the input beat is registered once before it is compared, and a packet is counted
-    two cycles after its last beat.
+    ready; the input beat is registered before anything reads it (the engine's header output
+    is a bank select, and the whole header is compared), and a packet is counted three cycles
+    after its last beat.
 
     Members
     -------
@@ -690,12 +691,17 @@ class PayloadChecker(wiring.Component):
         lanes = width // 8
         m.d.comb += self.i.ready.eq(1)
 
+        # Stage 0: register the beat as it comes (the compare below reads every header bit).
+        valid_in = Signal()
+        beat_in = Signal(packet_beat_layout(self._config))
+        m.d.sync += [valid_in.eq(self.i.valid), beat_in.eq(self.i.payload)]
+
         valid = Signal()
-        # Stage 1: register the beat, and compare its whole header with the one the generator
-        # sent for its PSN (the ingress port is the plane it was sent on).
+        # Stage 1: register the beat again, and compare its whole header with the one the
+        # generator sent for its PSN (the ingress port is the plane it was sent on).
         beat = Signal(packet_beat_layout(self._config))
         header_mismatch = Signal()
-        incoming = self.i.p.header
+        incoming = beat_in.header
         expected_header = Signal.like(incoming)
         # The two length fields are checked in stage 2 (the length needs an adder); here
         # they are copied so the comparison ignores them.
@@ -708,8 +714,8 @@ class PayloadChecker(wiring.Component):
         ]
         first_length = Signal(16)               # the payload length of the PSN (first beat)
         m.d.sync += [
-            valid.eq(self.i.valid),
-            beat.eq(self.i.payload),
+            valid.eq(valid_in),
+            beat.eq(beat_in),
             header_mismatch.eq(incoming.as_value() != expected_header.as_value()),
             first_length.eq(_hw_length(incoming.bth.psn, self._max_payload)),
         ]

@@ -347,45 +347,53 @@ class Parser(wiring.Component):
             matches[tag + "nh43"] = (l3 + nh_in_ipv6, P.IP_PROTO_ROUTING, 1)
             matches[tag + "srh4"] = (l3 + nh_in_srh, P.IP_PROTO_IPV4, 1)
 
+        # The frame's stack flags so far, and the stack they select, are decided here, in the
+        # input stage, from this beat's byte matches and a running register: s1 receives them
+        # registered, so its CRC mask select and the stack's one-hot decode start at flip-flops
+        # (behind the flag logic they were the 125 MHz self-test's critical path).
+        flag_names = ("vlan", "v4", "v6", "nh41", "nh4", "nh43", "srh4")
+        hit = {}
+        in_bytes = _bytes(self.i.payload.data, lanes)
+        for name, (offset, value, count) in matches.items():
+            lane = offset % lanes
+            wire = Cat(*reversed(in_bytes[lane:lane + count]))
+            hit[name] = Signal(name=f"in_hit_{name}")
+            m.d.comb += hit[name].eq((in_beat == offset // lanes) & (wire == value))
+        # ``flag``: the flags up to the beat in s1 (registered); ``in_flag``: up to this beat.
+        flag = {name: Signal(name=f"frame_{name}") for name in flag_names}
+        in_flag = {name: Signal(name=f"in_{name}") for name in flag_names}
+        prev = {name: flag[name] & ~frame_start for name in flag_names}
+        m.d.comb += in_flag["vlan"].eq(prev["vlan"] | hit["vlan"])
+        for name in flag_names[1:]:
+            m.d.comb += in_flag[name].eq(
+                prev[name] | Mux(in_flag["vlan"], hit["vlan_" + name], hit[name]))
+        in_mode = Signal(2)
+        in_inner_v4 = Signal()
+        with m.If(in_flag["v6"] & (in_flag["nh41"] | in_flag["nh4"])):
+            m.d.comb += [in_mode.eq(_MODE_SRV6), in_inner_v4.eq(in_flag["nh4"])]
+        with m.Elif(in_flag["v6"] & in_flag["nh43"]):
+            m.d.comb += [in_mode.eq(_MODE_SRH), in_inner_v4.eq(in_flag["srh4"])]
+        with m.Else():
+            m.d.comb += [in_mode.eq(_MODE_PLAIN), in_inner_v4.eq(in_flag["v4"])]
+
         s1_valid = Signal()
         s1 = Signal(net_beat_layout(W, tagged=True))
         s1_beat = Signal(beat_bits)
-        s1_hit = {name: Signal(name=f"s1_hit_{name}") for name in matches}
-        in_bytes = _bytes(self.i.payload.data, lanes)
+        in_stack = Signal(4)
+        stack = Signal(4)
+        stack_hot = Signal(len(STACKS))     # ``stack`` one-hot, in STACKS order
+        m.d.comb += in_stack.eq(Cat(in_flag["vlan"], in_inner_v4, in_mode))
         m.d.sync += s1_valid.eq(accept)
         with m.If(accept):
-            m.d.sync += [s1.eq(self.i.payload), s1_beat.eq(in_beat)]
-            for name, (offset, value, count) in matches.items():
-                lane = offset % lanes
-                wire = Cat(*reversed(in_bytes[lane:lane + count]))
-                m.d.sync += s1_hit[name].eq((in_beat == offset // lanes) & (wire == value))
+            m.d.sync += [s1.eq(self.i.payload), s1_beat.eq(in_beat), stack.eq(in_stack),
+                         stack_hot.eq(Cat(in_stack == st.code for st in STACKS))]
+            m.d.sync += [flag[name].eq(in_flag[name]) for name in flag_names]
 
         # =====================================================================================
-        # s1: per-frame stack tracking, capture, tail window, FIFO write, ICRC preparation
+        # s1: capture, tail window, FIFO write, ICRC preparation
         # =====================================================================================
         s1_first = Signal()
         m.d.comb += s1_first.eq(s1_beat == 0)
-        flag_names = ("vlan", "v4", "v6", "nh41", "nh4", "nh43", "srh4")
-        flag_reg = {name: Signal(name=f"frame_{name}") for name in flag_names}
-        flag = {name: Signal(name=f"now_{name}") for name in flag_names}
-        prev = {name: flag_reg[name] & ~s1_first for name in flag_names}
-        m.d.comb += flag["vlan"].eq(prev["vlan"] | s1_hit["vlan"])
-        for name in flag_names[1:]:
-            m.d.comb += flag[name].eq(
-                prev[name] | Mux(flag["vlan"], s1_hit["vlan_" + name], s1_hit[name]))
-        with m.If(s1_valid):
-            m.d.sync += [flag_reg[name].eq(flag[name]) for name in flag_names]
-
-        mode = Signal(2)
-        inner_v4 = Signal()
-        with m.If(flag["v6"] & (flag["nh41"] | flag["nh4"])):
-            m.d.comb += [mode.eq(_MODE_SRV6), inner_v4.eq(flag["nh4"])]
-        with m.Elif(flag["v6"] & flag["nh43"]):
-            m.d.comb += [mode.eq(_MODE_SRH), inner_v4.eq(flag["srh4"])]
-        with m.Else():
-            m.d.comb += [mode.eq(_MODE_PLAIN), inner_v4.eq(flag["v4"])]
-        stack = Signal(4)
-        m.d.comb += stack.eq(Cat(flag["vlan"], inner_v4, mode))
 
         # ICRC preparation: from the inner IP header on, variant fields forced to ones. Until
         # the outer next header is known the stack is taken as plain; an SRv6 frame restarts
@@ -495,7 +503,7 @@ class Parser(wiring.Component):
             m.d.sync += [
                 d0_len.eq(s1_beat * lanes + last_bytes),
                 d0_stack.eq(stack),
-                d0_hot.eq(Cat(stack == st.code for st in STACKS)),
+                d0_hot.eq(stack_hot),
                 d0_port.eq(port),
                 d0_start.eq(start_ptr),
                 d0_end.eq(Mux(stored, fifo.w_ptr + 1, start_ptr)),
