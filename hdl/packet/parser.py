@@ -904,9 +904,12 @@ class Parser(wiring.Component):
         tail_len = pay_len[:lane_bits]          # bytes in the last output beat, 0 meaning all
         d4m.d.sync += d4_entry.last_keep.eq(
             Cat(((tail_len == 0) | (tail_len > lane)) & (pay_len != 0) for lane in range(lanes)))
+        # The queue's write enable reaches every cell of a wide LUT-RAM: it comes straight from
+        # a flip-flop (the verdict's compare in front of that fan-out was a 125 MHz critical
+        # path).
         accepted = Signal()
+        m.d.sync += accepted.eq(d3_valid & (reason == DropReason.NONE))
         m.d.comb += [
-            accepted.eq(self.verdict_valid & (self.verdict_reason == DropReason.NONE)),
             queue.w_en.eq(accepted),
             queue.w_data.eq(d4_entry),
         ]
