@@ -840,13 +840,32 @@ class Reporter(wiring.Component):
             m.d.sync += [snapshot.eq(self.values), index.eq(0), position.eq(0),
                          active.eq(1)]
 
-        with m.Switch(position):
-            for n, item in enumerate(items):
-                with m.Case(n):
-                    if item[0] == "char":
-                        m.d.comb += [is_char.eq(1), char.eq(item[1])]
-                    else:
-                        m.d.comb += last_digit.eq(item[2] == 0)
+        # ``is_char``, ``char`` and ``last_digit`` describe ``items[position]`` and are
+        # registered: they are decoded for the next position while the current one is sent
+        # (the decode of the position behind the UART handshake was the critical path next).
+        def decode(at, is_char_, char_, last_digit_):
+            with m.Switch(at):
+                for n, item in enumerate(items):
+                    with m.Case(n):
+                        if item[0] == "char":
+                            m.d.comb += [is_char_.eq(1), char_.eq(item[1])]
+                        else:
+                            m.d.comb += last_digit_.eq(item[2] == 0)
+
+        next_position = Signal.like(position)
+        next_is_char = Signal()
+        next_char = Signal(8)
+        next_last_digit = Signal()
+        m.d.comb += next_position.eq(position + 1)
+        decode(next_position, next_is_char, next_char, next_last_digit)
+        first = items[0]
+        with m.If(self.tick & ~active):
+            m.d.sync += [is_char.eq(first[0] == "char"),
+                         char.eq(first[1] if first[0] == "char" else 0),
+                         last_digit.eq(first[0] != "char" and first[2] == 0)]
+        with m.Elif(self.o.valid & self.o.ready):
+            m.d.sync += [is_char.eq(next_is_char), char.eq(next_char),
+                         last_digit.eq(next_last_digit)]
         m.d.comb += [
             self.o.payload.eq(Mux(is_char, char, _nibble_ascii(current[-4:]))),
             self.o.valid.eq(active),
