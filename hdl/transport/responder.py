@@ -154,6 +154,23 @@ def _reply_layout(config):
     })
 
 
+def _observation_layout(config, mr_slots):
+    """What ``Responder(observe=True)`` shows on ``obs`` (for the formal proofs)."""
+    qp, bitmaps, wimm_row, mr, _template, _timer = _layouts(config, mr_slots)
+    state = data.StructLayout({"qp": qp, "bm": bitmaps, "wt": wimm_row})
+    return data.StructLayout({
+        "row": state,               # the tables' row of `obs_qpn` (asynchronous read)
+        "mr_row": mr,               # the MR table's entry of `obs_slot` (asynchronous read)
+        "e_row": 1,                 # S2 holds an operation on a row (not a payload beat) ...
+        "e_qpn": config.qpn_bits,   # ... of this QP
+        "e_psn": 24, "e_fire": 1,
+        "st": state,                # the row S2 decides on (forwarded)
+        "new_state": state,         # the row S2 writes back ...
+        "table_write": 1,           # ... when this is set
+        "placed": 1, "set_rx": 1,
+    })
+
+
 class SackStage(wiring.Component):
     """The reply stage: cuts a SACK's 64-bit bitmap out of the receive bitmap and registers the
     reply for the header builder.
@@ -245,6 +262,10 @@ class Responder(wiring.Component):
         one is ACKed at once instead.
     completions : int
         Completion FIFO entries (2 to 1024).
+    observe : bool
+        Add the observation ports ``obs_qpn``, ``obs_slot`` and ``obs`` (off by default): an
+        asynchronous read of every table at a chosen row and S2's state, for the formal proofs
+        (``hdl/formal/responder_props.py``). Nothing else changes.
 
     Members
     -------
@@ -268,7 +289,7 @@ class Responder(wiring.Component):
         A one-cycle strobe per classified packet, one cycle after classification.
     """
 
-    def __init__(self, *, config, mr_slots=16, timers=16, completions=8):
+    def __init__(self, *, config, mr_slots=16, timers=16, completions=8, observe=False):
         with validating(self):
             if not isinstance(config, NicConfig):
                 raise TypeError(f"Configuration must be a NicConfig, not {config!r}")
@@ -282,10 +303,13 @@ class Responder(wiring.Component):
             if not isinstance(completions, int) or not 2 <= completions <= 1024:
                 raise ValueError(f"Completion FIFO depth must be an integer from 2 to 1024, "
                                  f"not {completions!r}")
+            if not isinstance(observe, bool):
+                raise TypeError(f"Observe must be a bool, not {observe!r}")
         self._config = config
         self._mr_slots = mr_slots
         self._timers = timers
         self._completions = completions
+        self._observe = observe
         super().__init__({
             "i": In(stream.Signature(packet_beat_layout(config))),
             "place": Out(stream.Signature(place_beat_layout(config))),
@@ -297,6 +321,7 @@ class Responder(wiring.Component):
             "counters": Out(responder_counters_layout()),
             "verdict_valid": Out(1),
             "verdict": Out(ResponderVerdict),
+            **(self._observation_members() if observe else {}),
         })
 
     @property
@@ -359,6 +384,8 @@ class Responder(wiring.Component):
         self._reply(m, s)
         self._control(m, s)
         self._outputs(m, s)
+        if self._observe:
+            self._observation(m, s)
         return m
 
     # --- S0 issue and S1 read --------------------------------------------------------------
@@ -970,3 +997,29 @@ class Responder(wiring.Component):
             seen = Signal(name=f"event_{name}")
             counter = self.counters[name]
             m.d.sync += [seen.eq(s.e_fire & event), counter.eq(counter + seen)]
+
+    # --- Observation ports (observe=True only) ---------------------------------------------
+
+    def _observation_members(self):
+        mr_bits = ceil_log2(self._mr_slots)
+        return {
+            "obs_qpn": In(self._config.qpn_bits),
+            "obs_slot": In(max(1, mr_bits)),
+            "obs": Out(_observation_layout(self._config, self._mr_slots)),
+        }
+
+    def _observation(self, m, s):
+        obs = self.obs
+        mr_bits = ceil_log2(self._mr_slots)
+        for table, part in (("qp_table", obs.row.qp), ("bitmaps", obs.row.bm),
+                            ("wimm_table", obs.row.wt)):
+            port = m.submodules[table].read_port(domain="comb")
+            m.d.comb += [port.addr.eq(self.obs_qpn), part.eq(port.data)]
+        mr_port = m.submodules.mr_table.read_port(domain="comb")
+        m.d.comb += [mr_port.addr.eq(self.obs_slot[:mr_bits]), obs.mr_row.eq(mr_port.data)]
+        m.d.comb += [
+            obs.e_row.eq(s.is_packet | s.is_cont | s.is_timer | s.is_ctl), obs.e_qpn.eq(s.e.qpn),
+            obs.e_psn.eq(s.h.bth.psn), obs.e_fire.eq(s.e_fire),
+            obs.st.eq(s.st), obs.new_state.eq(s.new_state), obs.table_write.eq(s.table_write),
+            obs.placed.eq(s.placed), obs.set_rx.eq(s.set_rx),
+        ]
