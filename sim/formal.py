@@ -255,6 +255,9 @@ def run_formal(top, *, name, mode="bmc", depth=20, timeout=300, ports=(), direct
                             f"finish within its limit of {timeout} s; log: {log}")
     status = done[-1] if done else "ERROR"
     failures = sorted(set(re.findall(r"failed assertion \S+ at (\S+ step \d+)", output)))
+    # An induction step's failure names no step: it starts from an unreachable state.
+    failures += sorted(set(f"{where} (induction step)" for where in re.findall(
+        r"summary:\s+failed assertion \S+ at (\S+)\s*$", output, re.MULTILINE)))
     failures += sorted(set(re.findall(r"(unreached cover statement .*)", output)))
     return FormalResult(name=name, mode=mode, depth=depth, status=status, seconds=seconds,
                         workdir=workdir, log=log, failures=failures,
@@ -325,11 +328,11 @@ PROOFS = {
     "responder_never_placed": Proof(_responder, "never_placed", "bmc", 6, 300, 6, 300,
                                     expected="FAIL"),
     "responder_cover": Proof(_responder, "cover", "cover", 8, 300, 8, 300),
-    "responder_induct_cum_psn": Proof(_responder_invariants, "cum_psn", "prove", 4, 300, 4, 1200),
-    "responder_induct_placed_once": Proof(_responder_invariants, "placed_once", "prove", 4, 300,
+    "responder_induct_cum_psn": Proof(_responder_invariants, "cum_psn", "prove", 2, 300, 4, 1200),
+    "responder_induct_placed_once": Proof(_responder_invariants, "placed_once", "prove", 2, 300,
                                           4, 1200),
-    "responder_induct_mutant": Proof(_responder_invariants, "placed_once_mutant", "prove", 4,
-                                     300, 4, 1200, expected="FAIL"),
+    "responder_induct_mutant": Proof(_responder_invariants, "placed_once_mutant", "prove", 6,
+                                     300, 6, 300, expected="FAIL"),
     "requester_window": Proof(_requester, "window", "bmc", 7, 300, 10, 1200),
     "requester_cover": Proof(_requester, "cover", "cover", 8, 300, 8, 300),
     "counter_prove": Proof(_counter, "good", "prove", 4, 120, 4, 120),

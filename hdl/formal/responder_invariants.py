@@ -59,6 +59,13 @@ def _without_prev2(text):
     return text.replace(line, "    connect \\A 1'0\n")
 
 
+def _decided(row):
+    """The fields of a row the properties read: expected PSN, MPR and receive bitmap. (The
+    whole row is forwarded alike; equality of all of it is as true but makes the solver's
+    induction step more than ten times slower.)"""
+    return Cat(row.qp.epsn, row.qp.mpr, row.bm.rcv)
+
+
 class ResponderInvariants(Elaboratable):
     """A :class:`Responder` (``observe=True``) with free inputs and the invariants of ``check``.
 
@@ -106,9 +113,9 @@ class ResponderInvariants(Elaboratable):
         with m.If(write):
             m.d.sync += latest.eq(obs.new_state)
         m.d.comb += [
-            Assert(wrote | (obs.row.as_value() == latest.as_value()),
+            Assert(wrote | (_decided(obs.row) == _decided(latest)),
                    "the table's row is the latest write-back"),
-            Assert(~mine | (obs.st.as_value() == latest.as_value()),
+            Assert(~mine | (_decided(obs.st) == _decided(latest)),
                    "S2 decides on the latest row"),
             Assert(latest.qp.mpr <= config.mpr_units, "MPR within the configuration"),
         ]
