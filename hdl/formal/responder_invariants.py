@@ -34,19 +34,23 @@ proves them in the next):
 """
 
 from amaranth import *
-from amaranth.asserts import AnyConst
-from amaranth.hdl import Assert, Assume
+from amaranth.asserts import AnyConst, AnySeq
+from amaranth.hdl import Assert, Assume, Cover
 
 from .. import protocol as P
 from ..config import NicConfig
+from ..packet.headers import PacketKind
 from ..transport.responder import CHUNK, Responder
 from ..util import validating
-from .common import psn_ge
+from .common import drive_free, psn_ge
 from .responder_props import drive_inputs
 
 __all__ = ["ResponderInvariants", "CHECKS"]
 
-CHECKS = ("cum_psn", "placed_once", "placed_once_mutant")
+CHECKS = ("cum_psn", "placed_once", "placed_once_mutant", "region", "region_cover")
+
+#: Offsets inside a packet: its bytes (dma_len, 32 bits) and one beat more.
+_OFFSET_BITS = 34
 
 
 def _without_prev2(text):
@@ -64,6 +68,11 @@ def _decided(row):
     whole row is forwarded alike; equality of all of it is as true but makes the solver's
     induction step more than ten times slower.)"""
     return Cat(row.qp.epsn, row.qp.mpr, row.bm.rcv)
+
+
+def _decided_mr(entry):
+    """The fields of an MR entry a placement reads."""
+    return Cat(entry.valid, entry.rkey, entry.pd, entry.base, entry.limit)
 
 
 class ResponderInvariants(Elaboratable):
@@ -127,6 +136,9 @@ class ResponderInvariants(Elaboratable):
                 m.d.comb += Assert(psn_ge(obs.new_state.qp.epsn, latest.qp.epsn) &
                                    (advance <= CHUNK), "the cumulative PSN moved backwards")
 
+        if check.startswith("region"):
+            self._region(m, dut)
+
         if check.startswith("placed_once"):
             watch_psn = Signal(P.PSN_BITS)
             m.d.comb += watch_psn.eq(AnyConst(P.PSN_BITS))
@@ -149,3 +161,106 @@ class ResponderInvariants(Elaboratable):
             with m.If(restart | (far_ahead & ~placed_now)):
                 m.d.sync += placed_flag.eq(0)
         return m
+
+    def _region(self, m, dut):
+        """No write lands outside a region: every beat on ``place`` lies inside the region
+        [base, base + length) of the MR entry its packet was checked against, the entry the
+        MR table held at the packet's rkey (written by an MR_WRITE). Environment: a packet's
+        payload fits in its dma_len (the parser's contract, BAD_LENGTH); ``keep`` is a
+        prefix of the lanes. To carry that contract down the pipeline with each beat, every
+        beat has two ghost fields the responder does not decide on: its byte offset in the
+        packet (``ip_dst``) and the packet's dma_len (``ip_src``)."""
+        obs = dut.obs
+        lanes = self.config.bytes_per_beat
+        beat = dut.i.payload
+        header = beat.header
+        count = Signal(range(lanes + 1))
+        m.d.comb += [count.eq(AnySeq(len(count))), Assume(count <= lanes),
+                     beat.keep.eq((C(1, lanes + 1) << count) - 1)]
+
+        def offset(b):
+            return b.header.ip_dst[:_OFFSET_BITS]
+
+        def length(b):
+            return b.header.ip_src[:32]
+
+        def bytes_of(keep):
+            return sum(keep[k] for k in range(len(keep)))
+
+        # Input: the ghost fields and the contract, from the running offset of the packet.
+        in_next = Signal(_OFFSET_BITS)          # offset of the next beat of the packet
+        in_len = Signal(32)
+        first = ~obs.in_packet
+        m.d.comb += [
+            Assume(offset(beat) == Mux(first, 0, in_next)),
+            Assume(length(beat) == Mux(first, header.reth.dma_len, in_len)),
+            Assume(offset(beat) + bytes_of(beat.keep) <= length(beat)),
+        ]
+        drive_free(m, header.ip_dst[:_OFFSET_BITS], header.ip_src[:32])
+        with m.If(dut.i.valid & dut.i.ready):
+            m.d.sync += [in_next.eq(offset(beat) + lanes), in_len.eq(length(beat))]
+
+        # S2: the packet being placed (va, dma_len, region) and the offset of its next beat.
+        e, s1 = obs.e_beat, obs.s1_beat
+        x_va = Signal(64)
+        x_len = Signal(32)
+        x_next = Signal(_OFFSET_BITS)
+        x_base = Signal(64)
+        x_limit = Signal(65)
+        with m.If(obs.e_fire & obs.e_first):
+            m.d.sync += [x_va.eq(e.header.reth.va), x_len.eq(e.header.reth.dma_len),
+                         x_next.eq(lanes), x_base.eq(obs.mr.base), x_limit.eq(obs.mr.limit)]
+        with m.Elif(obs.e_fire & obs.e_more):
+            m.d.sync += x_next.eq(x_next + lanes)
+
+        # The offset and length the next beat after the newest operation in S2 / S1 has.
+        e_next_off = Mux(obs.e_first, lanes, Mux(obs.e_more, offset(e) + lanes, x_next))
+        e_next_len = Mux(obs.e_first, e.header.reth.dma_len,
+                         Mux(obs.e_more, length(e), x_len))
+        s1_next_off = Mux(obs.s1_first, lanes, Mux(obs.s1_more, offset(s1) + lanes,
+                                                    e_next_off))
+        s1_next_len = Mux(obs.s1_first, s1.header.reth.dma_len,
+                          Mux(obs.s1_more, length(s1), e_next_len))
+        place = dut.place.payload
+        place_off = (place.addr - x_va)[:64]
+        place_bytes = bytes_of(place.keep)
+        m.d.comb += [
+            # The environment sends data packets only (the kind is held at DATA).
+            Assert(~obs.s1_first | (s1.header.kind == PacketKind.DATA), "no probe in S1"),
+            Assert(~obs.e_first | (e.header.kind == PacketKind.DATA), "no probe in S2"),
+            Assert(~obs.e_first | (_decided_mr(obs.mr) == _decided_mr(obs.mr_row)),
+                   "S2 checks a packet against the MR table's entry"),
+            Assert(~obs.e_first | (obs.va_end == e.header.reth.va + e.header.reth.dma_len),
+                   "va_end of the packet in S2"),
+            Assert(obs.pkt_addr == (x_va + x_next)[:64], "address of the next beat"),
+            Assert(~obs.e_more | ((offset(e) == x_next) & (length(e) == x_len)),
+                   "the beat in S2 is the packet's next"),
+            Assert(~obs.s1_more | ((offset(s1) == e_next_off) & (length(s1) == e_next_len)),
+                   "the beat in S1 follows S2's"),
+            Assert(~obs.in_packet | ((in_next == s1_next_off) & (in_len == s1_next_len)),
+                   "the input's next beat follows S1's"),
+            Assert(~obs.s1_more | (offset(s1) + bytes_of(s1.keep) <= length(s1)),
+                   "the beat in S1 fits its packet"),
+            Assert(~obs.s1_first | (bytes_of(s1.keep) <= s1.header.reth.dma_len),
+                   "the first beat in S1 fits its packet"),
+            Assert(~obs.e_more | (offset(e) + bytes_of(e.keep) <= length(e)),
+                   "the beat in S2 fits its packet"),
+            Assert(~obs.e_first | (bytes_of(e.keep) <= e.header.reth.dma_len),
+                   "the first beat in S2 fits its packet"),
+            Assert(~obs.pkt_place | ((x_va >= x_base) & (x_va + x_len <= x_limit)),
+                   "the packet being placed lies in its region"),
+            Assert(~dut.place.valid | obs.pkt_place, "a beat on place belongs to a placed packet"),
+            Assert(~dut.place.valid | (place_off + place_bytes <= x_len),
+                   "a beat on place lies in its packet"),
+            # The property: [addr, addr + bytes) inside [base, limit), addresses modulo 2**64
+            # like the region's own end (base + length may pass 2**64).
+            Assert(~dut.place.valid | ((x_va + place_off >= x_base) &
+                                       (x_va + place_off + place_bytes <= x_limit)),
+                   "a write outside its region"),
+        ]
+        if self.check == "region_cover":
+            m.d.comb += [
+                Cover(dut.place.valid & (place_off == 2 * lanes) & (place_bytes != 0)),
+                Cover(dut.place.valid & (place_off == lanes) & dut.place.payload.last &
+                      (place_bytes != 0) & (place_bytes != lanes)),
+            ]

@@ -168,6 +168,11 @@ def _observation_layout(config, mr_slots):
         "new_state": state,         # the row S2 writes back ...
         "table_write": 1,           # ... when this is set
         "placed": 1, "set_rx": 1,
+        # Payload placement: the beats in S1 and S2, S2's MR entry and va + dma_len, the
+        # packet being placed, and whether S0 is between a packet's first and last beat.
+        "s1_first": 1, "s1_more": 1, "s1_beat": packet_beat_layout(config),
+        "e_first": 1, "e_more": 1, "e_beat": packet_beat_layout(config),
+        "mr": mr, "va_end": 65, "pkt_place": 1, "pkt_addr": 64, "in_packet": 1,
     })
 
 
@@ -394,7 +399,7 @@ class Responder(wiring.Component):
         config = self._config
         mr_bits = ceil_log2(self._mr_slots)
         s1 = s.s1 = Signal(s.op_layout)
-        s1_valid = Signal()
+        s1_valid = s.s1_valid = Signal()
         e = s.e = Signal(s.op_layout)
         e_valid = s.e_valid = Signal()
         s.st = Signal(s.state_layout)               # S2's QP entry, forwarded
@@ -899,8 +904,8 @@ class Responder(wiring.Component):
                 m.d.comb += room.eq(resp_room)
         m.d.comb += s.e_fire.eq(s.e_valid & room)
 
-        pkt_place = Signal()            # the packet in flight is being placed
-        pkt_addr = Signal(64)           # address of its next payload beat
+        pkt_place = s.pkt_place = Signal()      # the packet in flight is being placed
+        pkt_addr = s.pkt_addr = Signal(64)      # address of its next payload beat
         need_place = (s.placed | (s.is_beat & pkt_place)) & (e.beat.keep != 0)
         need_ack = s.send_ack | s.send_nak | s.send_probe_ack
         need_completion = (s.placed | s.is_cont) & s.stop
@@ -1022,4 +1027,9 @@ class Responder(wiring.Component):
             obs.e_psn.eq(s.h.bth.psn), obs.e_fire.eq(s.e_fire),
             obs.st.eq(s.st), obs.new_state.eq(s.new_state), obs.table_write.eq(s.table_write),
             obs.placed.eq(s.placed), obs.set_rx.eq(s.set_rx),
+            obs.s1_first.eq(s.s1_valid & (s.s1.kind == s.FIRST)),
+            obs.s1_more.eq(s.s1_valid & (s.s1.kind == s.BEAT)), obs.s1_beat.eq(s.s1.beat),
+            obs.e_first.eq(s.is_packet), obs.e_more.eq(s.is_beat), obs.e_beat.eq(s.e.beat),
+            obs.mr.eq(s.mr), obs.va_end.eq(s.va_end), obs.pkt_place.eq(s.pkt_place),
+            obs.pkt_addr.eq(s.pkt_addr), obs.in_packet.eq(s.in_packet),
         ]
