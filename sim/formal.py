@@ -289,7 +289,9 @@ def _responder(check):
 def _responder_invariants(check):
     from hdl.formal.responder_invariants import ResponderInvariants
     from hdl.formal.responder_props import formal_config
-    return ResponderInvariants(config=formal_config(), check=check)
+    # Two MR slots for the region: the rkey's slot selection and its forwarding are real.
+    return ResponderInvariants(config=formal_config(), check=check,
+                               mr_slots=2 if check.startswith("region") else 1)
 
 
 def _requester(check):

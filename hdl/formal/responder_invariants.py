@@ -18,8 +18,17 @@ write, like the tables after reset). Checks:
     moved on by half the PSN space in between (then the PSN has come round again: it lies
     more than a window ahead, where nothing is placed, and its flag is dropped).
 ``placed_once_mutant``
-    The same on a responder with one forwarding path removed (``forward_prev2``: S1 no longer
-    takes the write-back of two cycles ago): the proof must fail, which shows it can.
+    The same on a responder with one forwarding path removed (its RTLIL patched so that S1
+    no longer takes the write-back of two cycles ago, ``prev2``): the proof must fail, which
+    shows it can.
+``region``
+    No write lands outside a region: every beat on ``place`` lies inside [base, base +
+    length) of the MR entry its packet was checked against, the MR table's entry at its rkey
+    (written by ``MR_WRITE``), for payloads that fit their dma_len (the parser's contract).
+    :meth:`ResponderInvariants._region` lists its ghost fields and invariants.
+``region_cover``
+    The region environment reaches a third placed beat, a partial last beat and a placement
+    through the last MR slot.
 
 Supporting invariants, asserted by every check (k-induction assumes them for k steps and
 proves them in the next):
@@ -66,7 +75,7 @@ def _without_prev2(text):
 def _decided(row):
     """The fields of a row the properties read: expected PSN, MPR and receive bitmap. (The
     whole row is forwarded alike; equality of all of it is as true but makes the solver's
-    induction step more than ten times slower.)"""
+    induction step many times slower.)"""
     return Cat(row.qp.epsn, row.qp.mpr, row.bm.rcv)
 
 
@@ -95,6 +104,7 @@ class ResponderInvariants(Elaboratable):
                 raise ValueError(f"Check must be one of {', '.join(CHECKS)}, not {check!r}")
         self.config = config
         self.check = check
+        self.mr_slots = mr_slots
         self.dut = Responder(config=config, mr_slots=mr_slots, timers=timers,
                              completions=completions, observe=True)
         #: Applied by :func:`sim.formal.run_formal` to the RTLIL before the proof.
@@ -111,7 +121,7 @@ class ResponderInvariants(Elaboratable):
 
         watch_qpn = Signal(config.qpn_bits)
         m.d.comb += [watch_qpn.eq(AnyConst(config.qpn_bits)), Assume(watch_qpn < config.qps),
-                     dut.obs_qpn.eq(watch_qpn), dut.obs_slot.eq(0)]
+                     dut.obs_qpn.eq(watch_qpn)]
 
         # `latest`: the row S2 last wrote back for the watched QP.
         latest = Signal.like(obs.new_state)
@@ -138,6 +148,8 @@ class ResponderInvariants(Elaboratable):
 
         if check.startswith("region"):
             self._region(m, dut)
+        else:
+            m.d.comb += dut.obs_slot.eq(0)
 
         if check.startswith("placed_once"):
             watch_psn = Signal(P.PSN_BITS)
@@ -187,6 +199,16 @@ class ResponderInvariants(Elaboratable):
         def bytes_of(keep):
             return sum(keep[k] for k in range(len(keep)))
 
+        # The MR slot watched: any (the invariant below holds for the packets of each slot).
+        slot_bits = max(1, (self.mr_slots - 1).bit_length())
+        watch_slot = Signal(slot_bits)
+        m.d.comb += [watch_slot.eq(AnyConst(slot_bits)), dut.obs_slot.eq(watch_slot)]
+        if self.mr_slots == 1:
+            m.d.comb += Assume(watch_slot == 0)
+
+        def slot_of(b):
+            return b.header.reth.rkey[:slot_bits] if self.mr_slots > 1 else C(0, 1)
+
         # Input: the ghost fields and the contract, from the running offset of the packet.
         in_next = Signal(_OFFSET_BITS)          # offset of the next beat of the packet
         in_len = Signal(32)
@@ -228,8 +250,9 @@ class ResponderInvariants(Elaboratable):
             # The environment sends data packets only (the kind is held at DATA).
             Assert(~obs.s1_first | (s1.header.kind == PacketKind.DATA), "no probe in S1"),
             Assert(~obs.e_first | (e.header.kind == PacketKind.DATA), "no probe in S2"),
-            Assert(~obs.e_first | (_decided_mr(obs.mr) == _decided_mr(obs.mr_row)),
-                   "S2 checks a packet against the MR table's entry"),
+            Assert(~(obs.e_first & (slot_of(e) == watch_slot)) |
+                   (_decided_mr(obs.mr) == _decided_mr(obs.mr_row)),
+                   "S2 checks a packet against the MR table's entry at its rkey"),
             Assert(~obs.e_first | (obs.va_end == e.header.reth.va + e.header.reth.dma_len),
                    "va_end of the packet in S2"),
             Assert(obs.pkt_addr == (x_va + x_next)[:64], "address of the next beat"),
@@ -264,3 +287,5 @@ class ResponderInvariants(Elaboratable):
                 Cover(dut.place.valid & (place_off == lanes) & dut.place.payload.last &
                       (place_bytes != 0) & (place_bytes != lanes)),
             ]
+            if self.mr_slots > 1:
+                m.d.comb += Cover(obs.e_fire & obs.placed & (slot_of(e) == self.mr_slots - 1))
