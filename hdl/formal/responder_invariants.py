@@ -12,6 +12,13 @@ write, like the tables after reset). Checks:
     The QP's cumulative PSN never moves backwards: every write-back of its row, except an
     accepted ``QP_WRITE`` with ``set_psn``, sets the expected PSN to ``epsn + a`` with
     ``0 <= a <= CHUNK`` (24-bit serial arithmetic), ``epsn`` being the latest one written.
+``sack_cum_psn``
+    The cumulative PSN of the QP's successive SACKs on ``ack`` never moves backwards (24-bit
+    serial arithmetic), except across an accepted ``QP_WRITE set_psn``:
+    :meth:`ResponderInvariants._sack_chain` lists its invariants.
+``sack_cover``
+    That environment reaches a SACK that moves the cumulative PSN on, one that repeats it,
+    and two SACKs of the QP in S3 at once.
 ``placed_once``
     No PSN is placed twice: for one PSN (an ``AnyConst``), S2 gives the verdict PLACED at most
     once between two accepted ``QP_WRITE set_psn`` of the QP, unless the expected PSN has
@@ -56,7 +63,13 @@ from .responder_props import drive_inputs
 
 __all__ = ["ResponderInvariants", "CHECKS"]
 
-CHECKS = ("cum_psn", "placed_once", "placed_once_mutant", "region", "region_cover")
+CHECKS = ("cum_psn", "sack_cum_psn", "sack_cover", "placed_once", "placed_once_mutant",
+          "region", "region_cover")
+
+#: PSNs one SACK's cumulative PSN can lie beyond the one before it of the same QP: a window
+#: (128 PSNs) for each placement the ACK count allows (at most 255); far below half the PSN
+#: space, so the serial comparison of two successive SACKs is meaningful.
+_SACK_LINK = 2**15 - 1
 
 #: Offsets inside a packet: its bytes (dma_len, 32 bits) and one beat more.
 _OFFSET_BITS = 34
@@ -73,10 +86,10 @@ def _without_prev2(text):
 
 
 def _decided(row):
-    """The fields of a row the properties read: expected PSN, MPR and receive bitmap. (The
-    whole row is forwarded alike; equality of all of it is as true but makes the solver's
-    induction step many times slower.)"""
-    return Cat(row.qp.epsn, row.qp.mpr, row.bm.rcv)
+    """The fields of a row the properties read: expected PSN, MPR, ACK count and receive
+    bitmap. (The whole row is forwarded alike; equality of all of it is as true but makes
+    the solver's induction step many times slower.)"""
+    return Cat(row.qp.epsn, row.qp.mpr, row.qp.ack_count, row.bm.rcv)
 
 
 def _decided_mr(entry):
@@ -145,6 +158,9 @@ class ResponderInvariants(Elaboratable):
             with m.If(write & ~restart):
                 m.d.comb += Assert(psn_ge(obs.new_state.qp.epsn, latest.qp.epsn) &
                                    (advance <= CHUNK), "the cumulative PSN moved backwards")
+
+        if check.startswith("sack"):
+            self._sack_chain(m, dut, latest, mine, write, restart)
 
         if check.startswith("region"):
             self._region(m, dut)
@@ -289,3 +305,107 @@ class ResponderInvariants(Elaboratable):
             ]
             if self.mr_slots > 1:
                 m.d.comb += Cover(obs.e_fire & obs.placed & (slot_of(e) == self.mr_slots - 1))
+
+    def _sack_chain(self, m, dut, latest, mine, write, restart):
+        """The cumulative PSN of the QP's successive SACKs on ``ack`` never moves backwards.
+
+        The wrapper tags each SACK the QP's operations hand to S3 (a ghost flag that moves with
+        it through S3's two registers) and keeps ``made``, the cumulative PSN of the newest
+        one, and ``last``, that of the last one taken from ``ack``. Invariants: the SACKs in
+        S3 and ``last`` form a chain, each at most ``_SACK_LINK`` PSNs beyond the one before;
+        ``made`` is the newest of them; and the QP's expected PSN lies at most a window per
+        counted placement (the row's ACK count) beyond ``made``: a SACK comes at the latest
+        when the count reaches ``ack_every``, and a placement's advance, continued steps
+        included, stays within one window (while one continues, the bitmap's top bits that
+        the advance has shifted in are zero)."""
+        obs = dut.obs
+        window = self.config.window_psns
+
+        def cum(beat):
+            return beat.header.ctl.sack.seth.cack_psn
+
+        def is_sack(beat):
+            return beat.header.kind == PacketKind.SACK
+
+        def ahead(a, b):            # a - b in 24-bit serial arithmetic
+            return (a - b)[:P.PSN_BITS]
+
+        # The ghost flags follow S3's own moves (SackStage: held <- i when i.ready; ack <-
+        # held when held is valid and ack has room).
+        ack = dut.ack
+        ack_room = ~ack.valid | ack.ready
+        flag_held = Signal()
+        flag_ack = Signal()
+        made_mine = obs.reply_taken & mine & is_sack(obs.reply)
+        with m.If(obs.held_valid & ack_room):
+            m.d.sync += flag_ack.eq(flag_held)
+        with m.Elif(ack.ready):
+            m.d.sync += flag_ack.eq(0)
+        with m.If(~obs.held_valid | ack_room):
+            m.d.sync += flag_held.eq(made_mine)
+        fh = flag_held & obs.held_valid & is_sack(obs.held)
+        fo = flag_ack & ack.valid & is_sack(ack.payload)
+
+        have_made = Signal()
+        made = Signal(P.PSN_BITS)
+        have_last = Signal()
+        last = Signal(P.PSN_BITS)
+        with m.If(made_mine):
+            m.d.sync += [have_made.eq(1), made.eq(cum(obs.reply))]
+        with m.If(fo & ack.ready):
+            m.d.sync += [have_last.eq(1), last.eq(cum(ack.payload))]
+        with m.If(restart):
+            m.d.sync += [have_made.eq(0), have_last.eq(0)]
+
+        # A continued advance (S2 holds a CONT step of the QP): `start` is the expected PSN
+        # before its first step; the bitmap's top `moved` bits are zero (shifted in), so the
+        # whole advance stays within one window.
+        cont = mine & obs.e_cont
+        owed = cont & obs.ack_want
+        start = Signal(P.PSN_BITS)
+        with m.If(mine & obs.e_fire & ~obs.e_cont):
+            m.d.sync += start.eq(latest.qp.epsn)
+        moved = Signal(P.PSN_BITS)
+        m.d.comb += moved.eq(ahead(latest.qp.epsn, start))
+        gap = Signal(P.PSN_BITS)        # expected PSN - 1 beyond the newest SACK's
+        m.d.comb += gap.eq(ahead(latest.qp.epsn - 1, made))
+        per_ack = Cat(C(0, 7), latest.qp.ack_count)      # a window per counted placement
+        m.d.comb += [
+            Assert(~fo | ~have_last | psn_ge(cum(ack.payload), last),
+                   "a SACK's cumulative PSN moved backwards"),
+            Assert(~have_last | have_made, "a SACK taken was made"),
+            Assert(~flag_held | obs.held_valid, "a tag without a reply in S3"),
+            Assert(~flag_ack | ack.valid, "a tag without a reply on ack"),
+            Assert(~fh | (have_made & (cum(obs.held) == made)), "the held SACK is the newest"),
+            Assert(~(~fh & fo) | (have_made & (cum(ack.payload) == made)),
+                   "the SACK on ack is the newest"),
+            Assert(~(~fh & ~fo & have_made) | (have_last & (last == made)),
+                   "the last SACK taken is the newest"),
+            Assert(~(fo & have_last) | (ahead(cum(ack.payload), last) <= _SACK_LINK),
+                   "link last -> ack"),
+            Assert(~(fh & fo) | (ahead(cum(obs.held), cum(ack.payload)) <= _SACK_LINK),
+                   "link ack -> held"),
+            Assert(~(fh & ~fo & have_last) | (ahead(cum(obs.held), last) <= _SACK_LINK),
+                   "link last -> held"),
+            Assert(obs.s1_issued, "S1 holds no continued step"),
+            Assert(~cont | (moved <= window), "a continued advance within one window"),
+            Assert(~cont | ((latest.bm.rcv >> (window - moved)[:8]) == 0),
+                   "a continued advance's bitmap top is clear"),
+            Assert(~have_made | cont | (gap <= per_ack),
+                   "the expected PSN lies close beyond the newest SACK"),
+            Assert(~(have_made & cont) |
+                   (gap + Mux(owed, 0, window) <= Mux(owed, 254 * window, per_ack) + moved),
+                   "the expected PSN lies close beyond the newest SACK (continued)"),
+            Assert(latest.qp.ack_count <= 254, "ACK count below 255"),
+            Assert(obs.ack_every != 0, "ack_every is not 0"),
+            Assert(~obs.e_restart | (~obs.held_valid & ~ack.valid), "a restart with S3 empty"),
+            Assert(~obs.s1_restart | (~obs.e_restart & ~obs.held_valid & ~ack.valid &
+                                      ~obs.e_row & ~obs.e_more),
+                   "a restart in S1 with S2 and S3 empty"),
+        ]
+        if self.check == "sack_cover":
+            m.d.comb += [
+                Cover(fo & ack.ready & have_last & (cum(ack.payload) != last)),
+                Cover(fo & ack.ready & have_last & (cum(ack.payload) == last) & obs.e_fire),
+                Cover(fh & fo),
+            ]

@@ -173,6 +173,12 @@ def _observation_layout(config, mr_slots):
         "s1_first": 1, "s1_more": 1, "s1_beat": packet_beat_layout(config),
         "e_first": 1, "e_more": 1, "e_beat": packet_beat_layout(config),
         "mr": mr, "va_end": 65, "pkt_place": 1, "pkt_addr": 64, "in_packet": 1,
+        # Replies: the one S2 hands to S3 (taken when `reply_taken`), the one S3 holds
+        # before its output register (`ack`), S2's owed ACK, the restarts in S1 and S2.
+        "reply_taken": 1, "reply": packet_beat_layout(config),
+        "held_valid": 1, "held": packet_beat_layout(config),
+        "e_cont": 1, "ack_want": 1, "ack_every": 8, "s1_restart": 1, "e_restart": 1,
+        "s1_issued": 1,             # S1 is empty or holds an operation S0 issues (not CONT)
     })
 
 
@@ -202,6 +208,9 @@ class SackStage(wiring.Component):
             if not isinstance(config, NicConfig):
                 raise TypeError(f"Configuration must be a NicConfig, not {config!r}")
         self._config = config
+        # The held reply, made here so that Responder(observe=True) can read it.
+        self._held = Signal(_reply_layout(config), name="held")
+        self._held_valid = Signal(name="held_valid")
         super().__init__({
             "i": In(stream.Signature(_reply_layout(config))),
             "o": Out(stream.Signature(packet_beat_layout(config))),
@@ -210,8 +219,7 @@ class SackStage(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        held = Signal(_reply_layout(self._config))
-        held_valid = Signal()
+        held, held_valid = self._held, self._held_valid
         o_room = ~self.o.valid | self.o.ready
         m.d.comb += [self.i.ready.eq(~held_valid | o_room),
                      self.busy.eq(held_valid | self.o.valid)]
@@ -1032,4 +1040,14 @@ class Responder(wiring.Component):
             obs.e_first.eq(s.is_packet), obs.e_more.eq(s.is_beat), obs.e_beat.eq(s.e.beat),
             obs.mr.eq(s.mr), obs.va_end.eq(s.va_end), obs.pkt_place.eq(s.pkt_place),
             obs.pkt_addr.eq(s.pkt_addr), obs.in_packet.eq(s.in_packet),
+            obs.reply_taken.eq(s.sack_stage.i.valid & s.sack_stage.i.ready),
+            obs.reply.eq(s.sack_stage.i.payload.beat),
+            obs.held_valid.eq(s.sack_stage._held_valid), obs.held.eq(s.sack_stage._held.beat),
+            obs.e_cont.eq(s.is_cont), obs.ack_want.eq(s.e_ack_want),
+            obs.ack_every.eq(s.ack_every),
+            obs.s1_issued.eq(~s.s1_valid | Cat(s.s1.kind == k
+                                               for k in (s.FIRST, s.BEAT, s.TIMER, s.CTL)).any()),
         ]
+        for op, valid, name in ((s.s1, s.s1_valid, "s1_restart"), (s.e, s.e_valid, "e_restart")):
+            m.d.comb += obs[name].eq(valid & (op.kind == s.CTL) &
+                                     (op.cmd.cmd == ResponderCommand.QP_WRITE) & op.cmd.set_psn)
