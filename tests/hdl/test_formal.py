@@ -134,6 +134,18 @@ def test_responder_cumulative_psn_never_moves_backwards_by_induction(check):
     check("responder_induct_cum_psn")
 
 
+def test_responder_sack_cumulative_psn_never_moves_backwards_by_induction(check):
+    """k-induction: the cum_psn of a QP's successive SACKs on ack never moves backwards
+    (24-bit serial), except across an accepted QP_WRITE set_psn."""
+    check("responder_induct_sack")
+
+
+def test_responder_sack_environment_moves_and_repeats_the_cumulative_psn(check):
+    """The SACK proof's environment reaches a SACK moving cum_psn on, one repeating it and two
+    SACKs of the QP in the reply stage at once, so its PASS is not vacuous."""
+    check("responder_induct_sack_cover")
+
+
 def test_responder_places_a_psn_at_most_once_by_induction(check):
     """k-induction: a PSN placed is recorded in the QP's row until a restart or until the
     expected PSN has moved half the PSN space on, so S2 never places it again."""
