@@ -277,8 +277,9 @@ class Responder(wiring.Component):
         Completion FIFO entries (2 to 1024).
     observe : bool
         Add the observation ports ``obs_qpn``, ``obs_slot`` and ``obs`` (off by default): an
-        asynchronous read of every table at a chosen row and S2's state, for the formal proofs
-        (``hdl/formal/responder_props.py``). Nothing else changes.
+        asynchronous read of every table at a chosen row and the state of S1, S2 and S3 the
+        formal proofs by induction state their invariants on
+        (``hdl/formal/responder_invariants.py``). Nothing else changes.
 
     Members
     -------
