@@ -80,10 +80,18 @@ class FormalResult:
     solver_seconds: float | None = None
     cpu_seconds: float | None = None
     solver: str = SOLVER
+    #: VCD waveforms sby wrote: the counterexample of a FAIL (first), an induction step's
+    #: trace of an UNKNOWN, the traces of reached covers.
+    traces: list = field(default_factory=list)
 
     @property
     def passed(self):
         return self.status == "PASS"
+
+    @property
+    def trace(self):
+        """The counterexample's (or first) VCD waveform, or ``None``."""
+        return self.traces[0] if self.traces else None
 
     def summary(self):
         solver = "" if self.solver_seconds is None else \
@@ -93,6 +101,8 @@ class FormalResult:
                f"({self.seconds:.1f} s{solver}{cpu}, log {self.log})"
         for failure in self.failures:
             text += f"\n  {failure}"
+        if self.status != "PASS" and self.trace is not None:
+            text += f"\n  waveform: {self.trace}"
         return text
 
 
@@ -163,7 +173,7 @@ def _solver_seconds(output):
 
 
 def run_formal(top, *, name, mode="bmc", depth=20, timeout=300, ports=(), directory=None,
-               solver=SOLVER, script=SCRIPT):
+               solver=SOLVER, script=SCRIPT, patch=None):
     """Check the properties of ``top`` with SymbiYosys; return a :class:`FormalResult`.
 
     Parameters
@@ -184,6 +194,9 @@ def run_formal(top, *, name, mode="bmc", depth=20, timeout=300, ports=(), direct
     directory : path, optional
         Parent of the work directory; default ``build/formal``.
     solver : ``"yices"`` or ``"z3"``
+    patch : callable, optional
+        Applied to the RTLIL text before it is written: a mutant of the design (the default
+        is ``top.rtlil_patch`` when ``top`` has one).
     """
     if mode not in MODES:
         raise FormalError(f"Mode must be one of {', '.join(MODES)}, not {mode!r}")
@@ -205,7 +218,9 @@ def run_formal(top, *, name, mode="bmc", depth=20, timeout=300, ports=(), direct
     if workdir.exists():
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
-    (workdir / "top.il").write_text(rtlil.convert(top, name="top", ports=list(ports)))
+    text = rtlil.convert(top, name="top", ports=list(ports))
+    patch = patch or getattr(top, "rtlil_patch", None)
+    (workdir / "top.il").write_text(text if patch is None else patch(text))
     (workdir / "check.sby").write_text(_sby_text(mode, depth, timeout, "top.il",
                                                  f"smtbmc {solver}", script))
 
@@ -240,11 +255,28 @@ def run_formal(top, *, name, mode="bmc", depth=20, timeout=300, ports=(), direct
                             f"finish within its limit of {timeout} s; log: {log}")
     status = done[-1] if done else "ERROR"
     failures = sorted(set(re.findall(r"failed assertion \S+ at (\S+ step \d+)", output)))
+    # An induction step's failure names no step: it starts from an unreachable state.
+    failures += sorted(set(f"{where} (induction step)" for where in re.findall(
+        r"summary:\s+failed assertion \S+ at (\S+)\s*$", output, re.MULTILINE)))
     failures += sorted(set(re.findall(r"(unreached cover statement .*)", output)))
     return FormalResult(name=name, mode=mode, depth=depth, status=status, seconds=seconds,
                         workdir=workdir, log=log, failures=failures,
                         solver_seconds=_solver_seconds(output), cpu_seconds=cpu_seconds,
-                        solver=solver)
+                        solver=solver, traces=_traces(output, workdir))
+
+
+def _traces(output, workdir):
+    """The VCD files named in sby's output, counterexamples first, that exist."""
+    found = re.findall(r"counterexample trace(?: \[[^]]*\])?: (\S+\.vcd)", output)
+    # The engine's own lines name the file relative to the task folder (`check/`).
+    found += ["check/" + path for path in
+              re.findall(r"Writing trace to VCD file: (\S+\.vcd)", output)]
+    traces = []
+    for path in found:
+        trace = (workdir / path).resolve()
+        if trace.is_file() and trace not in traces:
+            traces.append(trace)
+    return traces
 
 
 # --- Registered checks ------------------------------------------------------------------------
@@ -252,6 +284,14 @@ def run_formal(top, *, name, mode="bmc", depth=20, timeout=300, ports=(), direct
 def _responder(check):
     from hdl.formal.responder_props import ResponderProperties, formal_config
     return ResponderProperties(config=formal_config(), check=check)
+
+
+def _responder_invariants(check):
+    from hdl.formal.responder_invariants import ResponderInvariants
+    from hdl.formal.responder_props import formal_config
+    # Two MR slots for the region: the rkey's slot selection and its forwarding are real.
+    return ResponderInvariants(config=formal_config(), check=check,
+                               mr_slots=2 if check.startswith("region") else 1)
 
 
 def _requester(check):
@@ -290,6 +330,18 @@ PROOFS = {
     "responder_never_placed": Proof(_responder, "never_placed", "bmc", 6, 300, 6, 300,
                                     expected="FAIL"),
     "responder_cover": Proof(_responder, "cover", "cover", 8, 300, 8, 300),
+    "responder_induct_cum_psn": Proof(_responder_invariants, "cum_psn", "prove", 2, 300, 4, 1200),
+    "responder_induct_sack": Proof(_responder_invariants, "sack_cum_psn", "prove", 2, 300, 4,
+                                   1200),
+    "responder_induct_sack_cover": Proof(_responder_invariants, "sack_cover", "cover", 12, 300,
+                                         12, 300),
+    "responder_induct_placed_once": Proof(_responder_invariants, "placed_once", "prove", 2, 300,
+                                          4, 1200),
+    "responder_induct_region": Proof(_responder_invariants, "region", "prove", 2, 300, 4, 1200),
+    "responder_induct_cover": Proof(_responder_invariants, "region_cover", "cover", 10, 300, 10,
+                                    300),
+    "responder_induct_mutant": Proof(_responder_invariants, "placed_once_mutant", "prove", 6,
+                                     300, 6, 300, expected="FAIL"),
     "requester_window": Proof(_requester, "window", "bmc", 7, 300, 10, 1200),
     "requester_cover": Proof(_requester, "cover", "cover", 8, 300, 8, 300),
     "counter_prove": Proof(_counter, "good", "prove", 4, 120, 4, 120),

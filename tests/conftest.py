@@ -101,6 +101,13 @@ TEST_MARKS = {
         "test_requester_new_psns_consecutive_and_inside_window": {"slow"},
         "test_requester_covers_sends_and_an_ack_moving_una": {"slow"},
         "test_a_check_past_its_time_limit_fails_naming_the_check_and_the_limit": {"slow"},
+        "test_responder_cumulative_psn_never_moves_backwards_by_induction": {"slow"},
+        "test_responder_sack_cumulative_psn_never_moves_backwards_by_induction": {"slow"},
+        "test_responder_sack_environment_moves_and_repeats_the_cumulative_psn": {"slow"},
+        "test_responder_places_a_psn_at_most_once_by_induction": {"slow"},
+        "test_responder_writes_only_inside_the_region_by_induction": {"slow"},
+        "test_responder_induction_environment_places_multi_beat_payloads": {"slow"},
+        "test_responder_proof_fails_without_the_prev2_forwarding": {"slow"},
     },
     "test_mac.py": {
         "test_loopback_delivers_the_frames_sent": {"slow"},

@@ -53,7 +53,7 @@ from ..transport.responder import Responder
 from ..util import validating
 from .common import drive_free, psn_ge, stream_xfer
 
-__all__ = ["ResponderProperties", "formal_config", "CHECKS"]
+__all__ = ["ResponderProperties", "formal_config", "drive_inputs", "CHECKS"]
 
 CHECKS = ("all", "cum_psn", "placed_once", "never_placed", "cover")
 
@@ -67,6 +67,28 @@ def formal_config():
     """The smallest configuration: 2 QPs, a 128-PSN window, 64-bit datapath."""
     return NicConfig(qps=2, mpr_units=1, data_width=64, ports=1,
                      evs_per_profile=4, ev_profiles=1, max_wimm=2, wr_slots=2)
+
+
+def drive_inputs(m, dut):
+    """Free inputs and the wrapper's assumptions (the module docstring lists them) for a
+    :class:`Responder` ``dut``; return nothing."""
+    m.d.comb += Assume(~ResetSignal())
+    drive_free(m, dut.i.valid, dut.ctl.valid, dut.ctl.payload, dut.place.ready,
+               dut.ack.ready, dut.completion.ready, dut.ctl_resp.ready)
+    # Packet fields the responder decides on are free; those it only copies into replies,
+    # memory writes or completions (addresses, payload bytes, EV, timestamps, immediate,
+    # time) are held at 0: they cannot change a verdict or a PSN, and free they would
+    # only make the model bigger.
+    beat = dut.i.payload
+    header = beat.header
+    m.d.comb += [beat.eq(0), dut.now_ns.eq(0)]
+    drive_free(m, beat.last, header.trimmed, header.tclass[:2], header.bth.opcode,
+               header.bth.psn, header.bth.dqpn, header.bth.ackreq, header.reth.dma_len,
+               header.reth.va, header.reth.rkey)
+    # Payload: only whether a beat carries bytes matters (keep != 0 needs `place`).
+    m.d.comb += beat.keep.eq(Mux(AnySeq(1), 0xFF, 0))
+    # The tag: a SACK echoes the TSETH timestamp, which names the QP it belongs to.
+    m.d.comb += header.tseth.tx_timestamp.eq(header.bth.dqpn[:P.TIMESTAMP_BITS])
 
 
 class ResponderProperties(Elaboratable):
@@ -98,23 +120,8 @@ class ResponderProperties(Elaboratable):
         m.submodules.dut = dut = self.dut
         check = self.check
 
-        m.d.comb += Assume(~ResetSignal())
-        drive_free(m, dut.i.valid, dut.ctl.valid, dut.ctl.payload, dut.place.ready,
-                   dut.ack.ready, dut.completion.ready, dut.ctl_resp.ready)
-        # Packet fields the responder decides on are free; those it only copies into replies,
-        # memory writes or completions (addresses, payload bytes, EV, timestamps, immediate,
-        # time) are held at 0: they cannot change a verdict or a PSN, and free they would
-        # only make the model bigger.
-        beat = dut.i.payload
-        header = beat.header
-        m.d.comb += [beat.eq(0), dut.now_ns.eq(0)]
-        drive_free(m, beat.last, header.trimmed, header.tclass[:2], header.bth.opcode,
-                   header.bth.psn, header.bth.dqpn, header.bth.ackreq, header.reth.dma_len,
-                   header.reth.va, header.reth.rkey)
-        # Payload: only whether a beat carries bytes matters (keep != 0 needs `place`).
-        m.d.comb += beat.keep.eq(Mux(AnySeq(1), 0xFF, 0))
-        # The tag: a SACK echoes the TSETH timestamp, which names the QP it belongs to.
-        m.d.comb += header.tseth.tx_timestamp.eq(header.bth.dqpn[:P.TIMESTAMP_BITS])
+        drive_inputs(m, dut)
+        header = dut.i.payload.header
 
         watch_qpn = Signal(config.qpn_bits)
         watch_psn = Signal(P.PSN_BITS)

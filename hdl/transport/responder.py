@@ -154,6 +154,34 @@ def _reply_layout(config):
     })
 
 
+def _observation_layout(config, mr_slots):
+    """What ``Responder(observe=True)`` shows on ``obs`` (for the formal proofs)."""
+    qp, bitmaps, wimm_row, mr, _template, _timer = _layouts(config, mr_slots)
+    state = data.StructLayout({"qp": qp, "bm": bitmaps, "wt": wimm_row})
+    return data.StructLayout({
+        "row": state,               # the tables' row of `obs_qpn` (asynchronous read)
+        "mr_row": mr,               # the MR table's entry of `obs_slot` (asynchronous read)
+        "e_row": 1,                 # S2 holds an operation on a row (not a payload beat) ...
+        "e_qpn": config.qpn_bits,   # ... of this QP
+        "e_psn": 24, "e_fire": 1,
+        "st": state,                # the row S2 decides on (forwarded)
+        "new_state": state,         # the row S2 writes back ...
+        "table_write": 1,           # ... when this is set
+        "placed": 1, "set_rx": 1,
+        # Payload placement: the beats in S1 and S2, S2's MR entry and va + dma_len, the
+        # packet being placed, and whether S0 is between a packet's first and last beat.
+        "s1_first": 1, "s1_more": 1, "s1_beat": packet_beat_layout(config),
+        "e_first": 1, "e_more": 1, "e_beat": packet_beat_layout(config),
+        "mr": mr, "va_end": 65, "pkt_place": 1, "pkt_addr": 64, "in_packet": 1,
+        # Replies: the one S2 hands to S3 (taken when `reply_taken`), the one S3 holds
+        # before its output register (`ack`), S2's owed ACK, the restarts in S1 and S2.
+        "reply_taken": 1, "reply": packet_beat_layout(config),
+        "held_valid": 1, "held": packet_beat_layout(config),
+        "e_cont": 1, "ack_want": 1, "ack_every": 8, "s1_restart": 1, "e_restart": 1,
+        "s1_issued": 1,             # S1 is empty or holds an operation S0 issues (not CONT)
+    })
+
+
 class SackStage(wiring.Component):
     """The reply stage: cuts a SACK's 64-bit bitmap out of the receive bitmap and registers the
     reply for the header builder.
@@ -180,6 +208,9 @@ class SackStage(wiring.Component):
             if not isinstance(config, NicConfig):
                 raise TypeError(f"Configuration must be a NicConfig, not {config!r}")
         self._config = config
+        # The held reply, made here so that Responder(observe=True) can read it.
+        self._held = Signal(_reply_layout(config), name="held")
+        self._held_valid = Signal(name="held_valid")
         super().__init__({
             "i": In(stream.Signature(_reply_layout(config))),
             "o": Out(stream.Signature(packet_beat_layout(config))),
@@ -188,8 +219,7 @@ class SackStage(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        held = Signal(_reply_layout(self._config))
-        held_valid = Signal()
+        held, held_valid = self._held, self._held_valid
         o_room = ~self.o.valid | self.o.ready
         m.d.comb += [self.i.ready.eq(~held_valid | o_room),
                      self.busy.eq(held_valid | self.o.valid)]
@@ -245,6 +275,11 @@ class Responder(wiring.Component):
         one is ACKed at once instead.
     completions : int
         Completion FIFO entries (2 to 1024).
+    observe : bool
+        Add the observation ports ``obs_qpn``, ``obs_slot`` and ``obs`` (off by default): an
+        asynchronous read of every table at a chosen row and the state of S1, S2 and S3 the
+        formal proofs by induction state their invariants on
+        (``hdl/formal/responder_invariants.py``). Nothing else changes.
 
     Members
     -------
@@ -268,7 +303,7 @@ class Responder(wiring.Component):
         A one-cycle strobe per classified packet, one cycle after classification.
     """
 
-    def __init__(self, *, config, mr_slots=16, timers=16, completions=8):
+    def __init__(self, *, config, mr_slots=16, timers=16, completions=8, observe=False):
         with validating(self):
             if not isinstance(config, NicConfig):
                 raise TypeError(f"Configuration must be a NicConfig, not {config!r}")
@@ -282,10 +317,13 @@ class Responder(wiring.Component):
             if not isinstance(completions, int) or not 2 <= completions <= 1024:
                 raise ValueError(f"Completion FIFO depth must be an integer from 2 to 1024, "
                                  f"not {completions!r}")
+            if not isinstance(observe, bool):
+                raise TypeError(f"Observe must be a bool, not {observe!r}")
         self._config = config
         self._mr_slots = mr_slots
         self._timers = timers
         self._completions = completions
+        self._observe = observe
         super().__init__({
             "i": In(stream.Signature(packet_beat_layout(config))),
             "place": Out(stream.Signature(place_beat_layout(config))),
@@ -297,6 +335,7 @@ class Responder(wiring.Component):
             "counters": Out(responder_counters_layout()),
             "verdict_valid": Out(1),
             "verdict": Out(ResponderVerdict),
+            **(self._observation_members() if observe else {}),
         })
 
     @property
@@ -359,6 +398,8 @@ class Responder(wiring.Component):
         self._reply(m, s)
         self._control(m, s)
         self._outputs(m, s)
+        if self._observe:
+            self._observation(m, s)
         return m
 
     # --- S0 issue and S1 read --------------------------------------------------------------
@@ -367,7 +408,7 @@ class Responder(wiring.Component):
         config = self._config
         mr_bits = ceil_log2(self._mr_slots)
         s1 = s.s1 = Signal(s.op_layout)
-        s1_valid = Signal()
+        s1_valid = s.s1_valid = Signal()
         e = s.e = Signal(s.op_layout)
         e_valid = s.e_valid = Signal()
         s.st = Signal(s.state_layout)               # S2's QP entry, forwarded
@@ -872,8 +913,8 @@ class Responder(wiring.Component):
                 m.d.comb += room.eq(resp_room)
         m.d.comb += s.e_fire.eq(s.e_valid & room)
 
-        pkt_place = Signal()            # the packet in flight is being placed
-        pkt_addr = Signal(64)           # address of its next payload beat
+        pkt_place = s.pkt_place = Signal()      # the packet in flight is being placed
+        pkt_addr = s.pkt_addr = Signal(64)      # address of its next payload beat
         need_place = (s.placed | (s.is_beat & pkt_place)) & (e.beat.keep != 0)
         need_ack = s.send_ack | s.send_nak | s.send_probe_ack
         need_completion = (s.placed | s.is_cont) & s.stop
@@ -970,3 +1011,44 @@ class Responder(wiring.Component):
             seen = Signal(name=f"event_{name}")
             counter = self.counters[name]
             m.d.sync += [seen.eq(s.e_fire & event), counter.eq(counter + seen)]
+
+    # --- Observation ports (observe=True only) ---------------------------------------------
+
+    def _observation_members(self):
+        mr_bits = ceil_log2(self._mr_slots)
+        return {
+            "obs_qpn": In(self._config.qpn_bits),
+            "obs_slot": In(max(1, mr_bits)),
+            "obs": Out(_observation_layout(self._config, self._mr_slots)),
+        }
+
+    def _observation(self, m, s):
+        obs = self.obs
+        mr_bits = ceil_log2(self._mr_slots)
+        for table, part in (("qp_table", obs.row.qp), ("bitmaps", obs.row.bm),
+                            ("wimm_table", obs.row.wt)):
+            port = m.submodules[table].read_port(domain="comb")
+            m.d.comb += [port.addr.eq(self.obs_qpn), part.eq(port.data)]
+        mr_port = m.submodules.mr_table.read_port(domain="comb")
+        m.d.comb += [mr_port.addr.eq(self.obs_slot[:mr_bits]), obs.mr_row.eq(mr_port.data)]
+        m.d.comb += [
+            obs.e_row.eq(s.is_packet | s.is_cont | s.is_timer | s.is_ctl), obs.e_qpn.eq(s.e.qpn),
+            obs.e_psn.eq(s.h.bth.psn), obs.e_fire.eq(s.e_fire),
+            obs.st.eq(s.st), obs.new_state.eq(s.new_state), obs.table_write.eq(s.table_write),
+            obs.placed.eq(s.placed), obs.set_rx.eq(s.set_rx),
+            obs.s1_first.eq(s.s1_valid & (s.s1.kind == s.FIRST)),
+            obs.s1_more.eq(s.s1_valid & (s.s1.kind == s.BEAT)), obs.s1_beat.eq(s.s1.beat),
+            obs.e_first.eq(s.is_packet), obs.e_more.eq(s.is_beat), obs.e_beat.eq(s.e.beat),
+            obs.mr.eq(s.mr), obs.va_end.eq(s.va_end), obs.pkt_place.eq(s.pkt_place),
+            obs.pkt_addr.eq(s.pkt_addr), obs.in_packet.eq(s.in_packet),
+            obs.reply_taken.eq(s.sack_stage.i.valid & s.sack_stage.i.ready),
+            obs.reply.eq(s.sack_stage.i.payload.beat),
+            obs.held_valid.eq(s.sack_stage._held_valid), obs.held.eq(s.sack_stage._held.beat),
+            obs.e_cont.eq(s.is_cont), obs.ack_want.eq(s.e_ack_want),
+            obs.ack_every.eq(s.ack_every),
+            obs.s1_issued.eq(~s.s1_valid | Cat(s.s1.kind == k
+                                               for k in (s.FIRST, s.BEAT, s.TIMER, s.CTL)).any()),
+        ]
+        for op, valid, name in ((s.s1, s.s1_valid, "s1_restart"), (s.e, s.e_valid, "e_restart")):
+            m.d.comb += obs[name].eq(valid & (op.kind == s.CTL) &
+                                     (op.cmd.cmd == ResponderCommand.QP_WRITE) & op.cmd.set_psn)

@@ -13,8 +13,10 @@ from hdl.config import NicConfig
 from hdl.formal.examples import SerialCounter
 from hdl.formal.requester_props import RequesterProperties
 from hdl.formal.requester_props import formal_config as requester_config
+from hdl.formal.responder_invariants import ResponderInvariants
 from hdl.formal.responder_props import ResponderProperties
 from hdl.formal.responder_props import formal_config as responder_config
+from hdl.transport.responder import Responder
 from sim.formal import PROOFS, FormalError, FormalTimeout, run_formal, run_proof
 
 
@@ -40,6 +42,14 @@ def test_harness_catches_a_counter_that_moves_backwards(check):
     names the failing assertion."""
     result = check("counter_mutant")
     assert any("examples.py" in failure for failure in result.failures)
+
+
+def test_a_counterexample_is_reported_as_a_waveform(check):
+    """A FAIL names the VCD trace sby wrote, and the file is there."""
+    result = check("counter_mutant")
+    assert result.trace is not None and result.trace.suffix == ".vcd"
+    assert result.trace.is_file() and result.trace.stat().st_size > 0
+    assert str(result.trace) in result.summary()
 
 
 def test_harness_rejects_bad_arguments():
@@ -74,6 +84,19 @@ def test_wrappers_validate_their_parameters():
     with pytest.raises(TypeError, match="Configuration must be a NicConfig"):
         RequesterProperties(config={"qps": 2}, check="window")
     assert isinstance(requester_config(), NicConfig)
+    with pytest.raises(ValueError, match="Check must be one of"):
+        ResponderInvariants(config=responder_config(), check="all")
+
+
+def test_observation_ports_are_off_by_default():
+    """Only ``observe=True`` adds the ports the induction proofs read."""
+    plain = Responder(config=responder_config(), mr_slots=1, timers=1, completions=2)
+    observed = Responder(config=responder_config(), mr_slots=1, timers=1, completions=2,
+                         observe=True)
+    added = set(observed.signature.members) - set(plain.signature.members)
+    assert added == {"obs_qpn", "obs_slot", "obs"}
+    with pytest.raises(TypeError, match="Observe must be a bool"):
+        Responder(config=responder_config(), observe=1)
 
 
 # --- Responder --------------------------------------------------------------------------------
@@ -101,6 +124,52 @@ def test_responder_covers_placement_duplicate_ack_and_restart(check):
     """Every Cover is reached: a placement, a duplicate of a placed PSN, an ACK that moves
     cum_psn and a restart after a placement, so the asserts above are not vacuous."""
     check("responder_cover")
+
+
+# --- Responder, by k-induction -----------------------------------------------------------------
+
+def test_responder_cumulative_psn_never_moves_backwards_by_induction(check):
+    """k-induction (unbounded): the tables and S2 always hold a QP's latest row, and every
+    write-back moves its expected PSN forward by 0 to CHUNK, except a restart."""
+    check("responder_induct_cum_psn")
+
+
+def test_responder_sack_cumulative_psn_never_moves_backwards_by_induction(check):
+    """k-induction: the cum_psn of a QP's successive SACKs on ack never moves backwards
+    (24-bit serial), except across an accepted QP_WRITE set_psn."""
+    check("responder_induct_sack")
+
+
+def test_responder_sack_environment_moves_and_repeats_the_cumulative_psn(check):
+    """The SACK proof's environment reaches a SACK moving cum_psn on, one repeating it and two
+    SACKs of the QP in the reply stage at once, so its PASS is not vacuous."""
+    check("responder_induct_sack_cover")
+
+
+def test_responder_places_a_psn_at_most_once_by_induction(check):
+    """k-induction: a PSN placed is recorded in the QP's row until a restart or until the
+    expected PSN has moved half the PSN space on, so S2 never places it again."""
+    check("responder_induct_placed_once")
+
+
+def test_responder_writes_only_inside_the_region_by_induction(check):
+    """k-induction: every beat on place lies inside the region of the MR entry its packet was
+    checked against, for payloads that fit their dma_len."""
+    check("responder_induct_region")
+
+
+def test_responder_induction_environment_places_multi_beat_payloads(check):
+    """The region proof's environment reaches a third placed beat and a partial last one, so
+    its PASS is not vacuous."""
+    check("responder_induct_cover")
+
+
+def test_responder_proof_fails_without_the_prev2_forwarding(check):
+    """The same proof on a responder whose S1 misses the write-back of two cycles ago fails,
+    with a counterexample from reset as a waveform: the induction proofs can fail."""
+    result = check("responder_induct_mutant")
+    assert any("responder_invariants.py" in failure for failure in result.failures)
+    assert result.trace is not None and result.trace.is_file()
 
 
 # --- Requester --------------------------------------------------------------------------------
