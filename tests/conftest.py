@@ -39,6 +39,7 @@ FILE_MARKS = {
     "test_dpi_agents.py": {"rtl", "slow"},
     "test_packet_engine_rtl.py": {"rtl", "slow"},
     "test_incast.py": {"slow"},
+    "test_incast_rtl.py": {"rtl", "slow"},
 }
 
 #: Markers of single tests by file and function (every parametrization of the function).
