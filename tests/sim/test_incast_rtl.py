@@ -25,6 +25,7 @@ def test_incast_four_to_one_on_rtl_delivers_every_flow(tmp_path):
     report = mainjob.run_scenario(scn, tmp_path, log=lines.append)
     validate_report(report)
     assert report["sim"]["backend"] == "rtl" and report["sim"]["agents"] == "dpi"
+    assert report["scenario"]["extra"] == {"bubbles": 0.2, "backpressure": 0.2}
     assert report["finished"], (SEED, report["messages_completed"], report["qp_errors"])
     assert report["ok"], (SEED, report["bytes_lost"], report["bytes_corrupted"],
                           report["completions_in_order"])
