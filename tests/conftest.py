@@ -267,7 +267,7 @@ JOIN = {}
 #: are named ``"file::function"`` (and take every parametrization). Groups not listed
 #: follow, in collection order.
 LONGEST_FIRST = [
-    "test_incast_rtl.py",           # builds five NICs (the group, with the C++ agents)
+    "test_incast_rtl.py",           # builds three NICs (the group, with the C++ agents)
     "test_nic_rtl.py",              # builds the pair with the C++ agents
     "test_waves.py",                # builds the traceable pair (Python agents)
     "test_dpi_agents.py",           # runs on both builds
