@@ -38,8 +38,8 @@ __all__ = ["register", "run_scenario", "make_report", "payload_capacity_gbps",
 FLAGS = [
     # (flag, scenario field, type, help); --help adds the allowed values (sim/scenario.py) and
     # the default scenario's value.
-    ("--nics", "nics", int, "NICs on the fabric (more than 2: a switch per plane; the model "
-                            "backend)"),
+    ("--nics", "nics", int, "NICs on the fabric (more than 2: a switch per plane; the RTL "
+                            "backend runs up to 5, under Verilator)"),
     ("--pattern", "pattern", str, "who sends to whom: pairs (NIC 2k <-> 2k + 1), incast "
                                   "(every NIC to NIC a) or all-to-all"),
     ("--planes", "planes", int, "planes (NIC ports)"),
@@ -118,7 +118,7 @@ def register(subparsers):
         p.add_argument(flag, dest=field, type=kind, default=None, metavar=metavar,
                        help=f"{text}: {shown} (default: {_default(field)})")
     p.add_argument("--backend", choices=("rtl", "model"), default=None,
-                   help=f"rtl: two RTL NICs under --sim; model: the reference model "
+                   help=f"rtl: RTL NICs under --sim; model: the reference model "
                         f"(default: {_default('backend')})")
     p.add_argument("--baseline", choices=("ecmp", "none"), default=None,
                    help=f"ecmp: one fixed EV per QP (the single-path baseline); none: MRC "
@@ -175,18 +175,38 @@ def scenario_from_args(args):
         raise e.relabel({"scenario": "--scenario"}) from None
 
 
+#: The most NICs the RTL backend runs (the C++ stream agents' limit of streams per build).
+RTL_MAX_NICS = 5
+
+
 def backend_refusal(scn):
     """``(flag, message)`` when the scenario's backend cannot run it, else None: the RTL
-    backend runs two RTL NICs in pairs with the ECN window (NSCC and the switched fabric of
-    more NICs are the model's only, for now)."""
+    backend runs up to :data:`RTL_MAX_NICS` RTL NICs with the ECN window, more than two
+    (or two in another pattern than pairs) under Verilator only (NSCC is the model's only,
+    for now)."""
     if scn.backend != "rtl":
         return None
-    if scn.nics != 2 or scn.pattern != "pairs":
-        return ("--nics" if scn.nics != 2 else "--pattern",
-                "the RTL backend runs two NICs in pairs: add --backend model")
+    if scn.nics > RTL_MAX_NICS:
+        return "--nics", f"the RTL backend runs at most {RTL_MAX_NICS} NICs: add --backend model"
+    if _grouped(scn) and (scn.sim != "verilator" or scn.waves):
+        return ("--sim" if scn.sim != "verilator" else "--waves",
+                "the RTL backend runs more than two NICs (or another pattern than pairs) "
+                "under Verilator without waves only")
     if scn.cc and scn.cc_algorithm == "nscc":
         return "--cc", "NSCC is the model NIC's only, for now: add --backend model"
     return None
+
+
+def _grouped(scn):
+    """Whether the RTL backend runs ``scn`` on a group of NICs over a switch per plane
+    (``sim/tb/cocotb_group.py``), not on the pair."""
+    return scn.nics != 2 or scn.pattern != "pairs"
+
+
+def group_build_dir(scn):
+    """The Verilator build of a group of ``scn.nics`` RTL NICs: a folder per count."""
+    base = _build_dir(scn)
+    return base.with_name(f"{base.name}-group{scn.nics}-dpi")
 
 
 def run(args):
@@ -258,7 +278,9 @@ def run_scenario(scn, out, *, log=print, build_dir=None, quick_build=False,
         (out / stale).unlink(missing_ok=True)
     wall0 = time.monotonic()
     switched = None                     # the fabric of a run with a switch per plane
-    if scn.backend == "rtl":
+    if scn.backend == "rtl" and _grouped(scn):
+        result = _run_group(scn, out, log=log, build_dir=build_dir, quick_build=quick_build)
+    elif scn.backend == "rtl":
         from .tb.dpi import DPI_TOP, DpiPair, dpi_key, uses_dpi, verilator_args
         from .tb.pair import NicPair
         from .tb.runner import run_cocotb, source_key
@@ -332,6 +354,26 @@ def run_scenario(scn, out, *, log=print, build_dir=None, quick_build=False,
     except RuntimeError as e:          # matplotlib missing
         log(f"no plot: {e}")
     return report
+
+
+def _run_group(scn, out, *, log, build_dir, quick_build):
+    """The RTL backend on ``scn.nics`` NICs over a switch per plane: the raw result that
+    :func:`sim.model.multi.run_nics` gives for model NICs (``sim/tb/cocotb_group.py``)."""
+    from .model.multi import nic_names
+    from .tb.dpi import GROUP_DPI_TOP, DpiGroup, dpi_key, verilator_args
+    from .tb.runner import run_cocotb, source_key
+    config = nic_config_for(scn)
+    names = nic_names(scn.nics)
+    log(f"building {scn.nics} RTL NICs ({config.ports} ports, {config.data_width}-bit, "
+        f"{scn.sim}), {scn.pattern}, over a switch per plane; a cached build is reused")
+    env = {"SCENARIO": json.dumps(scn.to_dict()), "OUT": out.resolve(),
+           "MRC_SIMULATOR": scn.sim, "MRC_DPI": "1"}
+    run_cocotb(lambda: DpiGroup(config, names), toplevel=GROUP_DPI_TOP,
+               test_module="sim.tb.cocotb_group", build_dir=build_dir or group_build_dir(scn),
+               sim=scn.sim, waves=False, log=log, reuse=True, quick_build=quick_build,
+               export_key=source_key("nic_group-dpi", names, config.to_dict(), dpi_key()),
+               verilator_args=verilator_args(), extra_env=env)
+    return json.loads((out / "result.json").read_text())
 
 
 # -- the report -------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ FILE_MARKS = {
     "test_dpi_agents.py": {"rtl", "slow"},
     "test_packet_engine_rtl.py": {"rtl", "slow"},
     "test_incast.py": {"slow"},
+    "test_incast_rtl.py": {"rtl", "slow"},
 }
 
 #: Markers of single tests by file and function (every parametrization of the function).
@@ -273,6 +274,7 @@ JOIN = {}
 #: are named ``"file::function"`` (and take every parametrization). Groups not listed
 #: follow, in collection order.
 LONGEST_FIRST = [
+    "test_incast_rtl.py",           # builds three NICs (the group, with the C++ agents)
     "test_nic_rtl.py",              # builds the pair with the C++ agents
     "test_waves.py",                # builds the traceable pair (Python agents)
     "test_dpi_agents.py",           # runs on both builds

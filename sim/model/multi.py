@@ -36,7 +36,8 @@ from .nic import ModelNic
 from .nscc import setting_for
 from .pair import PD, PSN_BASE, SRC_BASE
 
-__all__ = ["run_nics", "nic_names", "nic_mac", "flows_of", "fabric_config_multi"]
+__all__ = ["run_nics", "nic_names", "nic_mac", "flows_of", "fabric_config_multi", "peers_of",
+           "make_work", "nic_plan", "expected_completions", "memory_mismatches"]
 
 _PROGRESS_EVERY_NS = 50_000.0
 _MAC_BASE = 0x02_00_00_00_00_0A
@@ -72,7 +73,7 @@ def flows_of(scn):
     return [(i, j) for i in range(n) for j in range(n) if i != j]
 
 
-def _peers(scn, flows):
+def peers_of(scn, flows):
     """Each NIC's peers (NICs it sends to or receives from), in index order."""
     peers = {i: set() for i in range(scn.nics)}
     for src, dst in flows:
@@ -138,25 +139,55 @@ def _flow_work(scn, side, dst, several, rkey, src_base, dst_base):
     return shared_make_work(seeded, side, rkey, src_base, dst_base)
 
 
-def bring_up(scn, config, work, peers):
-    """``{index: ModelNic}`` configured as :func:`sim.model.pair.bring_up` configures two."""
-    spec = default_profile_spec()
-    names = nic_names(scn.nics)
+def nic_plan(scn, config, work, peers):
+    """Every NIC's addresses, memory and QP connections, the same for model and RTL NICs:
+    ``{index: {"mac", "ip", "mr": {slot, rkey, pd, base, length}, "source": (base, size),
+    "connections": [connect_qp keywords]}}`` (the QP blocks of the module's docstring).
+    Raises :class:`ValueError` when the build has too few QPs for the busiest NIC."""
     span = _flow_span(scn)
-    extra = scn.extra
     needed = len(max(peers.values(), key=len)) * scn.qps
     if needed > config.qps:
         raise ValueError(f"the NIC build has {config.qps} QPs; the busiest NIC needs "
                          f"{needed} (qps x peers)")
+    plan = {}
+    for index in range(scn.nics):
+        sent = sum(wr["length"] for wr in work[index])
+        connections = []
+        for slot, peer in enumerate(peers[index]):
+            remote_slot = peers[peer].index(index)
+            for q in range(scn.qps):
+                qpn, remote_qpn = slot * scn.qps + q, remote_slot * scn.qps + q
+                connections.append(dict(
+                    qpn=qpn, ev_profile=0, ev_offset=qpn % scn.evs, remote_qpn=remote_qpn,
+                    remote_mac=nic_mac(peer), remote_ip=_nic_ip(peer, config.ip_version),
+                    psn=PSN_BASE + qpn, remote_psn=PSN_BASE + remote_qpn,
+                    mpr=config.mpr_units, max_wimm=min(4, config.max_wimm), pd=PD,
+                    timeout=scn.timeout, retry_linear=scn.retry_linear,
+                    retry_exponential=scn.retry_exponential))
+        plan[index] = {
+            "mac": nic_mac(index), "ip": _nic_ip(index, config.ip_version),
+            "mr": dict(slot=_MR_SLOT, rkey=_rkey(index), pd=PD, base=MR_BASE,
+                       length=max(MR_LENGTH, span * max(1, len(peers[index])))),
+            "source": (SRC_BASE, max(1, span * len(peers[index]), sent)),
+            "connections": connections}
+    return plan
+
+
+def bring_up(scn, config, work, peers):
+    """``{index: ModelNic}`` configured as :func:`sim.model.pair.bring_up` configures two,
+    by :func:`nic_plan`."""
+    spec = default_profile_spec()
+    names = nic_names(scn.nics)
+    extra = scn.extra
+    plan = nic_plan(scn, config, work, peers)
     nics = {}
     for index in range(scn.nics):
         nic = ModelNic(config, name=names[index])
         nics[index] = nic
-        sent = sum(wr["length"] for wr in work[index])
-        nic.set_local(mac=nic_mac(index), ip=_nic_ip(index, config.ip_version))
-        nic.register_mr(slot=_MR_SLOT, rkey=_rkey(index), pd=PD, base=MR_BASE,
-                        length=max(MR_LENGTH, span * max(1, len(peers[index]))))
-        nic.memory.add(SRC_BASE, max(1, span * len(peers[index]), sent))
+        own = plan[index]
+        nic.set_local(mac=own["mac"], ip=own["ip"])
+        nic.register_mr(**own["mr"])
+        nic.memory.add(*own["source"])
         for wr in work[index]:
             nic.memory.write(wr["local_addr"], wr["data"])
         nic.configure_requester(infer_k=scn.infer_k, cc=bool(scn.cc), reo_wnd=scn.reo_wnd,
@@ -171,21 +202,15 @@ def bring_up(scn, config, work, peers):
                               fate=bool(scn.fate),
                               mode=P.EvMode.AUTO if scn.baseline == "ecmp" else None)
     for index, nic in nics.items():
-        for slot, peer in enumerate(peers[index]):
-            remote_slot = peers[peer].index(index)
-            for q in range(scn.qps):
-                qpn, remote_qpn = slot * scn.qps + q, remote_slot * scn.qps + q
-                nic.connect_qp(qpn, ev_profile=0, ev_offset=qpn % scn.evs,
-                               remote_qpn=remote_qpn, remote_mac=nic_mac(peer),
-                               remote_ip=_nic_ip(peer, config.ip_version),
-                               psn=PSN_BASE + qpn, remote_psn=PSN_BASE + remote_qpn,
-                               mpr=config.mpr_units, max_wimm=min(4, config.max_wimm), pd=PD,
-                               timeout=scn.timeout, retry_linear=scn.retry_linear,
-                               retry_exponential=scn.retry_exponential)
+        for connection in plan[index]["connections"]:
+            connection = dict(connection)
+            nic.connect_qp(connection.pop("qpn"), **connection)
     return nics
 
 
-def _expected(work, count):
+def expected_completions(work, count):
+    """``{index: completions}`` a finished run shows: every WR of a NIC, plus one per write
+    with immediate it receives."""
     out = {i: len(work[i]) for i in range(count)}
     for i in range(count):
         for wr in work[i]:
@@ -194,11 +219,13 @@ def _expected(work, count):
     return out
 
 
-def _mismatches(nics, work, names):
+def memory_mismatches(read, work, names):
+    """``[{"side", "wr_id", "first_bad_offset"}]``: every WR whose bytes are not in place at
+    its receiver; ``read(index, address, length)`` reads NIC ``index``'s memory."""
     out = []
     for src, wrs in work.items():
         for wr in wrs:
-            got = nics[wr["dst"]].memory.read(wr["remote_addr"], wr["length"])
+            got = read(wr["dst"], wr["remote_addr"], wr["length"])
             if got == wr["data"]:
                 continue
             bad = 0 if got is None else next(
@@ -222,10 +249,10 @@ def run_nics(scenario, *, network, progress=None):
     names = nic_names(scn.nics)
     config = nic_config_for(scn)
     flows = flows_of(scn)
-    peers = _peers(scn, flows)
+    peers = peers_of(scn, flows)
     work = make_work(scn, flows, peers)
     nics = bring_up(scn, config, work, peers)
-    expected = _expected(work, scn.nics)
+    expected = expected_completions(work, scn.nics)
     max_ns = scn.max_us * 1e3
     now = 0.0
     first_send = None
@@ -298,7 +325,9 @@ def run_nics(scenario, *, network, progress=None):
         "work": {names[i]: [{**{k: v for k, v in wr.items() if k not in ("data", "dst")},
                              "dst": names[wr["dst"]]} for wr in work[i]] for i in nics},
         "flows": [(names[s], names[d]) for s, d in flows],
-        "memory_mismatches": _mismatches(nics, work, names),
+        "memory_mismatches": memory_mismatches(
+            lambda index, address, length: nics[index].memory.read(address, length), work,
+            names),
         "counters": {names[i]: nic.counters_snapshot() for i, nic in nics.items()},
         "ev_events": events,
         "first_send_us": (first_send if first_send is not None else 0.0) / 1e3,

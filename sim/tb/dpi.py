@@ -40,13 +40,16 @@ from hdl.packet.headers import net_beat_layout
 from .streams import _plan
 
 __all__ = ["DPI_SOURCE", "DPI_TOP", "StreamPlan", "stream_plan", "wrapper_sv",
-           "verilator_args", "DpiAgents", "DpiBus", "DpiPair", "uses_dpi", "dpi_key",
+           "verilator_args", "DpiAgents", "DpiBus", "DpiPair", "DpiGroup", "GROUP_DPI_TOP",
+           "uses_dpi", "dpi_key",
            "MAX_PAYLOAD_BITS", "MAX_STREAMS"]
 
 #: The C++ agents.
 DPI_SOURCE = Path(__file__).with_name("dpi_ports.cpp")
 #: The wrapper's module name.
 DPI_TOP = "nic_pair_dpi"
+#: The wrapper's module name around a group of NICs (:class:`DpiGroup`).
+GROUP_DPI_TOP = "nic_group_dpi"
 #: The widest payload a DPI call passes (``MAX_WORDS`` 32-bit words in the C++).
 MAX_PAYLOAD_BITS = 512
 #: The most streams the agents serve (``BUSY_WORDS`` 32-bit words of the busy mask).
@@ -80,8 +83,9 @@ def _fields(layout):
     return tuple(plan.get(name, (-1, 0)) for name in _FIELDS)
 
 
-def stream_plan(config):
-    """The stream ports in the order the agents step (their DPI ids are the indices)."""
+def stream_plan(config, names="ab"):
+    """The stream ports in the order the agents step (their DPI ids are the indices), for the
+    NICs ``names`` (side i is ``names[i]``)."""
     net = net_beat_layout(config.data_width)
     layouts = {
         FETCH_REQ: fetch_request_layout(config), FETCH: fetch_beat_layout(config),
@@ -89,7 +93,7 @@ def stream_plan(config):
         BEAT_SINK: completion_layout(config), RX: net, TX: net,
     }
     out = []
-    for side, name in enumerate("ab"):
+    for side, name in enumerate(names):
         ports = [(f"{name}_fetch_req", FETCH_REQ), (f"{name}_fetch", FETCH),
                  (f"{name}_place", PLACE), (None, None), (f"{name}_wr", BEAT_SOURCE),
                  (f"{name}_completion", BEAT_SINK)]
@@ -125,15 +129,15 @@ def _module_ports(text, module):
             for m in _PORT.finditer(text[start.end():end])}
 
 
-def wrapper_sv(pair_text, config, pair_module="nic_pair"):
-    """The wrapper module :data:`DPI_TOP` around ``pair_module`` (defined in ``pair_text``):
-    clock, reset and both register buses as ports, every stream port driven by the agents,
-    and the ``attention`` counter."""
+def wrapper_sv(pair_text, config, pair_module="nic_pair", names="ab", top=DPI_TOP):
+    """The wrapper module ``top`` (:data:`DPI_TOP`) around ``pair_module`` (defined in
+    ``pair_text``, with the NICs ``names``): clock, reset and every NIC's register bus as
+    ports, every stream port driven by the agents, and the ``attention`` counter."""
     ports = _module_ports(pair_text, pair_module)
-    plan = stream_plan(config)
+    plan = stream_plan(config, names)
     pad = MAX_PAYLOAD_BITS
-    lines = [f"module {DPI_TOP}(", "    input clk,", "    input rst,",
-             "    output reg [31:0] bus_done_a,", "    output reg [31:0] bus_done_b,",
+    lines = [f"module {top}(", "    input clk,", "    input rst,",
+             *(f"    output reg [31:0] bus_done_{name}," for name in names),
              "    output reg [31:0] attention", ");"]
     lines += [
         '    import "DPI-C" function void mrc_edge_begin(output bit [127:0] busy, '
@@ -153,8 +157,7 @@ def wrapper_sv(pair_text, config, pair_module="nic_pair"):
         "    bit [31:0] bus_w_data;",
         "    bit bus_w_en;",
         "    bit bus_r_en;",
-        "    initial bus_done_a = 0;",
-        "    initial bus_done_b = 0;",
+        *(f"    initial bus_done_{name} = 0;" for name in names),
         f"    bit [{pad - 1}:0] beat;",
         "    bit [127:0] busy;",
         "    bit valid;",
@@ -164,7 +167,7 @@ def wrapper_sv(pair_text, config, pair_module="nic_pair"):
     connect = {"clk": "clk", "rst": "rst"}
     body = []
     falling = []
-    for side, name in enumerate("ab"):
+    for side, name in enumerate(names):
         bus = {field: ports.get(f"{name}_bus__{field}") for field in
                ("addr", "w_data", "w_en", "r_en", "r_data")}
         missing = [field for field, port in bus.items() if port is None]
@@ -233,10 +236,11 @@ class DpiAgents:
 
     ``first_step_edge``: the rising edge (counting from 1) at which the agents first step, as
     cycle 1. ``backlog_cycles``: sample every receive port's queued beats every that many
-    cycles after :meth:`set_start`.
+    cycles after :meth:`set_start`. ``names``: the NICs of the build (side i is
+    ``names[i]``): the pair's ``ab``, or a group's (:class:`DpiGroup`).
     """
 
-    def __init__(self, config, *, first_step_edge, backlog_cycles, latency=4):
+    def __init__(self, config, *, first_step_edge, backlog_cycles, latency=4, names="ab"):
         lib = ctypes.CDLL(None)
         if not hasattr(lib, "mrc_reset"):
             raise RuntimeError("the simulator was built without the DPI agents "
@@ -270,7 +274,8 @@ class DpiAgents:
         lib.mrc_max_stall.argtypes = [i32]
         lib.mrc_max_stall.restype = i64
         lib.mrc_reset(first_step_edge, backlog_cycles)
-        self.plan = stream_plan(config)
+        self.names = tuple(names)
+        self.plan = stream_plan(config, names)
         self.ids = {}
         for index, s in enumerate(self.plan):
             flat = [value for pair in (s.fields or ((-1, 0),) * 6) for value in pair]
@@ -278,17 +283,17 @@ class DpiAgents:
                                      (i32 * 12)(*flat))
             assert got == index, (got, index)
             self.ids[s.prefix] = index
-        for side in (0, 1):
+        for side in range(len(names)):
             lib.mrc_set_latency(side, latency)
         self.rx = {name: [self.ids[f"{name}_rx__{p}"] for p in range(config.ports)]
-                   for name in "ab"}
+                   for name in names}
         self.tx_port = {}
-        for name in "ab":
+        for name in names:
             for p in range(config.ports):
                 self.tx_port[self.ids[f"{name}_tx__{p}"]] = (name, p)
-        self.cq_side = {self.ids[f"{name}_completion"]: name for name in "ab"}
-        self.place_side = {self.ids[f"{name}_place"]: name for name in "ab"}
-        self.names = {index: s.prefix for index, s in enumerate(self.plan)}
+        self.cq_side = {self.ids[f"{name}_completion"]: name for name in names}
+        self.place_side = {self.ids[f"{name}_place"]: name for name in names}
+        self.prefixes = {index: s.prefix for index, s in enumerate(self.plan)}
         self._buffer = ctypes.create_string_buffer(1 << 16)
         self.backlog = []           # (cycle, [queued beats per receive port, a then b])
 
@@ -412,7 +417,7 @@ class DpiAgents:
                 out.append(("placement", cycle, self.place_side[stream], lo, hi, nbytes,
                             outside, body[32:]))
             elif kind == _STALL:
-                out.append(("stall", cycle, self.names[stream]))
+                out.append(("stall", cycle, self.prefixes[stream]))
             elif kind == _ERROR:
                 self.check()
         return out
@@ -431,6 +436,25 @@ class DpiPair:
         from .pair import NicPair
         text = NicPair(self.config).export_sv(path)
         text = text + "\n" + wrapper_sv(text, self.config)
+        write_if_changed(path, text)
+        return text
+
+
+class DpiGroup:
+    """A group of NICs (:class:`sim.tb.pair.NicGroup`) with the wrapper ``top`` (default
+    :data:`GROUP_DPI_TOP`), for :func:`sim.tb.runner.run_cocotb`."""
+
+    def __init__(self, config, names, top=None):
+        self.config = config
+        self.names = tuple(names)
+        self.top = top or GROUP_DPI_TOP
+
+    def export_sv(self, path):
+        from ..export import write_if_changed
+        from .pair import GROUP_MODULE, NicGroup
+        text = NicGroup(self.config, self.names).export_sv(path)
+        text = text + "\n" + wrapper_sv(text, self.config, pair_module=GROUP_MODULE,
+                                        names=self.names, top=self.top)
         write_if_changed(path, text)
         return text
 
@@ -465,7 +489,7 @@ class DpiBus:
         self.dpi = dpi
         self.side = side
         self.clock = clock
-        self._done = getattr(dut, f"bus_done_{'ab'[side]}").value_change
+        self._done = getattr(dut, f"bus_done_{dpi.names[side]}").value_change
         self._busy = False
 
     # The same serialisation as the Python bus (waiters poll at each rising edge).

@@ -32,6 +32,7 @@ enum Role { RX = 0, TX = 1, BEAT_SOURCE = 2, BEAT_SINK = 3, FETCH_REQ = 4, FETCH
 
 constexpr int BUSY_WORDS = 4;       // at most 128 streams (bit [127:0] busy)
 constexpr int MAX_WORDS = 16;       // the wrapper passes every payload as bit [511:0]
+constexpr int MAX_SIDES = 16;       // NICs (the pair's a and b, or a group's a, b, c, ...)
 
 using Beat = std::vector<uint32_t>;
 
@@ -110,8 +111,8 @@ struct BusMaster {
 };
 
 std::vector<Stream> streams;
-Side sides[2];
-BusMaster buses[2];
+Side sides[MAX_SIDES];
+BusMaster buses[MAX_SIDES];
 int64_t edge = 0;                   // every rising edge
 int64_t first_edge = INT64_MAX;     // the edge the agents first step at (cycle 1)
 int64_t cycle = 0;                  // cycles since stepping began, as the Python loop counts
@@ -185,7 +186,7 @@ Region *find(int side, uint64_t address, uint64_t length) {
         char text[160];
         std::snprintf(text, sizeof text,
                       "NIC %c: host access [0x%llx, +%llu) outside every region",
-                      side ? 'b' : 'a', (unsigned long long)address,
+                      (char)('a' + side), (unsigned long long)address,
                       (unsigned long long)length);
         error = text;
         put_event(3, 0, cycle, nullptr, 0);

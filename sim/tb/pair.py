@@ -17,7 +17,7 @@ from hdl.nic import MrcNic
 
 from ..export import export_sv, write_if_changed
 
-__all__ = ["NicPair", "SMALL_CONFIG", "NIC_MODULE"]
+__all__ = ["NicPair", "NicGroup", "SMALL_CONFIG", "NIC_MODULE", "GROUP_MODULE"]
 
 #: The Verilog module name of the shared NIC.
 NIC_MODULE = "mrc_nic"
@@ -93,6 +93,55 @@ class NicPair(wiring.Component):
         self._shared = True
         top = export_sv(self, name="nic_pair")
         _mark_used(self.nics["b"])
+        text = nic + "\n" + top
+        write_if_changed(path, text)
+        return text
+
+
+#: The Verilog module name of a group's top (:class:`NicGroup`).
+GROUP_MODULE = "nic_group"
+
+
+class NicGroup(wiring.Component):
+    """NICs ``names`` (``a``, ``b``, ``c``, ...) with the same configuration, unconnected to
+    each other, every port of NIC ``x`` exposed with an ``x_`` prefix: the pair generalised
+    to the N-NIC runs of the main job (``sim/tb/cocotb_group.py``).
+
+    Only one NIC is elaborated: :meth:`export_sv` writes it once, as :data:`NIC_MODULE`, and
+    the top :data:`GROUP_MODULE` with one instance of it per name, so Verilator compiles one
+    NIC's C++ whatever the count. There is no flat elaboration (the Amaranth simulator has no
+    bench of several NICs)."""
+
+    def __init__(self, config, names):
+        if len(names) < 2 or len(set(names)) != len(names):
+            raise ValueError(f"names: two or more distinct NIC names, not {names!r}")
+        self._config = config
+        self.names = tuple(names)
+        self._nic = MrcNic(config)
+        members = {}
+        for prefix in self.names:
+            for name, member in self._nic.signature.members.items():
+                members[f"{prefix}_{name}"] = member
+        super().__init__(members)
+
+    def elaborate(self, platform):
+        m = Module()
+        for prefix in self.names:
+            ports = {"i_clk": ClockSignal(), "i_rst": ResetSignal()}
+            outer = SimpleNamespace(**{name: getattr(self, f"{prefix}_{name}")
+                                       for name in self._nic.signature.members})
+            for path, member, value in self._nic.signature.flatten(outer):
+                kind = "o" if member.flow == Flow.Out else "i"
+                ports[f"{kind}_{'__'.join(map(str, path))}"] = value
+            m.submodules[f"nic_{prefix}"] = Instance(NIC_MODULE, **ports)
+        return m
+
+    def export_sv(self, path):
+        """Write the NIC once, as :data:`NIC_MODULE`, and the group as the top
+        :data:`GROUP_MODULE` with an instance of it per NIC, to ``path`` (kept when
+        unchanged)."""
+        nic = export_sv(self._nic, name=NIC_MODULE)
+        top = export_sv(self, name=GROUP_MODULE)
         text = nic + "\n" + top
         write_if_changed(path, text)
         return text

@@ -98,11 +98,14 @@ def mainjob_args(argv):
     (["--nics", "3"], "--nics: must be even when pattern (set by scenario 'default') is "
                       "pairs (NIC 2k talks to NIC 2k + 1), not 3"),
     (["--nics", "1"], "--nics: must be an integer from 2 to 16, not 1"),
-    (["--nics", "4", "--pattern", "incast", "--backend", "rtl"],
-     "--nics: the RTL backend runs two NICs in pairs: add --backend model"),
-    (["--pattern", "incast", "--backend", "rtl"],
-     "--pattern: the RTL backend runs two NICs in pairs: add --backend model"),
+    (["--nics", "6", "--pattern", "incast", "--backend", "rtl"],
+     "--nics: the RTL backend runs at most 5 NICs: add --backend model"),
+    (["--nics", "4", "--pattern", "incast", "--backend", "rtl", "--sim", "icarus"],
+     "--sim: the RTL backend runs more than two NICs (or another pattern than pairs) under "
+     "Verilator without waves only"),
     (["--cc", "nscc", "--backend", "rtl"],
+     "--cc: NSCC is the model NIC's only, for now: add --backend model"),
+    (["--cc", "nscc", "--nics", "5", "--pattern", "incast", "--backend", "rtl"],
      "--cc: NSCC is the model NIC's only, for now: add --backend model"),
 ])
 def test_bad_nics_pattern_and_cc_name_the_flag(capsys, tmp_path, argv, message):
