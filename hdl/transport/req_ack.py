@@ -46,9 +46,12 @@ __all__ = ["AckProcessor"]
 
 
 class AckProcessor(wiring.Component):
-    """Apply one MRC 1.0 SACK, NACK or AETH NAK per cycle (A0 take and read, A1 apply).
+    """Apply one MRC 1.0 SACK, NACK or AETH NAK per cycle (A0 take and read, A1 register,
+    A2 apply).
 
-    A1 decides and writes the QP's tables in the cycle after A0 took the packet: cumulative
+    A0 addresses the tables; in A1 their data lands in registers, beside the decoded packet
+    and its SACK bitmap rotated to the window positions; A2 decides and writes the QP's
+    tables two cycles after A0 took the packet: cumulative
     advance (only a SACK moves una), the SACK bitmap merged into the ``acked`` bitmap (any
     ``sack_psn_offset``; bits outside ``[una, next_psn)`` are ignored), the ECN window
     (``cc``), the time una last advanced (``progress``); a fatal NAK for an outstanding PSN
@@ -56,21 +59,26 @@ class AckProcessor(wiring.Component):
     takes an rx beat's place and fails the QP with RETRY_EXC_ERR if it is still live. A
     packet for an unknown QP, a QP not live, of an unknown kind, acknowledging beyond
     ``next_psn``, a fatal NAK for a PSN not outstanding, or a malformed SACK is dropped and
-    counted (``bad_acks``). One packet per cycle, back to back on one QP (A0 reads through
-    the transparent ports what A1 writes).
+    counted (``bad_acks``). One packet per cycle, back to back on one QP: A0's read sees
+    every write up to its own cycle (the ports are transparent); the write of the packet
+    ahead, in A2 while this one is in A1, is forwarded from the write port into A1's
+    registers (``ack``, ``acked``, ``cc``, ``trig_set``: this engine is their only writer).
+    ``trig_seen`` is read in A1, so an ACK that finds a trigger queued writes no later than
+    the cycle the completion engine reads the QP for it.
 
-    Outputs, all from A1: a completion trigger when una advanced or the QP failed (at most
-    one queued per QP: ``trig_set`` differs from ``trig_seen`` while one waits), the PSN of
-    a NACK TRIMMED still outstanding (``trim``), the failed QP (``qp_error``), feedback for
-    the EV the named PSN last went out on (``feedback``: ACKED, ECN, LOST for an
-    ALWAYS_SKIP mark, TRIMMED; none for a probe answer or a PSN whose EV entry no longer
-    holds it; dropped and counted when not ready), and the SACK bits for the inference unit.
+    Outputs, all from A2, two cycles after the packet was taken: a completion trigger when
+    una advanced or the QP failed (at most one queued per QP: ``trig_set`` differs from
+    ``trig_seen`` while one waits), the PSN of a NACK TRIMMED still outstanding (``trim``),
+    the failed QP (``qp_error``), feedback for the EV the named PSN last went out on
+    (``feedback``: ACKED, ECN, LOST for an ALWAYS_SKIP mark, TRIMMED; none for a probe
+    answer or a PSN whose EV entry no longer holds it; dropped and counted when not ready),
+    and the SACK bits for the inference unit.
 
     Hazards: A0 waits (``rx`` and ``exceed`` not ready) while the control holds and while
-    the trim or QP-error queue has room for fewer than two (one may be in A1); the trigger
-    queue never fills. The control's QP reset and software flush go through this engine's
-    write ports (``control.write``, ``control.flush``, the flush's trigger included: A1 is
-    idle then).
+    the trim or QP-error queue has no room for one more item beside those in A1 and A2; the
+    trigger queue never fills. The control's QP reset and software flush go through this
+    engine's write ports (``control.write``, ``control.flush``, the flush's trigger included:
+    A1 and A2 are idle then).
 
     Parameters
     ----------
@@ -94,7 +102,7 @@ class AckProcessor(wiring.Component):
     feedback : ``Out(stream.Signature(feedback_layout(config)))``
     infer : ``Out(stream.Signature(infer_request_layout(config), always_ready=True))``
     busy : ``Out(1)``
-        A1 holds a packet.
+        A1 or A2 holds a packet.
     events : ``Out(events_layout(COUNTERS))``
         ``feedback_dropped`` counts this engine's part of that counter.
     """

@@ -47,7 +47,7 @@ class RequesterControl(wiring.Component):
     control : ``Out(ControlSignature(config))``
         To every engine.
     busy : ``In(1)``
-        An engine that writes QP tables is not idle (ACK processing's A1, the completion
+        An engine that writes QP tables is not idle (ACK processing's A1 and A2, the completion
         engine, the inference unit, the timer scanner's V1).
     resends_pending : ``In(1)``
         Resends are queued or under way (trim and walk queues, walker, retransmitter).
