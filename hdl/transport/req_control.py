@@ -122,7 +122,7 @@ class RequesterControl(wiring.Component):
                         | (ctl_req.retry_exp > P.RETRY_EXPONENTIAL_MAX))
         c_outstanding = (c_sq.tail - c_cq.head)[:sb + 1]
         # A QP_WRITE first lets every send request already decided leave: the TRIM and walk
-        # queues, the walker and R1/R2 run dry (nothing refills them while the engines are
+        # queues, the walker and R1-R3 run dry (nothing refills them while the engines are
         # held and `retx` waits) and the `send` register holds no packet of the QP. Nothing
         # decided under the QP's old state leaves `send` after the response, neither after an
         # ERROR nor after a re-initialisation with a new PSN.

@@ -16,7 +16,7 @@ of its own, with its latency, throughput and hazards in its docstring:
   cycle, each checked against the window (``next_psn - una < mpr * 128``);
 * **walker** (:class:`~.req_retransmit.Walker`) turns PSN ranges (timeout and inferred
   losses) into single PSNs for the retransmitter;
-* **retransmitter** (:class:`~.req_retransmit.Retransmitter`, R0-R2) rebuilds a PSN's packet
+* **retransmitter** (:class:`~.req_retransmit.Retransmitter`, R0-R3) rebuilds a PSN's packet
   from its metadata and WR slot;
 * **send register** (:class:`~.req_send.SendRegister`) registers ``send``, resends first,
   and writes each PSN's metadata;
@@ -88,7 +88,7 @@ class Requester(wiring.Component):
 
     Latencies: a WR's first send request leaves 3 cycles after the WR is taken (intake, then
     the segmenter, then the output register); an ACK updates the QP 2 cycles after it is
-    taken; a retransmit request leaves 3 cycles after it is taken; a completion leaves a few
+    taken; a retransmit request leaves 4 cycles after it is taken; a completion leaves a few
     cycles after the ACK that allows it (3 cycles per QP the completion engine visits), then
     one per cycle for the same QP.
 
