@@ -16,6 +16,7 @@ from .req_common import (
     ControlSignature,
     check_config,
     check_depth,
+    circular_ones,
     clamp,
     events_layout,
     log2,
@@ -45,9 +46,12 @@ __all__ = ["AckProcessor"]
 
 
 class AckProcessor(wiring.Component):
-    """Apply one MRC 1.0 SACK, NACK or AETH NAK per cycle (A0 take and read, A1 apply).
+    """Apply one MRC 1.0 SACK, NACK or AETH NAK per cycle (A0 take and read, A1 register,
+    A2 apply).
 
-    A1 decides and writes the QP's tables in the cycle after A0 took the packet: cumulative
+    A0 addresses the tables; in A1 their data lands in registers, beside the decoded packet
+    and its SACK bitmap rotated to the window positions; A2 decides and writes the QP's
+    tables two cycles after A0 took the packet: cumulative
     advance (only a SACK moves una), the SACK bitmap merged into the ``acked`` bitmap (any
     ``sack_psn_offset``; bits outside ``[una, next_psn)`` are ignored), the ECN window
     (``cc``), the time una last advanced (``progress``); a fatal NAK for an outstanding PSN
@@ -55,21 +59,26 @@ class AckProcessor(wiring.Component):
     takes an rx beat's place and fails the QP with RETRY_EXC_ERR if it is still live. A
     packet for an unknown QP, a QP not live, of an unknown kind, acknowledging beyond
     ``next_psn``, a fatal NAK for a PSN not outstanding, or a malformed SACK is dropped and
-    counted (``bad_acks``). One packet per cycle, back to back on one QP (A0 reads through
-    the transparent ports what A1 writes).
+    counted (``bad_acks``). One packet per cycle, back to back on one QP: A0's read sees
+    every write up to its own cycle (the ports are transparent); the write of the packet
+    ahead, in A2 while this one is in A1, is forwarded from the write port into A1's
+    registers (``ack``, ``acked``, ``cc``, ``trig_set``: this engine is their only writer).
+    ``trig_seen`` is read in A1, so an ACK that finds a trigger queued writes no later than
+    the cycle the completion engine reads the QP for it.
 
-    Outputs, all from A1: a completion trigger when una advanced or the QP failed (at most
-    one queued per QP: ``trig_set`` differs from ``trig_seen`` while one waits), the PSN of
-    a NACK TRIMMED still outstanding (``trim``), the failed QP (``qp_error``), feedback for
-    the EV the named PSN last went out on (``feedback``: ACKED, ECN, LOST for an
-    ALWAYS_SKIP mark, TRIMMED; none for a probe answer or a PSN whose EV entry no longer
-    holds it; dropped and counted when not ready), and the SACK bits for the inference unit.
+    Outputs, all from A2, two cycles after the packet was taken: a completion trigger when
+    una advanced or the QP failed (at most one queued per QP: ``trig_set`` differs from
+    ``trig_seen`` while one waits), the PSN of a NACK TRIMMED still outstanding (``trim``),
+    the failed QP (``qp_error``), feedback for the EV the named PSN last went out on
+    (``feedback``: ACKED, ECN, LOST for an ALWAYS_SKIP mark, TRIMMED; none for a probe
+    answer or a PSN whose EV entry no longer holds it; dropped and counted when not ready),
+    and the SACK bits for the inference unit.
 
     Hazards: A0 waits (``rx`` and ``exceed`` not ready) while the control holds and while
-    the trim or QP-error queue has room for fewer than two (one may be in A1); the trigger
-    queue never fills. The control's QP reset and software flush go through this engine's
-    write ports (``control.write``, ``control.flush``, the flush's trigger included: A1 is
-    idle then).
+    the trim or QP-error queue has no room for one more item beside those in A1 and A2; the
+    trigger queue never fills. The control's QP reset and software flush go through this
+    engine's write ports (``control.write``, ``control.flush``, the flush's trigger included:
+    A1 and A2 are idle then).
 
     Parameters
     ----------
@@ -93,7 +102,7 @@ class AckProcessor(wiring.Component):
     feedback : ``Out(stream.Signature(feedback_layout(config)))``
     infer : ``Out(stream.Signature(infer_request_layout(config), always_ready=True))``
     busy : ``Out(1)``
-        A1 holds a packet.
+        A1 or A2 holds a packet.
     events : ``Out(events_layout(COUNTERS))``
         ``feedback_dropped`` counts this engine's part of that counter.
     """
@@ -148,24 +157,26 @@ class AckProcessor(wiring.Component):
                      (rx_header.bth.psn + rx_seth.ack_psn_offset.as_signed())[:PSN],
                      rx_header.bth.psn)
         rx_take = Signal()
-        # A QP whose retries are exhausted takes the place of an rx beat. One more item may
-        # be in A1 already, so A0 takes one only while each queue has room for two.
-        a0_room = (~self.control.hold & (self.trim_level <= self._trim_depth - 2)
-                   & (self.qp_error_level <= self._qp_error_depth - 2))
+        # A QP whose retries are exhausted takes the place of an rx beat. The items in A1 and
+        # A2 may each push one, so A0 takes one only while each queue has room for them too.
+        a1_valid = Signal()
+        a2_valid = Signal()
+        in_flight = a1_valid + a2_valid
+        a0_room = (~self.control.hold & (self.trim_level + in_flight < self._trim_depth)
+                   & (self.qp_error_level + in_flight < self._qp_error_depth))
         x_take = self.exceed.valid & a0_room
         m.d.comb += [
             self.rx.ready.eq(a0_room & ~self.exceed.valid),
             rx_take.eq(self.rx.valid & self.rx.ready),
             self.exceed.ready.eq(x_take),
         ]
-        for name in ("cfg", "next_psn", "ack", "acked", "trig_set", "trig_seen", "cc"):
+        for name in ("cfg", "next_psn", "ack", "acked", "trig_set", "cc"):
             port = getattr(reads, name)
             m.d.comb += [port.addr.eq(Mux(x_take, self.exceed.payload,
                                           rx_header.bth.dqpn[:qb])),
                          port.en.eq(rx_take | x_take)]
         m.d.comb += [reads.ev.addr.eq(Cat(rx_psn[:wb], rx_header.bth.dqpn[:qb])),
                      reads.ev.en.eq(rx_take)]
-        a1_valid = Signal()
         a1_exceed = Signal()            # retries exhausted for QP a1_qpn (not a packet)
         a1_known = Signal()             # a SACK/NACK/NAK for a QP that exists
         a1_qpn = Signal(qb)
@@ -178,7 +189,6 @@ class AckProcessor(wiring.Component):
         a1_cum = Signal(PSN)
         a1_base = Signal(PSN)          # PSN of SACK bitmap bit 0
         a1_sack = Signal(bitmap_bits)
-        m.d.comb += self.busy.eq(a1_valid)
         m.d.sync += [a1_valid.eq(rx_take | x_take), a1_exceed.eq(x_take)]
         with m.If(x_take):
             m.d.sync += [a1_known.eq(0), a1_qpn.eq(self.exceed.payload), a1_sack.eq(0)]
@@ -199,53 +209,100 @@ class AckProcessor(wiring.Component):
                 a1_sack.eq(Mux(rx_is_sack, rx_seth.sack_bitmap, 0)),
             ]
 
-        # -- A1: decide --------------------------------------------------------------------
-        a_ack = reads.ack.data
-        a_next = reads.next_psn.data
-        a_old_bitmap = reads.acked.data
+        # -- A1: the tables' data lands; decode the packet; register both for A2 ----------
+        # A2 of the item ahead writes this cycle what A1's read (a cycle earlier) could not
+        # see: that write is forwarded from the write port (the read ports see every earlier
+        # write). The forwarded entry is the only path from A2's decision back into A2.
+        a2_exceed = Signal()
+        a2_known = Signal()
+        a2_qpn = Signal(qb)
+        a2_kind = Signal(PacketKind)
+        a2_syndrome = Signal(8)
+        a2_reason = Signal(8)
+        a2_psn = Signal(PSN)
+        a2_pr = Signal()
+        a2_mark = Signal(P.SackMark)
+        a2_cum1 = Signal(PSN)          # the una a SACK asks for: its cumulative PSN + 1
+        a2_base = Signal(PSN)
+        a2_sack = Signal(bitmap_bits)
+        a2_sack_rot = Signal(window)   # the SACK bits at their window positions, unmasked
+        m.d.comb += self.busy.eq(a1_valid | a2_valid)
+        m.d.sync += [
+            a2_valid.eq(a1_valid), a2_exceed.eq(a1_exceed), a2_known.eq(a1_known),
+            a2_qpn.eq(a1_qpn), a2_kind.eq(a1_kind), a2_syndrome.eq(a1_syndrome),
+            a2_reason.eq(a1_reason), a2_psn.eq(a1_psn), a2_pr.eq(a1_pr), a2_mark.eq(a1_mark),
+            a2_cum1.eq((a1_cum + 1)[:PSN]), a2_base.eq(a1_base), a2_sack.eq(a1_sack),
+            a2_sack_rot.eq(rotate_left(Cat(a1_sack, C(0, window - bitmap_bits)),
+                                       a1_base[:wb], window)),
+        ]
+        writes = self.tables.write
+        stored = {}
+        for name in ("ack", "acked", "cc", "trig_set"):
+            port, wp = getattr(reads, name), getattr(writes, name)
+            stored[name] = Signal.like(port.data, name=f"a2_{name}")
+            m.d.sync += stored[name].eq(Mux(wp.en & (wp.addr == a1_qpn), wp.data, port.data))
+        for name in ("cfg", "next_psn", "ev"):
+            stored[name] = Signal.like(getattr(reads, name).data, name=f"a2_{name}")
+            m.d.sync += stored[name].eq(getattr(reads, name).data)
+        # trig_seen (the completion engine's) is read a cycle later, in A1, so that A2 sees
+        # a trigger the completion engine took up to the cycle before A2 writes: an ACK that
+        # finds one still queued writes before the engine reads the QP for it.
+        m.d.comb += [reads.trig_seen.addr.eq(a1_qpn), reads.trig_seen.en.eq(1)]
+
+        # -- A2: decide --------------------------------------------------------------------
+        a_ack = stored["ack"]
+        a_next = stored["next_psn"]
+        a_old_bitmap = stored["acked"]
         a_una = a_ack.una
         # Signals, not expressions: each is read in many places below.
         sig = partial(as_signal, m)
-        is_ack = sig(a1_kind == PacketKind.SACK, "a_is_ack")
-        is_nack = sig(a1_kind == PacketKind.NACK, "a_is_nack")
-        is_nak = sig((a1_kind == PacketKind.AETH) & (a1_syndrome[5:7] == 3), "a_is_nak")
-        code = a1_syndrome[:5]
+        is_ack = sig(a2_kind == PacketKind.SACK, "a_is_ack")
+        is_nack = sig(a2_kind == PacketKind.NACK, "a_is_nack")
+        is_nak = sig((a2_kind == PacketKind.AETH) & (a2_syndrome[5:7] == 3), "a_is_nak")
+        code = a2_syndrome[:5]
         fatal = sig(is_nak & ((code == P.NakCode.INVALID_REQUEST)
                               | (code == P.NakCode.REMOTE_ACCESS)
                               | (code == P.NakCode.REMOTE_OPERATIONAL)), "a_fatal")
-        trim = sig(is_nack & (a1_reason == P.NackReason.TRIMMED), "a_trim")
-        out_of_window = sig(is_nack & (a1_reason == P.NackReason.PSN_OOR_WINDOW),
+        trim = sig(is_nack & (a2_reason == P.NackReason.TRIMMED), "a_trim")
+        out_of_window = sig(is_nack & (a2_reason == P.NackReason.PSN_OOR_WINDOW),
                             "a_out_of_window")
         # Only a SACK moves the cumulative PSN.
-        cand = sig(Mux(is_ack, (a1_cum + 1)[:PSN], a_una), "a_cand")
-        advance = sig(psn_gt(cand, a_una), "a_advance")
+        cand = sig(Mux(is_ack, a2_cum1, a_una), "a_cand")
+        advance = sig(is_ack & psn_gt(a2_cum1, a_una), "a_advance")
         beyond = sig(advance & ~psn_ge(a_next, cand), "a_beyond")
         new_una = sig(Mux(advance, cand, a_una), "a_new_una")
-        outstanding = sig(psn_ge(a1_psn, new_una) & psn_gt(a_next, a1_psn), "a_outstanding")
+        outstanding = sig(psn_ge(a2_psn, new_una) & psn_gt(a_next, a2_psn), "a_outstanding")
         # The PSN the packet names was sent and its EV entry still holds it.
-        psn_sent = sig(psn_gt(a_next, a1_psn) & (psn_sub(a_next, a1_psn) <= window),
+        psn_sent = sig(psn_gt(a_next, a2_psn) & (psn_sub(a_next, a2_psn) <= window),
                        "a_psn_sent")
-        a_live = sig((reads.cfg.data.state == P.QpState.RTS) & ~a_ack.error, "a_live")
-        a_drop = sig(~a1_known | ~a_live | ~(is_ack | fatal | trim | out_of_window) | beyond
+        a_live = sig((stored["cfg"].state == P.QpState.RTS) & ~a_ack.error, "a_live")
+        a_drop = sig(~a2_known | ~a_live | ~(is_ack | fatal | trim | out_of_window) | beyond
                      | (fatal & ~outstanding), "a_drop")
-        a_apply = sig(a1_valid & ~a1_exceed & ~a_drop, "a_apply")
+        a_apply = sig(a2_valid & ~a2_exceed & ~a_drop, "a_apply")
         # Exhausted retries: like a fatal NAK for the oldest PSN, if the QP is still live.
-        x_apply = sig(a1_valid & a1_exceed & a_live, "x_apply")
+        x_apply = sig(a2_valid & a2_exceed & a_live, "x_apply")
 
         # SACK bit i is PSN base + i (any sack_psn_offset); keep the bits for PSNs in
         # [max(una, base), next_psn): a bitmap that does not overlap the window adds nothing.
-        lo = clamp(psn_sub(new_una, a1_base), bitmap_bits)
-        hi = clamp(psn_sub(a_next, a1_base), bitmap_bits)
-        sack_mask = ones(hi, bitmap_bits) & ~ones(lo, bitmap_bits)
-        sack_rot = rotate_left(Cat(a1_sack & sack_mask, C(0, window - bitmap_bits)),
-                                a1_base[:wb], window)
-        clear_len = Mux(advance, psn_sub(cand, a_una)[:wb + 1], 0)
-        clear = rotate_left(ones(clear_len, window), a_una[:wb], window)
+        # The bits kept form one run, [lo, hi), which lies at window positions from
+        # base + lo on: the mask is made there, beside the bits rotated in A1. Bits of
+        # PSNs below the new una are cleared with the ones una passed (`clear`).
+        lo = clamp(psn_sub(a_una, a2_base), bitmap_bits)
+        hi = clamp(psn_sub(a_next, a2_base), bitmap_bits)
+        keep_len = Mux(hi > lo, hi - lo, 0)
+        sack_rot = sig(a2_sack_rot & circular_ones((a2_base[:wb] + lo)[:wb], keep_len, window),
+                       "a_sack_rot")
+        clear_len = sig(Mux(advance, psn_sub(a2_cum1, a_una)[:wb + 1], 0), "a_clear_len")
+        clear = sig(circular_ones(a_una[:wb], clear_len, window), "a_clear")
         new_bitmap = Signal(window)
-        m.d.comb += new_bitmap.eq((a_old_bitmap & ~clear) | sack_rot)
-        new_bits = (sack_rot & ~a_old_bitmap).any()
+        m.d.comb += new_bitmap.eq((a_old_bitmap | sack_rot) & ~clear)
+        new_bits = (sack_rot & ~clear & ~a_old_bitmap).any()
+        # A NACK changes no bit: the bit the TRIM names is the stored one.
         trim_queued = (a_apply & trim & outstanding
-                       & ~new_bitmap.bit_select(a1_psn[:wb], 1))
+                       & ~a_old_bitmap.bit_select(a2_psn[:wb], 1))
+        # The SACK bits for the inference unit: those of PSNs in [new una, next_psn).
+        sack_mask = (ones(clamp(psn_sub(a_next, a2_base), bitmap_bits), bitmap_bits)
+                     & ~ones(clamp(psn_sub(new_una, a2_base), bitmap_bits), bitmap_bits))
         err_status = Signal(P.CompletionStatus)
         with m.Switch(code):
             for nak_code, status in (
@@ -262,9 +319,8 @@ class AckProcessor(wiring.Component):
         return m
 
     def _write_tables(self, m, v):
-        """A1's writes of the QP's ``ack``, ``acked`` and ``cc`` entries."""
+        """A2's writes of the QP's ``ack``, ``acked`` and ``cc`` entries."""
         ctl = self.control
-        reads = self.tables.read
         wps = {name: getattr(self.tables.write, name) for name in ("ack", "acked", "cc")}
         with m.If(ctl.write):
             m.d.comb += [
@@ -283,19 +339,19 @@ class AckProcessor(wiring.Component):
             ]
         with m.Elif(v.x_apply):
             m.d.comb += [
-                wps["ack"].addr.eq(v.a1_qpn), wps["ack"].en.eq(1),
+                wps["ack"].addr.eq(v.a2_qpn), wps["ack"].en.eq(1),
                 wps["ack"].data.una.eq(v.a_una), wps["ack"].data.error.eq(1),
                 wps["ack"].data.err_status.eq(P.CompletionStatus.RETRY_EXC_ERR),
                 wps["ack"].data.err_psn.eq(v.a_una),
             ]
         with m.Else():
             m.d.comb += [
-                wps["ack"].addr.eq(v.a1_qpn), wps["ack"].en.eq(v.a_apply),
+                wps["ack"].addr.eq(v.a2_qpn), wps["ack"].en.eq(v.a_apply),
                 wps["ack"].data.una.eq(v.new_una),
                 wps["ack"].data.error.eq(v.fatal),
                 wps["ack"].data.err_status.eq(Mux(v.fatal, v.err_status, 0)),
-                wps["ack"].data.err_psn.eq(Mux(v.fatal, v.a1_psn, 0)),
-                wps["acked"].addr.eq(v.a1_qpn), wps["acked"].en.eq(v.a_apply),
+                wps["ack"].data.err_psn.eq(Mux(v.fatal, v.a2_psn, 0)),
+                wps["acked"].addr.eq(v.a2_qpn), wps["acked"].en.eq(v.a_apply),
                 wps["acked"].data.eq(v.new_bitmap),
             ]
 
@@ -304,8 +360,8 @@ class AckProcessor(wiring.Component):
         # PSNs in flight before it and the PSNs sent since the last decrease, at most cwnd; an
         # unmarked ACK counts the PSNs it acknowledges cumulatively (at least one), every
         # cwnd/4 counted add one PSN (byte counting, at most CC_MAX_STEPS per ACK), up to MPR.
-        a_cc = reads.cc.data
-        cc_max = Cat(C(0, 7), reads.cfg.data.mpr)
+        a_cc = v.stored["cc"]
+        cc_max = Cat(C(0, 7), v.stored["cfg"].mpr)
         cc_flight = psn_sub(v.a_next, v.a_una)        # in flight when the marked ACK left
         cc_sent = psn_sub(v.a_next, a_cc.recover)   # sent since the last decrease
         cc_window = Mux(cc_sent > cc_flight, cc_sent, cc_flight)
@@ -313,8 +369,8 @@ class AckProcessor(wiring.Component):
         cc_step = cc_base >> CC_DECREASE_SHIFT
         cc_cut = (cc_base - Mux(cc_step == 0, 1, cc_step))[:CWND_BITS]
         # SETH m = SKIP_ONCE: the trigger arrived with CE (a probe answer carries no mark).
-        cc_marked = (v.a1_mark == P.SackMark.SKIP_ONCE) & ~v.a1_pr
-        cc_decrease = cc_marked & psn_ge(v.a1_psn, a_cc.recover)
+        cc_marked = (v.a2_mark == P.SackMark.SKIP_ONCE) & ~v.a2_pr
+        cc_decrease = cc_marked & psn_ge(v.a2_psn, a_cc.recover)
         cc_write = Signal.like(a_cc)
         m.d.comb += cc_write.eq(a_cc)
         with m.If(cc_decrease):
@@ -342,11 +398,11 @@ class AckProcessor(wiring.Component):
                          wps["cc"].data.cwnd.eq(Cat(C(0, 7), ctl.mpr)),
                          wps["cc"].data.recover.eq(ctl.psn)]
         with m.Else():
-            m.d.comb += [wps["cc"].addr.eq(v.a1_qpn), wps["cc"].en.eq(v.a_apply & v.is_ack),
+            m.d.comb += [wps["cc"].addr.eq(v.a2_qpn), wps["cc"].en.eq(v.a_apply & v.is_ack),
                          wps["cc"].data.eq(cc_write)]
 
     def _outputs(self, m, v):
-        """A1's triggers, queue items, feedback, SACK bits for inference and events."""
+        """A2's triggers, queue items, feedback, SACK bits for inference and events."""
         ctl = self.control
         reads = self.tables.read
         events = self.events
@@ -357,24 +413,24 @@ class AckProcessor(wiring.Component):
         # decides, so the two never push in the same cycle).
         trigger_bit = ~reads.trig_seen.data
         trigger_push = (((v.a_apply & (v.advance | v.fatal)) | v.x_apply)
-                        & (reads.trig_set.data == reads.trig_seen.data))
-        trigger_qpn = Mux(ctl.flush, ctl.qpn, v.a1_qpn)
+                        & (v.stored["trig_set"] == reads.trig_seen.data))
+        trigger_qpn = Mux(ctl.flush, ctl.qpn, v.a2_qpn)
         trigger_value = Mux(ctl.flush, ctl.flush_trigger_bit, trigger_bit)
         m.d.comb += [
             self.trigger.payload.qpn.eq(trigger_qpn), self.trigger.payload.bit.eq(trigger_value),
             self.trigger.valid.eq(trigger_push | ctl.flush_trigger),
             wps["trig_set"].addr.eq(trigger_qpn), wps["trig_set"].data.eq(trigger_value),
             wps["trig_set"].en.eq(trigger_push | ctl.flush_trigger),
-            self.trim.payload.qpn.eq(v.a1_qpn), self.trim.payload.psn.eq(v.a1_psn),
+            self.trim.payload.qpn.eq(v.a2_qpn), self.trim.payload.psn.eq(v.a2_psn),
             self.trim.valid.eq(v.trim_queued),
         ]
         m.d.comb += [
-            self.qp_error.payload.qpn.eq(v.a1_qpn),
+            self.qp_error.payload.qpn.eq(v.a2_qpn),
             self.qp_error.payload.status.eq(Mux(v.x_apply, P.CompletionStatus.RETRY_EXC_ERR,
                                                 v.err_status)),
             self.qp_error.valid.eq((v.a_apply & v.fatal) | v.x_apply),
             # The timer restarts from the time una last advanced.
-            wps["progress"].addr.eq(v.a1_qpn), wps["progress"].data.eq(self.now),
+            wps["progress"].addr.eq(v.a2_qpn), wps["progress"].data.eq(self.now),
             wps["progress"].en.eq(v.a_apply & v.advance),
         ]
         m.d.comb += events.retry_exceeded.eq(v.x_apply)
@@ -382,34 +438,34 @@ class AckProcessor(wiring.Component):
         # Feedback for the EV the named PSN went out on: SACK m NONE -> ACKED, SKIP_ONCE -> ECN,
         # ALWAYS_SKIP -> LOST (a bad path); NACK TRIMMED -> TRIMMED. A probe answer (pr = 1)
         # gives none, nor a PSN whose EV entry no longer holds it.
-        feedback_push = v.a_apply & v.psn_sent & ((v.is_ack & ~v.a1_pr) | v.trim)
+        feedback_push = v.a_apply & v.psn_sent & ((v.is_ack & ~v.a2_pr) | v.trim)
         fb_kind = Signal(P.FeedbackKind)
         with m.If(v.trim):
             m.d.comb += fb_kind.eq(P.FeedbackKind.TRIMMED)
-        with m.Elif(v.a1_mark == P.SackMark.SKIP_ONCE):
+        with m.Elif(v.a2_mark == P.SackMark.SKIP_ONCE):
             m.d.comb += fb_kind.eq(P.FeedbackKind.ECN)
-        with m.Elif(v.a1_mark == P.SackMark.ALWAYS_SKIP):
+        with m.Elif(v.a2_mark == P.SackMark.ALWAYS_SKIP):
             m.d.comb += fb_kind.eq(P.FeedbackKind.LOST)
         with m.Else():
             m.d.comb += fb_kind.eq(P.FeedbackKind.ACKED)
         m.d.comb += [
-            feedback_value.qpn.eq(v.a1_qpn), feedback_value.ev.eq(reads.ev.data),
+            feedback_value.qpn.eq(v.a2_qpn), feedback_value.ev.eq(v.stored["ev"]),
             feedback_value.kind.eq(fb_kind),
             self.feedback.valid.eq(feedback_push),
             events.feedback_dropped.eq(feedback_push & ~self.feedback.ready),
-            events.bad_acks.eq(v.a1_valid & ~v.a1_exceed & v.a_drop),
+            events.bad_acks.eq(v.a2_valid & ~v.a2_exceed & v.a_drop),
             events.acks.eq(v.a_apply & v.is_ack),
             events.duplicate_acks.eq(v.a_apply & v.is_ack & ~v.advance & ~v.new_bits),
         ]
         for nak_code, name in NAK_COUNTERS.items():
             m.d.comb += events[name].eq(v.a_apply & v.is_nak & (v.code == nak_code))
         for reason, name in NACK_COUNTERS.items():
-            m.d.comb += events[name].eq(v.a_apply & v.is_nack & (v.a1_reason == reason))
-        a_sack = v.a1_sack & v.sack_mask
+            m.d.comb += events[name].eq(v.a_apply & v.is_nack & (v.a2_reason == reason))
+        a_sack = v.a2_sack & v.sack_mask
         request = self.infer.payload
         m.d.comb += [
             self.infer.valid.eq(v.a_apply & ~v.fatal
                                 & ((ctl.infer_k != 0) | (ctl.reo_wnd != 0)) & (a_sack != 0)),
-            request.qpn.eq(v.a1_qpn), request.base.eq(v.a1_base), request.una.eq(v.new_una),
+            request.qpn.eq(v.a2_qpn), request.base.eq(v.a2_base), request.una.eq(v.new_una),
             request.next.eq(v.a_next), request.sack.eq(a_sack),
         ]

@@ -12,7 +12,8 @@ from ..config import NicConfig
 from .req_defs import ACKREQ_EVERY_BITS, INFER_K_BITS, REO_WND_BITS
 
 __all__ = [
-    "PSN", "WIMM_BITS", "log2", "psn_sub", "psn_ge", "psn_gt", "clamp", "ones", "rotate_left",
+    "PSN", "WIMM_BITS", "log2", "psn_sub", "psn_ge", "psn_gt", "clamp", "ones",
+    "circular_ones", "rotate_left",
     "popcount", "kth_highest", "data_opcode", "ControlSignature", "events_layout",
     "check_config", "check_depth",
 ]
@@ -49,8 +50,17 @@ def clamp(distance, limit):
 
 
 def ones(count, width):
-    """``count`` low bits set, ``count`` from 0 to ``width``."""
-    return ((Const(1, 1) << count) - 1)[:width]
+    """``count`` low bits set, ``count`` from 0 to ``width``. One compare per bit, side by
+    side: no shifter and no borrow chain across ``width`` bits."""
+    return Cat(*(count > i for i in range(width)))
+
+
+def circular_ones(start, count, width):
+    """``count`` bits set from bit ``start`` up, wrapping at ``width`` (a power of two);
+    ``count`` from 0 to ``width``. As ``rotate_left(ones(count, width), start, width)``, with
+    one compare per bit instead of a shifter."""
+    bits = (width - 1).bit_length()
+    return Cat(*((C(i, bits) - start)[:bits] < count for i in range(width)))
 
 
 def rotate_left(value, amount, width):

@@ -47,7 +47,7 @@ class RequesterControl(wiring.Component):
     control : ``Out(ControlSignature(config))``
         To every engine.
     busy : ``In(1)``
-        An engine that writes QP tables is not idle (ACK processing's A1, the completion
+        An engine that writes QP tables is not idle (ACK processing's A1 and A2, the completion
         engine, the inference unit, the timer scanner's V1).
     resends_pending : ``In(1)``
         Resends are queued or under way (trim and walk queues, walker, retransmitter).
@@ -122,7 +122,7 @@ class RequesterControl(wiring.Component):
                         | (ctl_req.retry_exp > P.RETRY_EXPONENTIAL_MAX))
         c_outstanding = (c_sq.tail - c_cq.head)[:sb + 1]
         # A QP_WRITE first lets every send request already decided leave: the TRIM and walk
-        # queues, the walker and R1/R2 run dry (nothing refills them while the engines are
+        # queues, the walker and R1-R3 run dry (nothing refills them while the engines are
         # held and `retx` waits) and the `send` register holds no packet of the QP. Nothing
         # decided under the QP's old state leaves `send` after the response, neither after an
         # ERROR nor after a re-initialisation with a new PSN.

@@ -49,7 +49,7 @@ class WrIntake(wiring.Component):
 
     Hazards: the QP the segmenter works on (or last worked on) has not written its final
     next PSN yet: the intake keeps the end PSN of the last WR it handed over and takes it
-    from there (the only forwarding in the requester; a QP_WRITE of that QP clears it).
+    from there (a QP_WRITE of that QP clears it).
     Every other table read is transparent. Nothing is taken or accepted while the control
     holds; a QP_WRITE resets ``sq`` (``control.write``).
 

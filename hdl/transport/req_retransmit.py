@@ -108,7 +108,8 @@ class Retransmitter(wiring.Component):
     resending (a TIMEOUT walk skips PSNs after its first sent less than the base timeout ago;
     an INFER or REORDER walk skips PSNs already resent), gives LOST feedback where due, and
     reads the WR slot; R2 rebuilds the packet (offset, length, opcode from the slot and the
-    PSN's index in the WR) and offers it to the send register. One PSN per cycle; 3 cycles
+    PSN's index in the WR) into R3, the output register, which offers it to the send
+    register (no logic between the slot's block RAM and ``o``). One PSN per cycle; 4 cycles
     from R0 to ``o``. A PSN that fails the check is dropped (``retx_ignored`` for a request,
     ``walk_skipped`` for a walk).
 
@@ -131,7 +132,7 @@ class Retransmitter(wiring.Component):
     o : ``Out(stream.Signature(send_item_layout(config)))``
         Rebuilt packets (``walk`` set for a walker's), for the send register.
     busy : ``Out(1)``
-        R1 or R2 holds a PSN.
+        R1, R2 or R3 holds a PSN.
     events : ``Out(events_layout(EVENTS))``
         The counters of :attr:`COUNTERS` and ``lost_dropped`` (LOST feedback dropped, a
         part of ``feedback_dropped``).
@@ -183,11 +184,16 @@ class Retransmitter(wiring.Component):
         r2_slot = Signal(sb)
         r2_ev = Signal(cfg.ev_index_bits)
         r2_walk = Signal()
-        r2_emit = self.o.valid & self.o.ready
+        r3_valid = Signal()
+        r3_item = Signal(send_item_layout(cfg))
+        # R2's packet moves to R3 (the output register) when R3 is empty or leaving.
+        r2_emit = Signal()
+        m.d.comb += r2_emit.eq(r2_valid & (~r3_valid | self.o.ready))
         r1_advance = Signal()
         r0_take = Signal()
         r2_load = Signal()
-        m.d.comb += [r0_take.eq(~r1_valid | r1_advance), self.busy.eq(r1_valid | r2_valid)]
+        m.d.comb += [r0_take.eq(~r1_valid | r1_advance),
+                     self.busy.eq(r1_valid | r2_valid | r3_valid)]
 
         # R0: take a PSN, read its QP and metadata.
         from_trim = trim.valid
@@ -272,7 +278,8 @@ class Retransmitter(wiring.Component):
         with m.Elif(r2_emit):
             m.d.sync += r2_valid.eq(0)
 
-        # R2: rebuild the packet from the WR slot.
+        # R2: rebuild the packet from the WR slot (the slot's data comes straight from the
+        # block RAM) into R3, the output register.
         slot = wr_send_port.data
         r2_index = psn_sub(r2_psn, slot.first)
         r2_offset = Signal(PSN + mtu_bits)
@@ -281,10 +288,9 @@ class Retransmitter(wiring.Component):
         r2_last = r2_remaining <= cfg.mtu
         r2_dma_len = Mux(r2_last, r2_remaining, cfg.mtu)
         r2_imm = slot.is_imm & r2_last
-        item = self.o.payload
+        item = Signal(send_item_layout(cfg))
         request, ctx = item.request, item.request.context
         m.d.comb += [
-            self.o.valid.eq(r2_valid),
             item.slot.eq(r2_slot), item.walk.eq(r2_walk),
             request.qpn.eq(r2_qpn), request.avoid_ev_valid.eq(1), request.avoid_ev.eq(r2_ev),
             request.probe.eq(0), request.ev.eq(0),
@@ -294,4 +300,9 @@ class Retransmitter(wiring.Component):
             ctx.local_addr.eq(slot.local + r2_offset), ctx.retransmission.eq(1),
             ctx.msn.eq(slot.msn), ctx.rqmsn.eq(slot.rqmsn),
         ]
+        with m.If(r2_emit):
+            m.d.sync += [r3_valid.eq(1), r3_item.eq(item)]
+        with m.Elif(self.o.ready):
+            m.d.sync += r3_valid.eq(0)
+        m.d.comb += [self.o.valid.eq(r3_valid), self.o.payload.eq(r3_item)]
         return m

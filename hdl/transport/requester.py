@@ -16,11 +16,11 @@ of its own, with its latency, throughput and hazards in its docstring:
   cycle, each checked against the window (``next_psn - una < mpr * 128``);
 * **walker** (:class:`~.req_retransmit.Walker`) turns PSN ranges (timeout and inferred
   losses) into single PSNs for the retransmitter;
-* **retransmitter** (:class:`~.req_retransmit.Retransmitter`, R0-R2) rebuilds a PSN's packet
+* **retransmitter** (:class:`~.req_retransmit.Retransmitter`, R0-R3) rebuilds a PSN's packet
   from its metadata and WR slot;
 * **send register** (:class:`~.req_send.SendRegister`) registers ``send``, resends first,
   and writes each PSN's metadata;
-* **ACK processing** (:class:`~.req_ack.AckProcessor`, A0-A1) applies one MRC 1.0 SACK, NACK
+* **ACK processing** (:class:`~.req_ack.AckProcessor`, A0-A2) applies one MRC 1.0 SACK, NACK
   or AETH NAK per cycle: cumulative advance, SACK bitmap merge (any ``sack_psn_offset``)
   into the acked bitmap, feedback for the EV the named PSN went out on, NACK TRIMMED ->
   trim queue, fatal NAK -> QP ERROR;
@@ -34,9 +34,10 @@ of its own, with its latency, throughput and hazards in its docstring:
   retransmitter's feedback into ``feedback``.
 
 Every read port is transparent for its table's write port, so a read sees every write of the
-same cycle and earlier: back-to-back operations on one QP need no other forwarding, except
-the intake's next PSN for the QP the segmenter works on (a register: the WR being segmented
-has not written it yet).
+same cycle and earlier. Two engines forward what a read cannot see yet: ACK processing, which
+decides an ACK a cycle after its tables' data is registered, takes the write-back of the ACK
+ahead from its write ports; the intake keeps the next PSN of the QP the segmenter works on (a
+register: the WR being segmented has not written it yet).
 """
 
 
@@ -86,8 +87,8 @@ class Requester(wiring.Component):
     on one QP.
 
     Latencies: a WR's first send request leaves 3 cycles after the WR is taken (intake, then
-    the segmenter, then the output register); an ACK updates the QP 1 cycle after it is
-    taken; a retransmit request leaves 3 cycles after it is taken; a completion leaves a few
+    the segmenter, then the output register); an ACK updates the QP 2 cycles after it is
+    taken; a retransmit request leaves 4 cycles after it is taken; a completion leaves a few
     cycles after the ACK that allows it (3 cycles per QP the completion engine visits), then
     one per cycle for the same QP.
 

@@ -669,3 +669,44 @@ def test_qp_write_waits_until_no_packet_of_the_qp_is_left_in_the_send_register()
         bench.check_counters(ctx)
 
     bench.run(testbench)
+
+
+def test_back_to_back_acks_of_one_qp_see_each_others_writes():
+    """ACK processing decides an ACK two cycles after the tables were read for it: the ACK
+    right behind one of the same QP takes that one's una, SACK bitmap, ECN window and trigger
+    bit from its write-back (forwarded), not from the tables. A SACK, a TRIM of a PSN it just
+    SACKed (ignored) and a TRIM of a PSN still missing (resent) on consecutive cycles; then a
+    SACK moving una on and a duplicate (counted as one) on consecutive cycles."""
+    bench = Bench(bubbles=0.0, backpressure=0.0, seed=61)
+    acks = CycleLog(bench.dut.rx)
+    bench.sim.add_process(acks.process)
+
+    async def testbench(ctx):
+        await bench.control(ctx, RequesterCommand.QP_WRITE, qpn=3, state=P.QpState.RTS,
+                            psn=10, mpr=1, max_wimm=1)
+        bench.post([{"qpn": 3, "opcode": W.RDMA_WRITE, "wr_id": 1, "length": 8 * 256}])
+        await bench.settle_sends(ctx)
+        await bench.report_evs(ctx)
+        await bench.receive(ctx, [
+            ack_header(3, 10, sack=0b110, ce=True),     # una 11; 12 and 13 SACKed
+            nack_header(3, 12),                         # SACKed just before: not resent
+            nack_header(3, 11),                         # still missing: resent
+        ])
+        await bench.settle_sends(ctx)
+        resent = [const_to_dict(p) for p in bench.send.items[8:]]
+        assert [p["context"]["psn"] for p in resent] == [11]
+        await bench.receive(ctx, [
+            ack_header(3, 13, sack=0b1),                # una 14; 15 SACKed
+            ack_header(3, 13),                          # a duplicate
+        ])
+        assert acks.cycles[:3] == list(range(acks.cycles[0], acks.cycles[0] + 3))
+        assert acks.cycles[3:] == list(range(acks.cycles[3], acks.cycles[3] + 2))
+        assert bench.model.counters["duplicate_acks"] == 1
+        bench.check_counters(ctx)
+        await bench.control(ctx, RequesterCommand.QP_READ, qpn=3, page=3)
+        await bench.receive(ctx, [ack_header(3, 17)])
+        bench.check_completions()
+        bench.check_feedback(ctx)
+        bench.check_counters(ctx)
+
+    bench.run(testbench)
