@@ -33,8 +33,7 @@ from sim.scenario import PROBE_INTERVAL_US, Scenario, nic_config_for
 from sim.workload import make_work as shared_make_work
 
 from .nic import ModelNic
-from .nscc import setting_for
-from .pair import PD, PSN_BASE, SRC_BASE
+from .pair import PD, PSN_BASE, SRC_BASE, configure_engines
 
 __all__ = ["run_nics", "nic_names", "nic_mac", "flows_of", "fabric_config_multi", "peers_of",
            "make_work", "nic_plan", "expected_completions", "memory_mismatches"]
@@ -178,7 +177,6 @@ def bring_up(scn, config, work, peers):
     by :func:`nic_plan`."""
     spec = default_profile_spec()
     names = nic_names(scn.nics)
-    extra = scn.extra
     plan = nic_plan(scn, config, work, peers)
     nics = {}
     for index in range(scn.nics):
@@ -190,17 +188,7 @@ def bring_up(scn, config, work, peers):
         nic.memory.add(*own["source"])
         for wr in work[index]:
             nic.memory.write(wr["local_addr"], wr["data"])
-        nic.configure_requester(infer_k=scn.infer_k, cc=bool(scn.cc), reo_wnd=scn.reo_wnd,
-                                cc_algorithm=scn.cc_algorithm,
-                                nscc=setting_for(scn, config))
-        nic.set_port_watch(scn.port_wnd, scn.port_quiet)
-        nic.configure_acks(ack_every=scn.ack_every, ack_delay=scn.ack_delay,
-                           nak_interval=extra.get("nak_interval", 1024),
-                           coalesce_gaps=bool(scn.coalesce_gaps), gap_depth=scn.gap_depth)
-        nic.ev_profile_online(0, spec.profile, num_evs=scn.evs,
-                              min_active=extra.get("min_active", min(2, scn.evs)),
-                              fate=bool(scn.fate),
-                              mode=P.EvMode.AUTO if scn.baseline == "ecmp" else None)
+        configure_engines(nic, scn, config, spec)
     for index, nic in nics.items():
         for connection in plan[index]["connections"]:
             connection = dict(connection)

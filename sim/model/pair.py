@@ -183,11 +183,26 @@ def make_work(scn):
             if side == "a" or scn.both_ways else [] for side in SIDES}
 
 
+def configure_engines(nic, scn, config, spec):
+    """Give ``nic`` the scenario's requester, port watch, acknowledgement and EV profile
+    settings (every NIC of a run, pair or group, as the RTL benches configure theirs)."""
+    extra = scn.extra
+    nic.configure_requester(infer_k=scn.infer_k, cc=bool(scn.cc), reo_wnd=scn.reo_wnd,
+                            cc_algorithm=scn.cc_algorithm, nscc=setting_for(scn, config))
+    nic.set_port_watch(scn.port_wnd, scn.port_quiet)
+    nic.configure_acks(ack_every=scn.ack_every, ack_delay=scn.ack_delay,
+                       nak_interval=extra.get("nak_interval", 1024),
+                       coalesce_gaps=bool(scn.coalesce_gaps), gap_depth=scn.gap_depth)
+    nic.ev_profile_online(0, spec.profile, num_evs=scn.evs,
+                          min_active=extra.get("min_active", min(2, scn.evs)),
+                          fate=bool(scn.fate),
+                          mode=P.EvMode.AUTO if scn.baseline == "ecmp" else None)
+
+
 def bring_up(scn, config, work):
     """Two :class:`ModelNic` configured for ``scn`` as the RTL bench configures its NICs."""
     spec = default_profile_spec()
     nics = {side: ModelNic(config, name=side) for side in SIDES}
-    extra = scn.extra
     for side, nic in nics.items():
         peer = peer_of(side)
         received = sum(wr["length"] for wr in work[peer])
@@ -199,17 +214,7 @@ def bring_up(scn, config, work):
         nic.memory.add(SRC_BASE, max(1, sent))
         for wr in work[side]:
             nic.memory.write(wr["local_addr"], wr["data"])
-        nic.configure_requester(infer_k=scn.infer_k, cc=bool(scn.cc), reo_wnd=scn.reo_wnd,
-                                cc_algorithm=scn.cc_algorithm,
-                                nscc=setting_for(scn, config))
-        nic.set_port_watch(scn.port_wnd, scn.port_quiet)
-        nic.configure_acks(ack_every=scn.ack_every, ack_delay=scn.ack_delay,
-                           nak_interval=extra.get("nak_interval", 1024),
-                           coalesce_gaps=bool(scn.coalesce_gaps), gap_depth=scn.gap_depth)
-        nic.ev_profile_online(0, spec.profile, num_evs=scn.evs,
-                              min_active=extra.get("min_active", min(2, scn.evs)),
-                              fate=bool(scn.fate),
-                              mode=P.EvMode.AUTO if scn.baseline == "ecmp" else None)
+        configure_engines(nic, scn, config, spec)
         for qpn in range(scn.qps):
             nic.connect_qp(qpn, ev_profile=0, ev_offset=qpn, remote_qpn=qpn,
                            remote_mac=mac_int(ENDPOINTS[peer].mac),
