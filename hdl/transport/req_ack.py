@@ -4,7 +4,7 @@ from functools import partial
 from types import SimpleNamespace
 
 from amaranth import *
-from amaranth.lib import stream, wiring
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .. import protocol as P
@@ -16,6 +16,7 @@ from .req_common import (
     ControlSignature,
     check_config,
     check_depth,
+    check_observe,
     circular_ones,
     clamp,
     events_layout,
@@ -42,7 +43,16 @@ from .req_infer import infer_request_layout
 from .req_retransmit import trim_layout
 from .req_tables import table_access_signature
 
-__all__ = ["AckProcessor"]
+__all__ = ["ack_observation_layout", "AckProcessor"]
+
+
+def ack_observation_layout(config):
+    """What ``AckProcessor(observe=True)`` shows on ``obs``: the items in A1 and A2 (QP,
+    retries exhausted rather than a packet) and the entries A2 decides on: the ``ack`` entry
+    (forwarded) and the next PSN read in A0."""
+    qb = config.qpn_bits
+    return data.StructLayout({"a1_valid": 1, "a1_qpn": qb, "a2_valid": 1, "a2_exceed": 1,
+                              "a2_qpn": qb, "a2_una": PSN, "a2_error": 1, "a2_next": PSN})
 
 
 class AckProcessor(wiring.Component):
@@ -105,17 +115,21 @@ class AckProcessor(wiring.Component):
         A1 or A2 holds a packet.
     events : ``Out(events_layout(COUNTERS))``
         ``feedback_dropped`` counts this engine's part of that counter.
+    obs : ``Out(ack_observation_layout(config))``
+        Only with ``observe=True`` (the formal proofs); nothing else changes.
     """
 
     COUNTERS = ("acks", "duplicate_acks", "bad_acks", "retry_exceeded", "feedback_dropped",
                 *NAK_COUNTERS.values(), *NACK_COUNTERS.values())
 
-    def __init__(self, *, config, trim_depth, qp_error_depth):
+    def __init__(self, *, config, trim_depth, qp_error_depth, observe=False):
         with validating(self):
             check_config(config)
             check_depth("Trim queue depth", trim_depth)
             check_depth("QP error queue depth", qp_error_depth)
+            check_observe(observe)
         self._config = config
+        self._observe = observe
         self._trim_depth = trim_depth
         self._qp_error_depth = qp_error_depth
         super().__init__({
@@ -133,6 +147,7 @@ class AckProcessor(wiring.Component):
             "infer": Out(stream.Signature(infer_request_layout(config), always_ready=True)),
             "busy": Out(1),
             "events": Out(events_layout(self.COUNTERS)),
+            **({"obs": Out(ack_observation_layout(config))} if observe else {}),
         })
 
     def elaborate(self, platform):
@@ -316,6 +331,12 @@ class AckProcessor(wiring.Component):
                                if name not in ("self", "platform", "m")})
         self._write_tables(m, v)
         self._outputs(m, v)
+        if self._observe:
+            obs = self.obs
+            m.d.comb += [obs.a1_valid.eq(a1_valid), obs.a1_qpn.eq(a1_qpn),
+                         obs.a2_valid.eq(a2_valid), obs.a2_exceed.eq(a2_exceed),
+                         obs.a2_qpn.eq(a2_qpn), obs.a2_una.eq(a_una),
+                         obs.a2_error.eq(a_ack.error), obs.a2_next.eq(a_next)]
         return m
 
     def _write_tables(self, m, v):

@@ -15,7 +15,7 @@ __all__ = [
     "PSN", "WIMM_BITS", "log2", "psn_sub", "psn_ge", "psn_gt", "clamp", "ones",
     "circular_ones", "rotate_left",
     "popcount", "kth_highest", "data_opcode", "ControlSignature", "events_layout",
-    "check_config", "check_depth",
+    "check_config", "check_depth", "check_observe",
 ]
 
 PSN = P.PSN_BITS
@@ -149,3 +149,9 @@ def check_depth(name, depth):
     """A queue depth parameter: an integer of at least 2."""
     if not isinstance(depth, int) or depth < 2:
         raise ValueError(f"{name} must be an integer of at least 2, not {depth!r}")
+
+
+def check_observe(observe):
+    """An engine's ``observe`` parameter: a bool (observation ports for the formal proofs)."""
+    if not isinstance(observe, bool):
+        raise TypeError(f"Observe must be a bool, not {observe!r}")

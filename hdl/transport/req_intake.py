@@ -13,6 +13,7 @@ from .req_common import (
     WIMM_BITS,
     ControlSignature,
     check_config,
+    check_observe,
     data_opcode,
     events_layout,
     log2,
@@ -23,7 +24,8 @@ from .req_send import send_item_layout
 from .req_tables import table_access_signature
 from .req_timer import arm_layout
 
-__all__ = ["segment_job_layout", "WrIntake", "Segmenter"]
+__all__ = ["segment_job_layout", "intake_observation_layout", "segmenter_observation_layout",
+           "WrIntake", "Segmenter"]
 
 
 def segment_job_layout(config):
@@ -34,6 +36,20 @@ def segment_job_layout(config):
         "va": 64, "local": 64, "rkey": 32, "imm": 32, "is_imm": 1, "msn": MSN_BITS,
         "rqmsn": MSN_BITS, "mpr": 4, "una": PSN,
     })
+
+
+def intake_observation_layout(config):
+    """What ``WrIntake(observe=True)`` shows on ``obs``: its forwarding register (the QP and
+    end PSN of the WR last handed to the segmenter)."""
+    return data.StructLayout({"fwd_valid": 1, "fwd_qpn": config.qpn_bits, "fwd_end": PSN})
+
+
+def segmenter_observation_layout(config):
+    """What ``Segmenter(observe=True)`` shows on ``obs``: the WR it holds (QP, next PSN, bytes
+    left, the MPR it came with), the una its window check uses this cycle, whether that is
+    the ``ack`` table's (``fresh``) and whether a packet is taken (``emit``)."""
+    return data.StructLayout({"active": 1, "qpn": config.qpn_bits, "psn": PSN,
+                              "remaining": 32, "mpr": 4, "una": PSN, "fresh": 1, "emit": 1})
 
 
 class WrIntake(wiring.Component):
@@ -63,14 +79,18 @@ class WrIntake(wiring.Component):
     wr_trigger : ``Out(stream.Signature(config.qpn_bits))``
         The QP of a refused WR, for the completion engine.
     events : ``Out(events_layout(COUNTERS))``
+    obs : ``Out(intake_observation_layout(config))``
+        Only with ``observe=True`` (the formal proofs); nothing else changes.
     """
 
     COUNTERS = ("wrs", "wr_refused")
 
-    def __init__(self, *, config):
+    def __init__(self, *, config, observe=False):
         with validating(self):
             check_config(config)
+            check_observe(observe)
         self._config = config
+        self._observe = observe
         super().__init__({
             "tables": In(table_access_signature(config, "intake")),
             "control": In(ControlSignature(config)),
@@ -78,6 +98,7 @@ class WrIntake(wiring.Component):
             "o": Out(stream.Signature(segment_job_layout(config))),
             "wr_trigger": Out(stream.Signature(config.qpn_bits)),
             "events": Out(events_layout(self.COUNTERS)),
+            **({"obs": Out(intake_observation_layout(config))} if observe else {}),
         })
 
     def elaborate(self, platform):
@@ -188,6 +209,9 @@ class WrIntake(wiring.Component):
             m.d.sync += [fwd_valid.eq(1), fwd_qpn.eq(s1.qpn), fwd_end.eq(s1_end)]
         with m.If(ctl.write & (fwd_qpn == ctl.qpn)):
             m.d.sync += fwd_valid.eq(0)
+        if self._observe:
+            m.d.comb += [self.obs.fwd_valid.eq(fwd_valid), self.obs.fwd_qpn.eq(fwd_qpn),
+                         self.obs.fwd_end.eq(fwd_end)]
         return m
 
 
@@ -218,14 +242,18 @@ class Segmenter(wiring.Component):
         New packets, to the send register.
     arm : ``Out(stream.Signature(arm_layout(config)))``
     events : ``Out(events_layout(COUNTERS))``
+    obs : ``Out(segmenter_observation_layout(config))``
+        Only with ``observe=True`` (the formal proofs); nothing else changes.
     """
 
     COUNTERS = ("arm_dropped",)
 
-    def __init__(self, *, config):
+    def __init__(self, *, config, observe=False):
         with validating(self):
             check_config(config)
+            check_observe(observe)
         self._config = config
+        self._observe = observe
         super().__init__({
             "tables": In(table_access_signature(config, "segmenter")),
             "control": In(ControlSignature(config)),
@@ -234,6 +262,7 @@ class Segmenter(wiring.Component):
             "o": Out(stream.Signature(send_item_layout(config))),
             "arm": Out(stream.Signature(arm_layout(config))),
             "events": Out(events_layout(self.COUNTERS)),
+            **({"obs": Out(segmenter_observation_layout(config))} if observe else {}),
         })
 
     def elaborate(self, platform):
@@ -335,4 +364,9 @@ class Segmenter(wiring.Component):
             ctx.local_addr.eq(s2_local), ctx.retransmission.eq(0),
             ctx.msn.eq(s2_msn), ctx.rqmsn.eq(s2_rqmsn),
         ]
+        if self._observe:
+            obs = self.obs
+            m.d.comb += [obs.active.eq(s2_active), obs.qpn.eq(s2_qpn), obs.psn.eq(s2_psn),
+                         obs.remaining.eq(s2_remaining), obs.mpr.eq(s2_mpr),
+                         obs.una.eq(s2_una_now), obs.fresh.eq(s2_fresh), obs.emit.eq(s2_emit)]
         return m

@@ -12,12 +12,12 @@ from amaranth import *
 from amaranth.hdl import unsigned
 from amaranth.lib import data, wiring
 from amaranth.lib.memory import Memory, ReadPort, WritePort
-from amaranth.lib.wiring import Out
+from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
 from .. import protocol as P
 from ..util import validating
-from .req_common import PSN, WIMM_BITS, check_config, log2
+from .req_common import PSN, WIMM_BITS, check_config, check_observe, log2
 from .req_defs import (
     CWND_BITS,
     MSN_BITS,
@@ -28,7 +28,7 @@ from .req_defs import (
 )
 
 __all__ = ["requester_tables", "block_ram_bits", "TABLE_ACCESS", "table_access_signature",
-           "RequesterTables"]
+           "OBSERVED_TABLES", "observed_row_layout", "RequesterTables"]
 
 
 def requester_tables(config):
@@ -111,6 +111,17 @@ TABLE_ACCESS = {
 }
 
 
+#: The per-QP tables ``RequesterTables(observe=True)`` reads at ``obs_qpn``.
+OBSERVED_TABLES = ("cfg", "next_psn", "ack")
+
+
+def observed_row_layout(config):
+    """A QP's entries of :data:`OBSERVED_TABLES`, as ``RequesterTables(observe=True)`` shows
+    them on ``obs``."""
+    tables = requester_tables(config)
+    return data.StructLayout({name: tables[name][0] for name in OBSERVED_TABLES})
+
+
 def _addr_width(depth):
     return ceil_log2(depth)          # as Memory's own ports
 
@@ -149,6 +160,10 @@ class RequesterTables(wiring.Component):
     Parameters
     ----------
     config : NicConfig
+    observe : bool
+        Add ``obs_qpn`` and ``obs`` (off by default): an asynchronous read of the QP's
+        entries of :data:`OBSERVED_TABLES`, for the formal proofs. A read port more on each
+        of those tables, in that build only; nothing else changes.
 
     Members
     -------
@@ -156,14 +171,23 @@ class RequesterTables(wiring.Component):
         One port per engine named in :data:`TABLE_ACCESS` (``control``, ``intake``,
         ``segmenter``, ``retransmitter``, ``send``, ``ev_reports``, ``ack``, ``inference``,
         ``scanner``, ``completion``), with the read and write ports it gives that engine.
+    obs_qpn : ``In(config.qpn_bits)`` (``observe`` only)
+    obs : ``Out(observed_row_layout(config))`` (``observe`` only)
+        The entries of QP ``obs_qpn`` in this cycle (the writes of this cycle not yet in).
     """
 
-    def __init__(self, *, config):
+    def __init__(self, *, config, observe=False):
         with validating(self):
             check_config(config)
+            check_observe(observe)
         self._config = config
-        super().__init__({engine: Out(table_access_signature(config, engine))
-                          for engine in TABLE_ACCESS})
+        self._observe = observe
+        members = {engine: Out(table_access_signature(config, engine))
+                   for engine in TABLE_ACCESS}
+        if observe:
+            members["obs_qpn"] = In(config.qpn_bits)
+            members["obs"] = Out(observed_row_layout(config))
+        super().__init__(members)
 
     @property
     def config(self):
@@ -187,4 +211,8 @@ class RequesterTables(wiring.Component):
                 outer = getattr(access.read, name)
                 m.d.comb += [port.addr.eq(outer.addr), port.en.eq(outer.en),
                              outer.data.eq(port.data)]
+        if self._observe:
+            for name in OBSERVED_TABLES:
+                port = memories[name].read_port(domain="comb")
+                m.d.comb += [port.addr.eq(self.obs_qpn), self.obs[name].eq(port.data)]
         return m

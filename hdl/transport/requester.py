@@ -56,8 +56,8 @@ from ..interfaces import (
 )
 from ..packet.headers import packet_beat_layout
 from ..util import validating
-from .req_ack import AckProcessor
-from .req_common import log2
+from .req_ack import AckProcessor, ack_observation_layout
+from .req_common import PSN, check_observe, log2
 from .req_completion import CompletionEngine
 from .req_control import RequesterControl
 from .req_defs import (
@@ -72,14 +72,39 @@ from .req_defs import (
     walk_layout,
 )
 from .req_infer import InferenceUnit
-from .req_intake import Segmenter, WrIntake
+from .req_intake import (
+    Segmenter,
+    WrIntake,
+    intake_observation_layout,
+    segmenter_observation_layout,
+)
 from .req_retransmit import Retransmitter, Walker
 from .req_send import FeedbackMerge, SendRegister
-from .req_tables import RequesterTables, block_ram_bits, requester_tables
+from .req_tables import (
+    RequesterTables,
+    block_ram_bits,
+    observed_row_layout,
+    requester_tables,
+)
 from .req_timer import TimerScanner, retry_expiry_gateware
 
 __all__ = ["Requester", "send_context_layout", "requester_tables", "block_ram_bits",
-           "retry_expiry_gateware"]
+           "retry_expiry_gateware", "requester_observation_layout"]
+
+
+def requester_observation_layout(config):
+    """What ``Requester(observe=True)`` shows on ``obs`` (for the formal proofs): the QP's
+    ``cfg``, ``next_psn`` and ``ack`` entries (``row``), the control's QP reset (``control``),
+    and the in-flight state that can change those entries or decide on them: the intake's
+    forwarding register, the segmenter's WR and window check, ACK processing's A1 and A2."""
+    return data.StructLayout({
+        "row": observed_row_layout(config),
+        "control": data.StructLayout({"hold": 1, "write": 1, "qpn": config.qpn_bits,
+                                      "psn": PSN, "mpr": 4}),
+        "intake": intake_observation_layout(config),
+        "segmenter": segmenter_observation_layout(config),
+        "ack": ack_observation_layout(config),
+    })
 
 
 class Requester(wiring.Component):
@@ -112,6 +137,12 @@ class Requester(wiring.Component):
     Parameters
     ----------
     config : NicConfig
+    observe : bool
+        Add the observation ports ``obs_qpn`` and ``obs`` (off by default): an asynchronous
+        read of the ``cfg``, ``next_psn`` and ``ack`` entries of QP ``obs_qpn`` and the
+        registers of the intake, the segmenter and ACK processing that the formal proof by
+        induction states its invariants on (``hdl/formal/requester_invariants.py``). Nothing
+        else changes.
 
     Members
     -------
@@ -147,6 +178,8 @@ class Requester(wiring.Component):
         The time in 1.024 us units (:attr:`Timebase.units <hdl.timebase.Timebase.units>`):
         the retransmit timers and the per-PSN send time.
     counters : ``Out(data.StructLayout({name: 32 for name in REQUESTER_COUNTERS}))``
+    obs_qpn : ``In(config.qpn_bits)`` (``observe`` only)
+    obs : ``Out(requester_observation_layout(config))`` (``observe`` only)
     """
 
     TRIM_QUEUE_DEPTH = 16
@@ -157,11 +190,13 @@ class Requester(wiring.Component):
     EXCEED_DEPTH = 4        #: scanner -> ACK processing: retries exhausted
     LOST_DEPTH = 4          #: walker -> feedback merge
 
-    def __init__(self, *, config):
+    def __init__(self, *, config, observe=False):
         with validating(self):
             if not isinstance(config, NicConfig):
                 raise TypeError(f"Configuration must be a NicConfig, not {config!r}")
+            check_observe(observe)
         self._config = config
+        self._observe = observe
         super().__init__({
             "wr": In(stream.Signature(work_request_layout(config))),
             "send": Out(stream.Signature(path_request_layout(
@@ -177,6 +212,8 @@ class Requester(wiring.Component):
             "now_ns": In(32),
             "now_units": In(32),
             "counters": Out(data.StructLayout({name: 32 for name in REQUESTER_COUNTERS})),
+            **({"obs_qpn": In(config.qpn_bits),
+                "obs": Out(requester_observation_layout(config))} if observe else {}),
         })
 
     @property
@@ -190,15 +227,17 @@ class Requester(wiring.Component):
         wb = log2(bitmap_psns(cfg))
         now = self.now_units
 
-        m.submodules.tables = tables = RequesterTables(config=cfg)
+        observe = self._observe
+        m.submodules.tables = tables = RequesterTables(config=cfg, observe=observe)
         m.submodules.control = control = RequesterControl(config=cfg)
-        m.submodules.intake = intake = WrIntake(config=cfg)
-        m.submodules.segmenter = segmenter = Segmenter(config=cfg)
+        m.submodules.intake = intake = WrIntake(config=cfg, observe=observe)
+        m.submodules.segmenter = segmenter = Segmenter(config=cfg, observe=observe)
         m.submodules.walker = walker = Walker(config=cfg)
         m.submodules.retransmitter = retransmitter = Retransmitter(config=cfg)
         m.submodules.sender = sender = SendRegister(config=cfg)
         m.submodules.ack = ack = AckProcessor(config=cfg, trim_depth=self.TRIM_QUEUE_DEPTH,
-                                              qp_error_depth=self.QP_ERROR_DEPTH)
+                                              qp_error_depth=self.QP_ERROR_DEPTH,
+                                              observe=observe)
         m.submodules.inference = inference = InferenceUnit(config=cfg)
         m.submodules.scanner = scanner = TimerScanner(config=cfg)
         m.submodules.completion = completion = CompletionEngine(config=cfg)
@@ -318,4 +357,14 @@ class Requester(wiring.Component):
             counter = Signal(32, name=f"count_{name}")
             m.d.comb += self.counters[name].eq(counter)
             m.d.sync += counter.eq(counter + sum(events[name]))
+
+        if observe:
+            obs, ctl = self.obs, control.control
+            m.d.comb += [
+                tables.obs_qpn.eq(self.obs_qpn), obs.row.eq(tables.obs),
+                obs.control.hold.eq(ctl.hold), obs.control.write.eq(ctl.write),
+                obs.control.qpn.eq(ctl.qpn), obs.control.psn.eq(ctl.psn),
+                obs.control.mpr.eq(ctl.mpr),
+                obs.intake.eq(intake.obs), obs.segmenter.eq(segmenter.obs), obs.ack.eq(ack.obs),
+            ]
         return m
