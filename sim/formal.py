@@ -299,6 +299,12 @@ def _requester(check):
     return RequesterProperties(config=formal_config(), check=check)
 
 
+def _requester_invariants(check):
+    from hdl.formal.requester_invariants import RequesterInvariants
+    from hdl.formal.requester_props import formal_config
+    return RequesterInvariants(config=formal_config(), check=check)
+
+
 def _counter(check):
     from hdl.formal.examples import SerialCounter
     return SerialCounter(backwards_bug=(check == "buggy"))
@@ -344,6 +350,10 @@ PROOFS = {
                                      300, 6, 300, expected="FAIL"),
     "requester_window": Proof(_requester, "window", "bmc", 7, 300, 10, 1200),
     "requester_cover": Proof(_requester, "cover", "cover", 8, 300, 8, 300),
+    "requester_induct_window": Proof(_requester_invariants, "window", "prove", 2, 300, 4, 1200),
+    "requester_induct_cover": Proof(_requester_invariants, "cover", "cover", 10, 300, 10, 300),
+    "requester_induct_mutant": Proof(_requester_invariants, "window_mutant", "prove", 10, 300,
+                                     10, 300, expected="FAIL"),
     "counter_prove": Proof(_counter, "good", "prove", 4, 120, 4, 120),
     "counter_mutant": Proof(_counter, "buggy", "bmc", 40, 120, 40, 120, expected="FAIL"),
 }

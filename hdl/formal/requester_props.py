@@ -43,7 +43,7 @@ from ..transport.requester import Requester
 from ..util import validating
 from .common import drive_free, psn_ge, psn_gt, stream_xfer
 
-__all__ = ["RequesterProperties", "formal_config", "CHECKS"]
+__all__ = ["RequesterProperties", "formal_config", "drive_inputs", "CHECKS"]
 
 CHECKS = ("window", "cover")
 
@@ -52,6 +52,25 @@ def formal_config():
     """The smallest configuration: 2 QPs, a 128-PSN window, 2 WR slots, 64-bit datapath."""
     return NicConfig(qps=2, mpr_units=1, data_width=64, ports=1,
                      evs_per_profile=4, ev_profiles=1, max_wimm=1, wr_slots=2)
+
+
+def drive_inputs(m, dut):
+    """Free inputs and the assumption of no reset for a :class:`Requester` ``dut``: every
+    input the requester decides on is free, the ones it only stores and copies are 0 or
+    idle (the module docstring lists them)."""
+    m.d.comb += Assume(~ResetSignal())
+    wr = dut.wr.payload
+    rx = dut.rx.payload.header
+    m.d.comb += [dut.wr.payload.eq(0), dut.rx.payload.eq(0), dut.sent.valid.eq(0),
+                 dut.sent.payload.eq(0), dut.now_ns.eq(0)]
+    seth = rx.ctl.sack.seth
+    drive_free(m, dut.wr.valid, wr.qpn, wr.opcode, wr.length,
+               dut.rx.valid, rx.kind, rx.bth.dqpn, rx.bth.psn, rx.aeth.syndrome,
+               seth.m, seth.pr, seth.ack_psn_offset, seth.cack_psn, seth.sack_psn_offset,
+               seth.sack_bitmap,
+               dut.retx.valid, dut.retx.payload, dut.ctl.valid, dut.ctl.payload,
+               dut.send.ready, dut.feedback.ready, dut.completion.ready,
+               dut.qp_error.ready, dut.ctl_resp.ready)
 
 
 class RequesterProperties(Elaboratable):
@@ -79,19 +98,8 @@ class RequesterProperties(Elaboratable):
         config = self.config
         m.submodules.dut = dut = self.dut
 
-        m.d.comb += Assume(~ResetSignal())
-        wr = dut.wr.payload
+        drive_inputs(m, dut)
         rx = dut.rx.payload.header
-        m.d.comb += [dut.wr.payload.eq(0), dut.rx.payload.eq(0), dut.sent.valid.eq(0),
-                     dut.sent.payload.eq(0), dut.now_ns.eq(0)]
-        seth = rx.ctl.sack.seth
-        drive_free(m, dut.wr.valid, wr.qpn, wr.opcode, wr.length,
-                   dut.rx.valid, rx.kind, rx.bth.dqpn, rx.bth.psn, rx.aeth.syndrome,
-                   seth.m, seth.pr, seth.ack_psn_offset, seth.cack_psn, seth.sack_psn_offset,
-                   seth.sack_bitmap,
-                   dut.retx.valid, dut.retx.payload, dut.ctl.valid, dut.ctl.payload,
-                   dut.send.ready, dut.feedback.ready, dut.completion.ready,
-                   dut.qp_error.ready, dut.ctl_resp.ready)
 
         watch_qpn = Signal(config.qpn_bits)
         m.d.comb += [watch_qpn.eq(AnyConst(config.qpn_bits)), Assume(watch_qpn < config.qps)]

@@ -1,12 +1,12 @@
 """The requester's control FSM (:class:`RequesterControl`): commands in, responses out."""
 
 from amaranth import *
-from amaranth.lib import stream, wiring
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .. import protocol as P
 from ..util import validating
-from .req_common import ControlSignature, check_config, log2
+from .req_common import ControlSignature, check_config, check_observe, log2
 from .req_defs import (
     ACKREQ_EVERY_BITS,
     INFER_K_BITS,
@@ -21,7 +21,13 @@ from .req_defs import (
 )
 from .req_tables import table_access_signature
 
-__all__ = ["RequesterControl"]
+__all__ = ["control_observation_layout", "RequesterControl"]
+
+
+def control_observation_layout(config):
+    """What ``RequesterControl(observe=True)`` shows on ``obs``: whether it holds a command
+    (``busy``), and answers it (``resp``), and that command's kind and QP."""
+    return data.StructLayout({"busy": 1, "resp": 1, "cmd": RequesterCommand, "qpn": 24})
 
 
 class RequesterControl(wiring.Component):
@@ -53,12 +59,16 @@ class RequesterControl(wiring.Component):
         Resends are queued or under way (trim and walk queues, walker, retransmitter).
     sending, sending_qpn : ``In(1)``, ``In(config.qpn_bits)``
         The ``send`` register holds a packet, of this QP.
+    obs : ``Out(control_observation_layout(config))``
+        Only with ``observe=True`` (the formal proofs); nothing else changes.
     """
 
-    def __init__(self, *, config):
+    def __init__(self, *, config, observe=False):
         with validating(self):
             check_config(config)
+            check_observe(observe)
         self._config = config
+        self._observe = observe
         super().__init__({
             "tables": In(table_access_signature(config, "control")),
             "cmd": In(stream.Signature(requester_command_layout(config))),
@@ -68,6 +78,7 @@ class RequesterControl(wiring.Component):
             "resends_pending": In(1),
             "sending": In(1),
             "sending_qpn": In(config.qpn_bits),
+            **({"obs": Out(control_observation_layout(config))} if observe else {}),
         })
 
     def elaborate(self, platform):
@@ -199,4 +210,8 @@ class RequesterControl(wiring.Component):
             with m.Case(CTL_RESP):
                 with m.If(self.resp.ready):
                     m.d.sync += ctl_state.eq(CTL_IDLE)
+        if self._observe:
+            m.d.comb += [self.obs.busy.eq(ctl_state != CTL_IDLE),
+                         self.obs.resp.eq(ctl_state == CTL_RESP),
+                         self.obs.cmd.eq(ctl_req.cmd), self.obs.qpn.eq(ctl_req.qpn)]
         return m

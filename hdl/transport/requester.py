@@ -59,7 +59,7 @@ from ..util import validating
 from .req_ack import AckProcessor, ack_observation_layout
 from .req_common import PSN, check_observe, log2
 from .req_completion import CompletionEngine
-from .req_control import RequesterControl
+from .req_control import RequesterControl, control_observation_layout
 from .req_defs import (
     REQUESTER_COUNTERS,
     bitmap_psns,
@@ -94,16 +94,21 @@ __all__ = ["Requester", "send_context_layout", "requester_tables", "block_ram_bi
 
 def requester_observation_layout(config):
     """What ``Requester(observe=True)`` shows on ``obs`` (for the formal proofs): the QP's
-    ``cfg``, ``next_psn`` and ``ack`` entries (``row``), the control's QP reset (``control``),
+    ``cfg``, ``next_psn`` and ``ack`` entries (``row``), the command the control holds
+    (``command``) and its QP reset (``control``),
     and the in-flight state that can change those entries or decide on them: the intake's
-    forwarding register, the segmenter's WR and window check, ACK processing's A1 and A2."""
+    forwarding register, the segmenter's WR and window check, ACK processing's A1 and A2, and
+    the retransmitter's output."""
     return data.StructLayout({
         "row": observed_row_layout(config),
+        "command": control_observation_layout(config),
         "control": data.StructLayout({"hold": 1, "write": 1, "qpn": config.qpn_bits,
                                       "psn": PSN, "mpr": 4}),
         "intake": intake_observation_layout(config),
         "segmenter": segmenter_observation_layout(config),
         "ack": ack_observation_layout(config),
+        # The retransmitter's output register: a resend is marked as one.
+        "resend": data.StructLayout({"valid": 1, "retransmission": 1}),
     })
 
 
@@ -229,7 +234,7 @@ class Requester(wiring.Component):
 
         observe = self._observe
         m.submodules.tables = tables = RequesterTables(config=cfg, observe=observe)
-        m.submodules.control = control = RequesterControl(config=cfg)
+        m.submodules.control = control = RequesterControl(config=cfg, observe=observe)
         m.submodules.intake = intake = WrIntake(config=cfg, observe=observe)
         m.submodules.segmenter = segmenter = Segmenter(config=cfg, observe=observe)
         m.submodules.walker = walker = Walker(config=cfg)
@@ -362,9 +367,13 @@ class Requester(wiring.Component):
             obs, ctl = self.obs, control.control
             m.d.comb += [
                 tables.obs_qpn.eq(self.obs_qpn), obs.row.eq(tables.obs),
+                obs.command.eq(control.obs),
                 obs.control.hold.eq(ctl.hold), obs.control.write.eq(ctl.write),
                 obs.control.qpn.eq(ctl.qpn), obs.control.psn.eq(ctl.psn),
                 obs.control.mpr.eq(ctl.mpr),
                 obs.intake.eq(intake.obs), obs.segmenter.eq(segmenter.obs), obs.ack.eq(ack.obs),
+                obs.resend.valid.eq(retransmitter.o.valid),
+                obs.resend.retransmission.eq(
+                    retransmitter.o.payload.request.context.retransmission),
             ]
         return m

@@ -1,0 +1,225 @@
+"""Inductive invariants of the requester's send window (``hdl/transport/requester.py``).
+
+:class:`RequesterInvariants` wraps a :class:`~hdl.transport.requester.Requester` built with
+``observe=True`` (an asynchronous read of the ``cfg``, ``next_psn`` and ``ack`` entries of
+one QP, and the registers of the intake, the segmenter, ACK processing and the control)
+under the free inputs of :mod:`.requester_props`, and states properties strong enough for
+k-induction: each holds in *every* state that satisfies the others, not only in the states
+reachable within a bound. For one QP (any: ``watch_qpn`` is an ``AnyConst``), with ``N`` its
+next PSN, ``U`` its una and ``M`` its MPR in the tables, checks:
+
+``window``
+    Outstanding PSNs never exceed the MPR window: ``N - U <= M x 128`` (24-bit serial
+    arithmetic) in every cycle; and every new (not retransmitted) packet of the QP on
+    ``send`` carries the PSN after the previous one (the QP_WRITE's ``psn`` for the first),
+    so none is sent twice and none skipped, and lies inside the window,
+    ``psn + 1 - U <= M x 128``, with ``U`` and ``M`` the requester's own state when it
+    leaves (``M`` is the ``mpr`` of the QP_WRITE). That is ``psn - U < M x 128`` unless
+    ``U = psn + 1``: with no honest-ACK assumption, an ACK may cover a packet still waiting
+    in the ``send`` register (the requester counts a packet as sent when the register takes
+    it).
+``window_mutant``
+    The same on a requester whose ACK processing no longer forwards the write-back of the
+    ACK ahead into A1 (its RTLIL patched so that A1 always takes the ``ack`` table's read):
+    the proof must fail, which shows it can.
+``cover``
+    That environment reaches a new packet of the QP, an ACK moving ``U``, a new packet after
+    that, and two items of the QP in A1 and A2 at once (the forwarding the mutant cuts). A
+    full window (128 packets) lies beyond any depth a cover can search.
+
+Assumptions, all of them:
+
+- no reset during the check; inputs as in :mod:`.requester_props` (every field the requester
+  decides on free, the ones it only stores and copies held at 0 or idle); no honest-ACK
+  assumption: the property is stated on the requester's own ``una``, which ACK processing
+  never moves beyond its own next PSN;
+- *one life of the QP*: once a ``QP_WRITE`` has reset the watched QP, the environment offers
+  no other ``QP_WRITE`` of it (before that, any, accepted or refused). A re-initialisation
+  and a software ERROR of the QP are therefore not covered here (the BMC check
+  ``requester_window`` covers them to its depth); fatal NAKs and exhausted retries are.
+  Every command for the other QP, and every QP_READ and CONFIG, stays free.
+
+Supporting invariants, asserted by every check (k-induction assumes them for k steps and
+proves them in the next):
+
+- *before the QP_WRITE*: the QP's ``cfg`` entry is all zero (state RESET, MPR 0),
+  ``N = U``, and nothing of the QP is in the segmenter, the intake's forwarding register or
+  ``send``;
+- *configuration*: ``M`` is the MPR of the QP_WRITE, at most ``config.mpr_units``; the
+  control holds no QP_WRITE of the QP after it, except to answer it;
+- *send register*: a new packet of the QP in it carries ``N - 1``, the wrapper's next PSN;
+  else the wrapper's next PSN is ``N``; the retransmitter's output is marked as a resend;
+- *segmenter*: while it holds a WR of the QP, its next PSN is ``N``, its MPR ``M``, and the
+  una its window check uses lies between an earlier una and ``U``: ``U - una <= N - una
+  <= M x 128``; unless the QP is in ERROR, the intake's forwarding register holds the QP
+  with the WR's end PSN (``psn`` + the packets left);
+- *intake*: its forwarding register, holding the QP, has ``N`` as end PSN when the segmenter
+  holds no WR of the QP and the QP is not in ERROR;
+- *ACK processing*: A2, holding an item of the QP, decides on the ``ack`` entry of the table
+  (``una`` and ``error``, forwarded), and on a next PSN between ``U`` and ``N``; the control's
+  QP reset never finds A1 or A2 busy.
+"""
+
+from amaranth import *
+from amaranth.asserts import AnyConst
+from amaranth.hdl import Assert, Assume, Cover
+
+from .. import protocol as P
+from ..config import NicConfig
+from ..transport.req_common import log2
+from ..transport.req_defs import RequesterCommand
+from ..transport.requester import Requester
+from ..util import validating
+from .common import stream_xfer
+from .requester_props import drive_inputs
+
+__all__ = ["RequesterInvariants", "CHECKS"]
+
+CHECKS = ("window", "window_mutant", "cover")
+
+
+def _psn_distance(a, b):
+    """``a - b`` modulo 2**24."""
+    return (a - b)[:P.PSN_BITS]
+
+
+def _without_ack_forwarding(text):
+    """The RTLIL of the requester with A1's forwarding of the ``ack`` write-back cut: A2's
+    ``ack`` entry is always the table's read, never the write of the ACK ahead."""
+    # The enable in the select of `Mux(wp.en & (wp.addr == a1_qpn), wp.data, port.data)`.
+    line = "    connect \\A \\tables__write__ack__en [0]\n"
+    if text.count(line) != 1:
+        raise ValueError("Mutant: the select of A1's ack forwarding is not found once in the "
+                         "RTLIL; ACK processing's A1 has changed, update the mutant")
+    return text.replace(line, "    connect \\A 1'0\n")
+
+
+class RequesterInvariants(Elaboratable):
+    """A :class:`Requester` (``observe=True``) with free inputs and the invariants of ``check``.
+
+    Parameters
+    ----------
+    config : NicConfig
+    check : str
+        One of :data:`CHECKS`.
+    """
+
+    def __init__(self, *, config, check):
+        with validating(self):
+            if not isinstance(config, NicConfig):
+                raise TypeError(f"Configuration must be a NicConfig, not {config!r}")
+            if check not in CHECKS:
+                raise ValueError(f"Check must be one of {', '.join(CHECKS)}, not {check!r}")
+        self.config = config
+        self.check = check
+        self.dut = Requester(config=config, observe=True)
+        #: Applied by :func:`sim.formal.run_formal` to the RTLIL before the proof.
+        self.rtlil_patch = _without_ack_forwarding if check.endswith("_mutant") else None
+
+    def elaborate(self, platform):
+        m = Module()
+        config = self.config
+        m.submodules.dut = dut = self.dut
+        drive_inputs(m, dut)
+        obs = dut.obs
+
+        watch_qpn = Signal(config.qpn_bits)
+        m.d.comb += [watch_qpn.eq(AnyConst(config.qpn_bits)), Assume(watch_qpn < config.qps),
+                     dut.obs_qpn.eq(watch_qpn)]
+
+        row = obs.row
+        next_psn, una, error, mpr = row.next_psn, row.ack.una, row.ack.error, row.cfg.mpr
+        window = Cat(C(0, 7), mpr)
+
+        # The control: the QP's reset, and a QP_WRITE of the QP it holds.
+        control, command = obs.control, obs.command
+        reset = control.write & (control.qpn == watch_qpn)
+        held_write = (command.busy & (command.cmd == RequesterCommand.QP_WRITE)
+                      & (command.qpn == watch_qpn))
+        written = Signal()              # the QP was reset by a QP_WRITE
+        ghost_mpr = Signal(4)           # ... with this MPR
+        with m.If(reset):
+            m.d.sync += [written.eq(1), ghost_mpr.eq(control.mpr)]
+        cmd = dut.ctl.payload
+        m.d.comb += Assume(~(dut.ctl.valid & written & (cmd.cmd == RequesterCommand.QP_WRITE)
+                             & (cmd.qpn == watch_qpn)))
+
+        # New packets of the QP on `send`; the wrapper's next PSN.
+        send = dut.send
+        ctx = send.payload.context
+        send_new = send.valid & (send.payload.qpn == watch_qpn) & ~ctx.retransmission
+        ghost_next = Signal(P.PSN_BITS)
+        with m.If(reset):
+            m.d.sync += ghost_next.eq(control.psn)
+        with m.Elif(send_new & send.ready):
+            m.d.sync += ghost_next.eq(ctx.psn + 1)
+
+        # The segmenter, the intake's forwarding register, ACK processing.
+        seg, intake, ack = obs.segmenter, obs.intake, obs.ack
+        seg_mine = seg.active & (seg.qpn == watch_qpn)
+        mtu_bits = log2(config.mtu)
+        packets_left = Mux(seg.remaining == 0, 1, ((seg.remaining - 1) >> mtu_bits) + 1)
+        seg_end = (seg.psn + packets_left)[:P.PSN_BITS]
+        fwd_mine = intake.fwd_valid & (intake.fwd_qpn == watch_qpn)
+        a1_mine = ack.a1_valid & (ack.a1_qpn == watch_qpn)
+        a2_mine = ack.a2_valid & (ack.a2_qpn == watch_qpn)
+
+        m.d.comb += [
+            # The property.
+            Assert(_psn_distance(next_psn, una) <= window, "outstanding PSNs exceed the window"),
+            Assert(~(send_new & send.ready) | (ctx.psn == ghost_next),
+                   "new PSNs not consecutive"),
+            Assert(~(send_new & send.ready) | (_psn_distance(ctx.psn + 1, una) <= window),
+                   "a new packet outside the window"),
+            # Before the QP_WRITE.
+            Assert(written | ((Value.cast(row.cfg) == 0) & (next_psn == una) & ~seg_mine
+                              & ~fwd_mine & ~send_new),
+                   "nothing of the QP before its QP_WRITE"),
+            # Configuration.
+            Assert(mpr == ghost_mpr, "the MPR is the QP_WRITE's"),
+            Assert(ghost_mpr <= config.mpr_units, "MPR within the configuration"),
+            Assert(~(written & held_write) | command.resp, "one QP_WRITE of the QP"),
+            # Send register.
+            Assert(Mux(send_new, (ctx.psn == ghost_next)
+                       & (next_psn == (ghost_next + 1)[:P.PSN_BITS]),
+                       next_psn == ghost_next),
+                   "the send register and the next PSN"),
+            Assert(~obs.resend.valid | obs.resend.retransmission,
+                   "the retransmitter's output is marked as a resend"),
+            # Segmenter.
+            Assert(~seg_mine | (written & (seg.psn == next_psn) & (seg.mpr == mpr)),
+                   "the segmenter's WR continues from the next PSN"),
+            Assert(~seg_mine | ((_psn_distance(una, seg.una) <= _psn_distance(next_psn, seg.una))
+                                & (_psn_distance(next_psn, seg.una) <= window)),
+                   "the segmenter's una lies behind the QP's"),
+            Assert(~seg_mine | error | (fwd_mine & (intake.fwd_end == seg_end)),
+                   "the intake forwards the segmenter's end PSN"),
+            # Intake.
+            Assert(~fwd_mine | seg_mine | error | (intake.fwd_end == next_psn),
+                   "the intake forwards the next PSN"),
+            # ACK processing.
+            Assert(~a2_mine | ((ack.a2_una == una) & (ack.a2_error == error)),
+                   "A2 decides on the QP's ack entry"),
+            Assert(~a2_mine | (_psn_distance(ack.a2_next, una)
+                               <= _psn_distance(next_psn, una)),
+                   "A2's next PSN lies between una and the next PSN"),
+            Assert(~control.write | (~ack.a1_valid & ~ack.a2_valid),
+                   "a QP reset with A1 and A2 idle"),
+        ]
+
+        if self.check == "cover":
+            una_before = Signal(P.PSN_BITS)
+            m.d.sync += una_before.eq(una)
+            moved = Signal()            # una has moved since the QP_WRITE
+            una_moves = written & ~reset & (una != una_before)
+            with m.If(una_moves):
+                m.d.sync += moved.eq(1)
+            with m.If(reset):
+                m.d.sync += moved.eq(0)
+            m.d.comb += [
+                Cover(send_new & send.ready),
+                Cover(una_moves),
+                Cover(moved & send_new & send.ready),
+                Cover(a1_mine & a2_mine),
+            ]
+        return m
