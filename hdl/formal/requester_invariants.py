@@ -24,8 +24,9 @@ next PSN, ``U`` its una and ``M`` its MPR in the tables, checks:
     the proof must fail, which shows it can.
 ``cover``
     That environment reaches a new packet of the QP, an ACK moving ``U``, a new packet after
-    that, and two items of the QP in A1 and A2 at once (the forwarding the mutant cuts). A
-    full window (128 packets) lies beyond any depth a cover can search.
+    that, and an ACK of the QP right behind one that moved ``U`` (it decides on the
+    write-back the mutant no longer forwards). A full window (128 packets) lies beyond any
+    depth a cover can search.
 
 Assumptions, all of them:
 
@@ -161,7 +162,6 @@ class RequesterInvariants(Elaboratable):
         packets_left = Mux(seg.remaining == 0, 1, ((seg.remaining - 1) >> mtu_bits) + 1)
         seg_end = (seg.psn + packets_left)[:P.PSN_BITS]
         fwd_mine = intake.fwd_valid & (intake.fwd_qpn == watch_qpn)
-        a1_mine = ack.a1_valid & (ack.a1_qpn == watch_qpn)
         a2_mine = ack.a2_valid & (ack.a2_qpn == watch_qpn)
 
         m.d.comb += [
@@ -208,18 +208,19 @@ class RequesterInvariants(Elaboratable):
         ]
 
         if self.check == "cover":
+            # una moved by ACK processing (not by the QP_WRITE, which sets it).
             una_before = Signal(P.PSN_BITS)
-            m.d.sync += una_before.eq(una)
-            moved = Signal()            # una has moved since the QP_WRITE
-            una_moves = written & ~reset & (una != una_before)
+            reset_before = Signal()
+            m.d.sync += [una_before.eq(una), reset_before.eq(reset)]
+            una_moves = written & ~reset_before & (una != una_before)
+            moved = Signal()
             with m.If(una_moves):
                 m.d.sync += moved.eq(1)
-            with m.If(reset):
-                m.d.sync += moved.eq(0)
             m.d.comb += [
                 Cover(send_new & send.ready),
                 Cover(una_moves),
                 Cover(moved & send_new & send.ready),
-                Cover(a1_mine & a2_mine),
+                # The ACK right behind one that moved una decides on its write-back.
+                Cover(una_moves & a2_mine & ~ack.a2_exceed),
             ]
         return m
