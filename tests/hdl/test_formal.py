@@ -11,11 +11,14 @@ import pytest
 
 from hdl.config import NicConfig
 from hdl.formal.examples import SerialCounter
+from hdl.formal.requester_invariants import RequesterInvariants, _without_ack_forwarding
 from hdl.formal.requester_props import RequesterProperties
 from hdl.formal.requester_props import formal_config as requester_config
 from hdl.formal.responder_invariants import ResponderInvariants
 from hdl.formal.responder_props import ResponderProperties
 from hdl.formal.responder_props import formal_config as responder_config
+from hdl.transport.req_tables import RequesterTables
+from hdl.transport.requester import Requester
 from hdl.transport.responder import Responder
 from sim.formal import PROOFS, FormalError, FormalTimeout, run_formal, run_proof
 
@@ -86,6 +89,8 @@ def test_wrappers_validate_their_parameters():
     assert isinstance(requester_config(), NicConfig)
     with pytest.raises(ValueError, match="Check must be one of"):
         ResponderInvariants(config=responder_config(), check="all")
+    with pytest.raises(ValueError, match="Check must be one of"):
+        RequesterInvariants(config=requester_config(), check="everything")
 
 
 def test_observation_ports_are_off_by_default():
@@ -97,6 +102,26 @@ def test_observation_ports_are_off_by_default():
     assert added == {"obs_qpn", "obs_slot", "obs"}
     with pytest.raises(TypeError, match="Observe must be a bool"):
         Responder(config=responder_config(), observe=1)
+
+
+def test_requester_observation_ports_are_off_by_default():
+    """Only ``observe=True`` adds the ports the requester's induction proof reads, on the
+    requester and on its tables."""
+    plain = Requester(config=requester_config())
+    observed = Requester(config=requester_config(), observe=True)
+    assert set(observed.signature.members) - set(plain.signature.members) == {"obs_qpn", "obs"}
+    tables = RequesterTables(config=requester_config())
+    assert "obs" not in tables.signature.members
+    assert "obs" in RequesterTables(config=requester_config(), observe=True).signature.members
+    with pytest.raises(TypeError, match="Observe must be a bool"):
+        Requester(config=requester_config(), observe="yes")
+
+
+def test_requester_mutant_refuses_a_design_it_cannot_patch():
+    """The mutant names the line it cuts; a changed A1 raises instead of proving the unmutated
+    design."""
+    with pytest.raises(ValueError, match="A1's ack forwarding is not found once"):
+        _without_ack_forwarding("module top\nend\n")
 
 
 # --- Responder --------------------------------------------------------------------------------
@@ -184,3 +209,25 @@ def test_requester_covers_sends_and_an_ack_moving_una(check):
     """Every Cover is reached: a new packet, a second one, and an ACK moving una after a
     send."""
     check("requester_cover")
+
+
+# --- Requester, by k-induction -----------------------------------------------------------------
+
+def test_requester_window_never_exceeds_mpr_by_induction(check):
+    """k-induction (unbounded): for the QP's life after its QP_WRITE, next_psn - una never
+    exceeds mpr x 128 and its new PSNs leave consecutive, inside the window."""
+    check("requester_induct_window")
+
+
+def test_requester_induction_environment_sends_and_moves_una(check):
+    """The window proof's environment sends new packets, moves una by ACKs, sends after that
+    and has an ACK decide on the write-back of the one ahead, so its PASS is not vacuous."""
+    check("requester_induct_cover")
+
+
+def test_requester_proof_fails_without_the_ack_forwarding(check):
+    """The same proof on a requester whose A1 misses the write-back of the ACK ahead fails,
+    with a counterexample from reset as a waveform: the proof can fail."""
+    result = check("requester_induct_mutant")
+    assert any("requester_invariants.py" in failure for failure in result.failures)
+    assert result.trace is not None and result.trace.is_file()
