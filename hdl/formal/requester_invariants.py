@@ -71,7 +71,6 @@ from ..transport.req_common import log2
 from ..transport.req_defs import RequesterCommand
 from ..transport.requester import Requester
 from ..util import validating
-from .common import stream_xfer
 from .requester_props import drive_inputs
 
 __all__ = ["RequesterInvariants", "CHECKS"]
