@@ -51,8 +51,8 @@ proves them in the next):
 - *send register*: a new packet of the QP in it carries ``N - 1``, the wrapper's next PSN;
   else the wrapper's next PSN is ``N``; the retransmitter's output is marked as a resend;
 - *segmenter*: while it holds a WR of the QP, its next PSN is ``N``, its MPR ``M``, and the
-  una its window check uses lies between an earlier una and ``U``: ``U - una <= N - una
-  <= M x 128``; unless the QP is in ERROR, the intake's forwarding register holds the QP
+  una its window check uses (``U`` of this cycle or of the hand-over) lies at or behind
+  ``U``: ``U - una <= N - una <= M x 128``; unless the QP is in ERROR, the intake's forwarding register holds the QP
   with the WR's end PSN (``psn`` + the packets left);
 - *intake*: its forwarding register, holding the QP, has ``N`` as end PSN when the segmenter
   holds no WR of the QP and the QP is not in ERROR;
