@@ -542,8 +542,7 @@ class NsccEngine(wiring.Component):
         m.d.comb += avg_step.eq((avg_diff * EWMA_WEIGHT) >> EWMA_SHIFT)
         avg_new = Signal(AVG_BITS)
         m.d.comb += avg_new.eq(cur.avg + avg_step)
-        rtt_now = Mux(cur.base_valid, cur.base, k.rtt_default)   # NACK: as stored
-        rtt_ack = base                                          # ACK: after its own sample
+        rtt_ack = base                  # an ACK compares periods with the base after its sample
         # Quick adapt (both ACK and NACK)
         is_ack = op.op == NsccOp.ACK
         qa_psns = Signal(COUNT_BITS)
