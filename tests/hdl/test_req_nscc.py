@@ -394,3 +394,95 @@ def test_engine_with_spaced_acks_tracks_the_model():
             worst = max(worst, abs(got - model.cwnd) / (0.01 * model.cwnd + CONFIG.mtu / 64))
     assert kinds.count(NsccOp.APPLY) > 5
     assert worst <= 1.0, worst
+
+
+# -- the requester with NSCC selected ------------------------------------------------------------
+
+def test_requester_with_nscc_selected_sends_within_the_nscc_window_and_completes():
+    """End to end: two QPs write through a bottleneck whose queue grows with the PSNs in
+    flight (round trip = base + queue, CE above a queue), every packet ACKed with its
+    timestamp echo. With CONFIG cc and cc_nscc, the segmenter gates on NSCC's window: no QP
+    ever has more PSNs in flight than NSCC's largest window (well under the MPR), and every
+    WR completes in order without error."""
+    from hdl.transport.req_defs import RequesterCommand
+    from hdl.transport.requester import Requester
+    from sim.model.responder import full_header
+    from tests.hdl.test_requester import ack_header
+
+    setting = NsccSetting(line_rate_gbps=8.0, base_rtt_ns=4000.0, mtu=CONFIG.mtu)
+    k = nscc_constants(setting)
+    max_window = k.cwnd_max >> (CWND_FRAC + k.mtu_log2)
+    assert max_window < 128                         # MPR 1: NSCC is what limits
+    dut = Requester(config=CONFIG, nscc=setting)
+    rng = random.Random(3)
+    wr = StreamDriver(dut.wr, bubbles=0.2, seed=1)
+    rx = StreamDriver(dut.rx, bubbles=0.2, seed=2)
+    ctl = StreamDriver(dut.ctl, seed=3)
+    send = StreamCollector(dut.send, backpressure=0.2, seed=4)
+    completion = StreamCollector(dut.completion, backpressure=0.2, seed=5)
+    ctl_resp = StreamCollector(dut.ctl_resp, seed=6)
+    sim = _sim(dut)
+    for process in (wr.process, rx.process, ctl.process, send.process, completion.process,
+                    ctl_resp.process):
+        sim.add_process(process)
+    clock = {"ns": 0}
+
+    async def timebase(ctx):
+        while True:
+            ctx.set(dut.now_ns, clock["ns"] & 0xFFFF_FFFF)
+            ctx.set(dut.now_units, clock["ns"] >> 10)
+            await ctx.tick()
+            clock["ns"] += 8
+
+    sim.add_process(timebase)
+    qpns = (1, 6)
+    wrs = [{"qpn": qpns[i % 2], "opcode": P.WrOpcode.RDMA_WRITE, "wr_id": i,
+            "local_addr": 0, "remote_addr": 0, "rkey": 0, "imm": 0,
+            "length": rng.randrange(1, 30) * CONFIG.mtu} for i in range(12)]
+    stats = {"in_flight": 0, "marks": 0}
+
+    async def testbench(ctx):
+        commands = [{"cmd": RequesterCommand.QP_WRITE, "qpn": q, "state": P.QpState.RTS,
+                     "psn": 0, "mpr": 1, "max_wimm": 1, "timeout": 8, "retry_linear": 7,
+                     "retry_exp": 5} for q in qpns]
+        commands.append({"cmd": RequesterCommand.CONFIG, "cc": 1, "cc_nscc": 1,
+                         "infer_k": 0, "ackreq_every": 0})
+        for n, command in enumerate(commands, 1):
+            ctl.send([command])
+            await ctl_resp.wait(ctx, n)
+            assert int(ctl_resp.items[-1].errno) == 0
+        wr.send(wrs)
+        seen = 0
+        una = dict.fromkeys(qpns, 0)
+        flight = []                                 # [due ns, qpn, psn, echo, marked]
+        for _ in range(100_000):
+            for item in send.items[seen:]:
+                qpn, psn = int(item.qpn), int(item.context.psn)
+                ahead = psn - una[qpn]
+                stats["in_flight"] = max(stats["in_flight"], ahead + 1)
+                assert ahead < max_window, (qpn, psn, una[qpn])
+                queued = max(0, len(flight) - 12)   # beyond the pipe: a queue of 1 us each
+                marked = queued * 1024 > 4000
+                stats["marks"] += marked
+                flight.append([clock["ns"] + 4000 + queued * 1024, qpn, psn,
+                               P.wire_timestamp(clock["ns"]), marked])
+            seen = len(send.items)
+            due = [f for f in flight if f[0] <= clock["ns"]]
+            for entry in due:
+                flight.remove(entry)
+                _, qpn, psn, echo, marked = entry
+                header = ack_header(qpn, psn, ce=marked)
+                header["ctl"]["sack"]["cc_state"]["tx_timestamp"] = echo
+                rx.send([{"header": full_header(header, CONFIG), "first": 1, "last": 1}])
+                una[qpn] = max(una[qpn], psn + 1)
+            if len(completion.items) == len(wrs):
+                break
+            await ctx.tick()
+        assert len(completion.items) == len(wrs), (len(completion.items), len(send.items))
+
+    sim.add_testbench(testbench)
+    sim.run()
+    for qpn in qpns:
+        got = [(int(c.wr_id), int(c.status)) for c in completion.items if int(c.qpn) == qpn]
+        assert got == [(w["wr_id"], 0) for w in wrs if w["qpn"] == qpn]
+    assert stats["marks"] > 0 and 4 < stats["in_flight"] <= max_window
