@@ -75,7 +75,7 @@ FLAGS = [
      "probes answer, 0 = per EV only"),
     ("--cc", "cc", str, "congestion window: ecn = the RTL's ECN window (each QP takes 1/8 off "
      "the window it used per marked window and widens by one PSN per cwnd/4 PSNs "
-     "acknowledged), nscc = UET's NSCC (the model backend only, for now), off = MPR only"),
+     "acknowledged), nscc = UET's NSCC (the model, or the RTL pair built with it), off = MPR only"),
     ("--max-us", "max_us", float, "give up after this much simulated time"),
 ]
 

@@ -1,10 +1,11 @@
-"""NSCC, the congestion control of UET 1.0, for the model requester (model only, for now).
+"""NSCC, the congestion control of UET 1.0, for the model requester (the RTL's, in integers:
+:mod:`hdl.transport.req_nscc`).
 
 A window in bytes per QP, driven by every ACK's round trip (the SACK's CC_STATE echo of the
-data packet's TSETH timestamp), its ECN echo and the NACKs of trimmed packets. The RTL
-requester implements the ECN window of ``docs/requester.md`` instead; the model's default
-stays that window (``cc_algorithm = "ecn"``) so the RTL-versus-model equivalence tests
-compare like with like, and ``nscc`` is selected explicitly (``mrc-nic sim --cc nscc``).
+data packet's TSETH timestamp), its ECN echo and the NACKs of trimmed packets. The model's
+default stays the ECN window of ``docs/requester.md`` (``cc_algorithm = "ecn"``), the RTL's
+default too, so the RTL-versus-model equivalence tests compare like with like, and ``nscc``
+is selected explicitly (``mrc-nic sim --cc nscc``).
 
 The rules, as UEC's public htsim model (``initNsccParams`` and the NSCC update) states them:
 
@@ -43,7 +44,7 @@ __all__ = ["NsccSetting", "NsccParameters", "Nscc", "setting_for", "CC_ALGORITHM
            "DELAY_EWMA_WEIGHT", "QUICK_ADAPT_TARGETS", "QUICK_ADAPT_GATE", "ADJUST_MTUS",
            "FAST_INCREASE_DELAY_NS", "MAX_WINDOW_BDPS", "MD_FLOOR"]
 
-#: The congestion window's algorithms: the RTL's ECN window and NSCC (the model's only).
+#: The congestion window's algorithms: the ECN window and NSCC.
 CC_ALGORITHMS = ("ecn", "nscc")
 #: The reference network the parameters scale from.
 REFERENCE_RATE_GBPS = 100.0
