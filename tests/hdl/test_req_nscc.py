@@ -486,3 +486,41 @@ def test_requester_with_nscc_selected_sends_within_the_nscc_window_and_completes
         got = [(int(c.wr_id), int(c.status)) for c in completion.items if int(c.qpn) == qpn]
         assert got == [(w["wr_id"], 0) for w in wrs if w["qpn"] == qpn]
     assert stats["marks"] > 0 and 4 < stats["in_flight"] <= max_window
+
+
+@pytest.mark.parametrize("built, cc_nscc, window", [
+    (True, 1, "nscc"), (True, 0, "ecn"), (False, 1, "ecn")])
+def test_config_cc_nscc_selects_the_window_the_segmenter_gates_on(built, cc_nscc, window):
+    """Without ACKs a QP sends what its window allows: NSCC's first window (one BDP) with
+    CONFIG cc_nscc in a build with NSCC; the ECN window (mpr x 128) with cc_nscc 0, or in a
+    build without NSCC, where cc_nscc is ignored."""
+    from hdl.transport.req_defs import RequesterCommand
+    from hdl.transport.requester import Requester
+
+    setting = NsccSetting(line_rate_gbps=8.0, base_rtt_ns=4000.0, mtu=CONFIG.mtu)
+    k = nscc_constants(setting)
+    dut = Requester(config=CONFIG, nscc=setting if built else None)
+    wr = StreamDriver(dut.wr)
+    ctl = StreamDriver(dut.ctl)
+    send = StreamCollector(dut.send)
+    ctl_resp = StreamCollector(dut.ctl_resp)
+    sim = _sim(dut)
+    for process in (wr.process, ctl.process, send.process, ctl_resp.process):
+        sim.add_process(process)
+    packets = 60
+
+    async def testbench(ctx):
+        for n, command in enumerate([
+                {"cmd": RequesterCommand.QP_WRITE, "qpn": 2, "state": P.QpState.RTS,
+                 "psn": 0, "mpr": 1, "max_wimm": 1, "timeout": 20},
+                {"cmd": RequesterCommand.CONFIG, "cc": 1, "cc_nscc": cc_nscc}], 1):
+            ctl.send([command])
+            await ctl_resp.wait(ctx, n)
+        wr.send([{"qpn": 2, "opcode": P.WrOpcode.RDMA_WRITE, "wr_id": 1, "local_addr": 0,
+                  "remote_addr": 0, "rkey": 0, "imm": 0, "length": packets * CONFIG.mtu}])
+        await ctx.tick().repeat(packets + 40)
+
+    sim.add_testbench(testbench)
+    sim.run()
+    first = k.cwnd_init >> (CWND_FRAC + k.mtu_log2)
+    assert len(send.items) == (first if window == "nscc" else packets)
