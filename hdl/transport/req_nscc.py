@@ -1,8 +1,9 @@
 """NSCC in the requester (:class:`NsccEngine`): UET 1.0's delay-based congestion window per QP.
 
-The rules are the model's (:mod:`sim.model.nscc`, ``docs/congestion.md``); this module fixes
-them in integers. :func:`nscc_constants` turns an :class:`~sim.model.nscc.NsccSetting` into
-the integer constants the gateware is built with, :class:`NsccFixed` is the same arithmetic in
+The rules are the model's (:mod:`sim.model.nscc`, ``docs/congestion.md``; the constants in
+:mod:`hdl.transport.nscc_defs`); this module fixes them in integers. :func:`nscc_constants`
+turns an :class:`~hdl.transport.nscc_defs.NsccSetting` into the integer constants the gateware
+is built with, :class:`NsccFixed` is the same arithmetic in
 Python, bit for bit (the tests hold the gateware to it, and it to the model within the
 fixed-point tolerance), :class:`NsccDivider` is the multi-cycle divider and
 :class:`NsccEngine` the pipelined per-QP read-modify-write.
@@ -29,11 +30,11 @@ from amaranth.lib import data, enum, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-# NSCC's constants have one definition, the model's; this module only fixes their formats.
-from sim.model import nscc as _model
-
 from .. import protocol as P
 from ..util import validating
+
+# NSCC's constants have one definition (shared with the model); this module fixes their formats.
+from . import nscc_defs as _defs
 from .req_common import ControlSignature, check_config
 from .req_defs import CWND_BITS
 
@@ -58,10 +59,10 @@ AVG_FRAC = 16
 AVG_BITS = 32
 #: The average's weight, DELAY_EWMA_WEIGHT in 20 fraction bits.
 EWMA_SHIFT = 20
-EWMA_WEIGHT = round(_model.DELAY_EWMA_WEIGHT * (1 << EWMA_SHIFT))
+EWMA_WEIGHT = round(_defs.DELAY_EWMA_WEIGHT * (1 << EWMA_SHIFT))
 #: gamma in 16 fraction bits; a decrease takes at most MD_MAX_FX / 2**16 (1 - MD_FLOOR) off.
-GAMMA_FX = round(_model.GAMMA * (1 << 16))
-MD_MAX_FX = round((1 - _model.MD_FLOOR) * (1 << 16))
+GAMMA_FX = round(_defs.GAMMA * (1 << 16))
+MD_MAX_FX = round((1 - _defs.MD_FLOOR) * (1 << 16))
 #: PSNs an event acknowledges; the per-QP PSN counters (saturating).
 ACKED_BITS = 16
 COUNT_BITS = 16
@@ -105,11 +106,11 @@ class NsccConstants:
 
 def nscc_constants(setting, *, mtu=None):
     """The integer constants of :class:`NsccEngine` for an
-    :class:`~sim.model.nscc.NsccSetting`, rounded so that the model's comparisons of whole
+    :class:`~hdl.transport.nscc_defs.NsccSetting`, rounded so that the model's comparisons of whole
     8 ns times are exact. Raises ``ValueError`` when the window does not fit its format."""
-    if not isinstance(setting, _model.NsccSetting):
+    if not isinstance(setting, _defs.NsccSetting):
         raise TypeError(f"NSCC setting must be an NsccSetting, not {setting!r}")
-    p = _model.NsccParameters(setting)
+    p = _defs.NsccParameters(setting)
     mtu = setting.mtu if mtu is None else mtu
     if not isinstance(mtu, int) or mtu <= 0 or mtu & (mtu - 1) or mtu != setting.mtu:
         raise ValueError(f"NSCC setting mtu must be the NIC's MTU, a power of two, "
@@ -135,15 +136,15 @@ def nscc_constants(setting, *, mtu=None):
         target=math.ceil(p.target_ns / _T),
         target_ns=round(p.target_ns),
         target_avg=math.floor(p.target_ns / _T * (1 << AVG_FRAC)),
-        qa_delay=math.floor(_model.QUICK_ADAPT_TARGETS * p.target_ns / _T),
+        qa_delay=math.floor(_defs.QUICK_ADAPT_TARGETS * p.target_ns / _T),
         qa_span_default=math.ceil((setting.base_rtt_ns + p.target_ns) / _T),
-        qa_gate=math.ceil(p.max_window / (1 << _model.QUICK_ADAPT_GATE) / mtu),
-        fast_delay=math.ceil(_model.FAST_INCREASE_DELAY_NS / _T),
+        qa_gate=math.ceil(p.max_window / (1 << _defs.QUICK_ADAPT_GATE) / mtu),
+        fast_delay=math.ceil(_defs.FAST_INCREASE_DELAY_NS / _T),
         alpha=round(p.alpha * mtu * inc_scale),
         fi=round(p.fi * mtu * inc_scale),
         eta=round(p.eta * frac),
         fast_step=round(mtu * p.fi_scale * frac),
-        adjust_psns=_model.ADJUST_MTUS,
+        adjust_psns=_defs.ADJUST_MTUS,
     )
 
 
