@@ -72,6 +72,9 @@ class MrcNic(wiring.Component):
     ----------
     config : NicConfig
         Build parameters (``docs/configuration.md``); defaults to ``NicConfig()``.
+    nscc : NsccSetting or None
+        Build the requester's NSCC engine with this setting (``docs/congestion.md``, "NSCC in
+        the RTL"); ``None``: the ECN window only.
 
     Members
     -------
@@ -91,12 +94,13 @@ class MrcNic(wiring.Component):
     resp_verdict_valid, resp_verdict : the responder's verdict per data packet.
     """
 
-    def __init__(self, config=None):
+    def __init__(self, config=None, *, nscc=None):
         with validating(self):
             config = NicConfig() if config is None else config
             if not isinstance(config, NicConfig):
                 raise TypeError(f"config must be a NicConfig, not {config!r}")
         self._config = config
+        self._nscc = nscc
         self._regmap = nic_register_map(config)
         beat = stream.Signature(net_beat_layout(config.data_width))
         super().__init__({
@@ -129,7 +133,7 @@ class MrcNic(wiring.Component):
 
         m.submodules.timebase = timebase = Timebase(clock_hz=config.clock_hz)
         m.submodules.engine = engine = PacketEngine(config)
-        m.submodules.requester = requester = Requester(config=config)
+        m.submodules.requester = requester = Requester(config=config, nscc=self._nscc)
         m.submodules.responder = responder = Responder(config=config)
         send_context = send_context_layout(config)
         probe_context = probe_context_layout(config)

@@ -7,6 +7,7 @@ Either way the raw result and the fabric's capture become ``report.json``, ``tra
 and a short summary on the terminal. ``docs/sim.md`` describes every key of the report.
 """
 
+import dataclasses
 import hashlib
 import json
 import time
@@ -74,7 +75,7 @@ FLAGS = [
      "probes answer, 0 = per EV only"),
     ("--cc", "cc", str, "congestion window: ecn = the RTL's ECN window (each QP takes 1/8 off "
      "the window it used per marked window and widens by one PSN per cwnd/4 PSNs "
-     "acknowledged), nscc = UET's NSCC (the model backend only, for now), off = MPR only"),
+     "acknowledged), nscc = UET's NSCC (the model, or the RTL pair built with it), off = MPR only"),
     ("--max-us", "max_us", float, "give up after this much simulated time"),
 ]
 
@@ -181,9 +182,8 @@ RTL_MAX_NICS = 5
 
 def backend_refusal(scn):
     """``(flag, message)`` when the scenario's backend cannot run it, else None: the RTL
-    backend runs up to :data:`RTL_MAX_NICS` RTL NICs with the ECN window, more than two
-    (or two in another pattern than pairs) under Verilator only (NSCC is the model's only,
-    for now)."""
+    backend runs up to :data:`RTL_MAX_NICS` RTL NICs, more than two (or two in another
+    pattern than pairs) under Verilator only, and NSCC on the pair only."""
     if scn.backend != "rtl":
         return None
     if scn.nics > RTL_MAX_NICS:
@@ -192,9 +192,19 @@ def backend_refusal(scn):
         return ("--sim" if scn.sim != "verilator" else "--waves",
                 "the RTL backend runs more than two NICs (or another pattern than pairs) "
                 "under Verilator without waves only")
-    if scn.cc and scn.cc_algorithm == "nscc":
-        return "--cc", "NSCC is the model NIC's only, for now: add --backend model"
+    if scn.cc and scn.cc_algorithm == "nscc" and _grouped(scn):
+        return "--cc", ("NSCC runs on the RTL pair only (two NICs, pattern pairs): "
+                        "add --backend model")
     return None
+
+
+def rtl_nscc_setting(scn, config):
+    """The NSCC setting the RTL NICs of ``scn`` are built with (``None``: no NSCC engine):
+    the model's :func:`sim.model.nscc.setting_for`, when the scenario asks for NSCC."""
+    if not (scn.cc and scn.cc_algorithm == "nscc"):
+        return None
+    from .model.nscc import setting_for
+    return setting_for(scn, config)
 
 
 def _grouped(scn):
@@ -240,9 +250,13 @@ def run(args):
 def _build_dir(scn):
     config = nic_config_for(scn)
     # Not the waves: a run with waves builds its traced model into trace/ in this folder, and
-    # the window is given at run time.
-    key = hashlib.sha256(json.dumps([config.to_dict(), scn.sim],
-                                    sort_keys=True).encode()).hexdigest()[:12]
+    # the window is given at run time. An NSCC build is another design (its setting is built
+    # in); without NSCC the key is the one it always was.
+    parts = [config.to_dict(), scn.sim]
+    nscc = rtl_nscc_setting(scn, config)
+    if nscc is not None:
+        parts.append(dataclasses.asdict(nscc))
+    key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:12]
     return BUILD / "sim" / "rtl" / f"{scn.sim}-{key}"
 
 
@@ -285,29 +299,33 @@ def run_scenario(scn, out, *, log=print, build_dir=None, quick_build=False,
         from .tb.pair import NicPair
         from .tb.runner import run_cocotb, source_key
         config = nic_config_for(scn)
+        nscc = rtl_nscc_setting(scn, config)
+        # An NSCC build's export is keyed by its setting too; without NSCC as it always was.
+        nscc_key = () if nscc is None else (dataclasses.asdict(nscc),)
         log(f"building two RTL NICs ({config.ports} ports, {config.data_width}-bit, "
-            f"{scn.sim}); a cached build is reused")
+            f"{scn.sim}{', NSCC' if nscc else ''}); a cached build is reused")
         waves = _waves_window(scn, out)
         env = {"SCENARIO": json.dumps(scn.to_dict()), "OUT": out.resolve(),
                "MRC_SIMULATOR": scn.sim}
         if uses_dpi(scn):       # the stream agents in C++ (sim/tb/dpi.py)
             build = Path(build_dir or _build_dir(scn)).with_name(
                 Path(build_dir or _build_dir(scn)).name + "-dpi")
-            run_cocotb(lambda: DpiPair(config), toplevel=DPI_TOP,
+            run_cocotb(lambda: DpiPair(config, nscc=nscc), toplevel=DPI_TOP,
                        test_module="sim.tb.cocotb_fabric", build_dir=build, sim=scn.sim,
                        waves=waves, log=log, reuse=True, quick_build=quick_build,
-                       export_key=source_key("nic_pair-dpi", config.to_dict(), dpi_key()),
+                       export_key=source_key("nic_pair-dpi", config.to_dict(), dpi_key(),
+                                             *nscc_key),
                        verilator_args=verilator_args(), extra_env={**env, "MRC_DPI": "1"})
         else:
             # A quick build (the tests') of the Python agents' bench is always the traceable
             # one: Python, not the model, sets that bench's pace, and one build then serves
             # the runs with and without a waves window.
-            run_cocotb(lambda: NicPair(config), toplevel="nic_pair",
+            run_cocotb(lambda: NicPair(config, nscc=nscc), toplevel="nic_pair",
                        test_module="sim.tb.cocotb_fabric",
                        build_dir=build_dir or _build_dir(scn), sim=scn.sim,
                        waves=waves, log=log, reuse=True, quick_build=quick_build,
                        traceable=bool(waves) or (quick_build and scn.sim == "verilator"),
-                       export_key=source_key("nic_pair-shared", config.to_dict()),
+                       export_key=source_key("nic_pair-shared", config.to_dict(), *nscc_key),
                        extra_env=env)
         result = json.loads((out / "result.json").read_text())
         if waves and result.get("transfer_start_us") is not None:

@@ -40,6 +40,7 @@ from .req_defs import (
     qp_error_layout,
 )
 from .req_infer import infer_request_layout
+from .req_nscc import ACKED_BITS, nscc_event_layout
 from .req_retransmit import trim_layout
 from .req_tables import table_access_signature
 
@@ -82,7 +83,10 @@ class AckProcessor(wiring.Component):
     the failed QP (``qp_error``), feedback for the EV the named PSN last went out on
     (``feedback``: ACKED, ECN, LOST for an ALWAYS_SKIP mark, TRIMMED; none for a probe
     answer or a PSN whose EV entry no longer holds it; dropped and counted when not ready),
-    and the SACK bits for the inference unit.
+    and the SACK bits for the inference unit. With CONFIG ``cc_nscc``, A3 (the cycle after
+    A2) offers NSCC's event for the packet (``nscc``: a SACK, not a probe answer, that
+    acknowledges PSNs or echoes CE, with the PSNs it newly acknowledges, cumulatively and by
+    SACK bits, and its CC_STATE echo; a NACK TRIMMED); the consumer takes one every cycle.
 
     Hazards: A0 waits (``rx`` and ``exceed`` not ready) while the control holds and while
     the trim or QP-error queue has no room for one more item beside those in A1 and A2; the
@@ -111,8 +115,9 @@ class AckProcessor(wiring.Component):
     qp_error : ``Out(stream.Signature(qp_error_layout(config)))``
     feedback : ``Out(stream.Signature(feedback_layout(config)))``
     infer : ``Out(stream.Signature(infer_request_layout(config), always_ready=True))``
+    nscc : ``Out(stream.Signature(nscc_event_layout(config), always_ready=True))``
     busy : ``Out(1)``
-        A1 or A2 holds a packet.
+        A1 or A2 holds a packet, or A3 an NSCC event.
     events : ``Out(events_layout(COUNTERS))``
         ``feedback_dropped`` counts this engine's part of that counter.
     obs : ``Out(ack_observation_layout(config))``
@@ -145,6 +150,7 @@ class AckProcessor(wiring.Component):
             "qp_error": Out(stream.Signature(qp_error_layout(config))),
             "feedback": Out(stream.Signature(feedback_layout(config))),
             "infer": Out(stream.Signature(infer_request_layout(config), always_ready=True)),
+            "nscc": Out(stream.Signature(nscc_event_layout(config), always_ready=True)),
             "busy": Out(1),
             "events": Out(events_layout(self.COUNTERS)),
             **({"obs": Out(ack_observation_layout(config))} if observe else {}),
@@ -204,6 +210,7 @@ class AckProcessor(wiring.Component):
         a1_cum = Signal(PSN)
         a1_base = Signal(PSN)          # PSN of SACK bitmap bit 0
         a1_sack = Signal(bitmap_bits)
+        a1_echo = Signal(P.TIMESTAMP_BITS)
         m.d.sync += [a1_valid.eq(rx_take | x_take), a1_exceed.eq(x_take)]
         with m.If(x_take):
             m.d.sync += [a1_known.eq(0), a1_qpn.eq(self.exceed.payload), a1_sack.eq(0)]
@@ -222,6 +229,7 @@ class AckProcessor(wiring.Component):
                 a1_cum.eq(rx_header.bth.psn),
                 a1_base.eq((rx_header.bth.psn + rx_seth.sack_psn_offset.as_signed())[:PSN]),
                 a1_sack.eq(Mux(rx_is_sack, rx_seth.sack_bitmap, 0)),
+                a1_echo.eq(rx_header.ctl.sack.cc_state.tx_timestamp),
             ]
 
         # -- A1: the tables' data lands; decode the packet; register both for A2 ----------
@@ -241,12 +249,15 @@ class AckProcessor(wiring.Component):
         a2_base = Signal(PSN)
         a2_sack = Signal(bitmap_bits)
         a2_sack_rot = Signal(window)   # the SACK bits at their window positions, unmasked
-        m.d.comb += self.busy.eq(a1_valid | a2_valid)
+        a2_echo = Signal(P.TIMESTAMP_BITS)
+        a3_valid = Signal()            # an NSCC event in A3
+        m.d.comb += self.busy.eq(a1_valid | a2_valid | a3_valid)
         m.d.sync += [
             a2_valid.eq(a1_valid), a2_exceed.eq(a1_exceed), a2_known.eq(a1_known),
             a2_qpn.eq(a1_qpn), a2_kind.eq(a1_kind), a2_syndrome.eq(a1_syndrome),
             a2_reason.eq(a1_reason), a2_psn.eq(a1_psn), a2_pr.eq(a1_pr), a2_mark.eq(a1_mark),
             a2_cum1.eq((a1_cum + 1)[:PSN]), a2_base.eq(a1_base), a2_sack.eq(a1_sack),
+            a2_echo.eq(a1_echo),
             a2_sack_rot.eq(rotate_left(Cat(a1_sack, C(0, window - bitmap_bits)),
                                        a1_base[:wb], window)),
         ]
@@ -337,7 +348,41 @@ class AckProcessor(wiring.Component):
                          obs.a2_valid.eq(a2_valid), obs.a2_exceed.eq(a2_exceed),
                          obs.a2_qpn.eq(a2_qpn), obs.a2_una.eq(a_una),
                          obs.a2_error.eq(a_ack.error), obs.a2_next.eq(a_next)]
+        self._nscc_event(m, v)
         return m
+
+    def _nscc_event(self, m, v):
+        """A3: NSCC's event for the packet A2 applied. The PSNs a SACK newly acknowledges
+        (those una passes, and SACK bits for PSNs above the new una not acknowledged before:
+        the model's count) are counted here, a cycle after A2, off its path."""
+        window = len(v.new_bitmap)
+        a3_valid = v.a3_valid
+        a3_qpn = Signal.like(v.a2_qpn)
+        a3_nack = Signal()
+        a3_ecn = Signal()
+        a3_echo = Signal(P.TIMESTAMP_BITS)
+        a3_clear = Signal.like(v.clear_len)
+        a3_new = Signal(window)
+        marked = (v.a2_mark == P.SackMark.SKIP_ONCE) & ~v.a2_pr
+        new = v.sack_rot & ~v.clear & ~v.a_old_bitmap
+        sack_event = v.is_ack & ~v.a2_pr & (v.advance | new.any() | marked)
+        m.d.sync += [
+            a3_valid.eq(self.control.cc_nscc & v.a_apply & (sack_event | v.trim)),
+            a3_qpn.eq(v.a2_qpn), a3_nack.eq(v.trim), a3_ecn.eq(marked), a3_echo.eq(v.a2_echo),
+            a3_clear.eq(Mux(v.trim, 0, v.clear_len)), a3_new.eq(Mux(v.trim, 0, new)),
+        ]
+        counts = [a3_new[i] for i in range(window)]
+        while len(counts) > 1:          # an adder tree
+            counts = [counts[i] + counts[i + 1] if i + 1 < len(counts) else counts[i]
+                      for i in range(0, len(counts), 2)]
+        acked = a3_clear + counts[0]
+        event = self.nscc.payload
+        m.d.comb += [
+            self.nscc.valid.eq(a3_valid),
+            event.qpn.eq(a3_qpn), event.nack.eq(a3_nack), event.ecn.eq(a3_ecn),
+            event.echo.eq(a3_echo),
+            event.acked.eq(Mux(acked >> ACKED_BITS != 0, (1 << ACKED_BITS) - 1, acked)),
+        ]
 
     def _write_tables(self, m, v):
         """A2's writes of the QP's ``ack``, ``acked`` and ``cc`` entries."""

@@ -101,8 +101,9 @@ class ControlSignature(wiring.Signature):
         The QP's una, for the flush's error PSN.
     flush_trigger, flush_trigger_bit : ``Out(1)``
         The flush queues a completion trigger (none is queued for the QP yet), with this bit.
-    ackreq_every, infer_k, reo_wnd, cc_on : ``Out(...)``
-        The CONFIG settings.
+    ackreq_every, infer_k, reo_wnd, cc_on, cc_nscc : ``Out(...)``
+        The CONFIG settings (``cc_nscc``: the congestion window is NSCC's, not the ECN
+        window; always 0 in a build without NSCC).
     """
 
     def __init__(self, config):
@@ -120,6 +121,7 @@ class ControlSignature(wiring.Signature):
             "infer_k": Out(INFER_K_BITS),
             "reo_wnd": Out(REO_WND_BITS),
             "cc_on": Out(1),
+            "cc_nscc": Out(1),
         })
 
 

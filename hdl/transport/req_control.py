@@ -61,13 +61,24 @@ class RequesterControl(wiring.Component):
         The ``send`` register holds a packet, of this QP.
     obs : ``Out(control_observation_layout(config))``
         Only with ``observe=True`` (the formal proofs); nothing else changes.
+
+    Parameters
+    ----------
+    config : NicConfig
+    nscc : bool
+        The build has NSCC: CONFIG ``cc_nscc`` is kept (else it reads as 0).
+    observe : bool
+        Observation ports for the formal proofs.
     """
 
-    def __init__(self, *, config, observe=False):
+    def __init__(self, *, config, nscc=False, observe=False):
         with validating(self):
             check_config(config)
             check_observe(observe)
+            if not isinstance(nscc, bool):
+                raise TypeError(f"nscc must be a bool, not {nscc!r}")
         self._config = config
+        self._nscc = nscc
         self._observe = observe
         super().__init__({
             "tables": In(table_access_signature(config, "control")),
@@ -98,6 +109,7 @@ class RequesterControl(wiring.Component):
         infer_k = Signal(INFER_K_BITS, init=INFER_K_DEFAULT)
         reo_wnd = Signal(REO_WND_BITS)
         cc_on = Signal()
+        cc_nscc = Signal()
         ctl_write = Signal()            # this cycle: QP_WRITE writes every QP table
         # This cycle: QP_WRITE ERROR on a QP with outstanding WRs moves it to ERROR and wakes
         # the completion engine, which flushes them (the fatal-NAK flush, WR_FLUSH_ERR).
@@ -119,7 +131,7 @@ class RequesterControl(wiring.Component):
                                               == ctl_ports["trig_seen"].data)),
             out.flush_trigger_bit.eq(~ctl_ports["trig_seen"].data),
             out.ackreq_every.eq(ackreq_every), out.infer_k.eq(infer_k),
-            out.reo_wnd.eq(reo_wnd), out.cc_on.eq(cc_on),
+            out.reo_wnd.eq(reo_wnd), out.cc_on.eq(cc_on), out.cc_nscc.eq(cc_nscc),
         ]
         c_cfg, c_sq, c_cq = (ctl_ports[n].data for n in ("cfg", "sq", "cq"))
         c_next = ctl_ports["next_psn"].data
@@ -169,7 +181,8 @@ class RequesterControl(wiring.Component):
                     with m.Case(RequesterCommand.CONFIG):
                         m.d.sync += [ackreq_every.eq(ctl_req.ackreq_every),
                                      infer_k.eq(ctl_req.infer_k), cc_on.eq(ctl_req.cc),
-                                     reo_wnd.eq(ctl_req.reo_wnd)]
+                                     reo_wnd.eq(ctl_req.reo_wnd),
+                                     cc_nscc.eq(ctl_req.cc_nscc & self._nscc)]
                     with m.Case(RequesterCommand.QP_READ):
                         with m.If(ctl_req.qpn >= cfg.qps):
                             m.d.sync += ctl_errno.eq(P.Errno.ENOENT)

@@ -163,8 +163,9 @@ def requester_command_layout(config):
     ``retry_exp`` (E, 0..25; 25 = forever); on a QP with WRs outstanding only ``state`` ERROR
     is taken (the WRs are flushed), any other state is EBUSY. QP_READ: ``qpn``, ``page``
     (0..3). CONFIG: ``ackreq_every``, ``infer_k`` (0 = no count-based SACK inference), ``cc``
-    (1 = the ECN congestion window limits each QP's PSN range), ``reo_wnd`` (units; 0 = no
-    time-based inference); CONFIG sets all four.
+    (1 = the congestion window limits each QP's PSN range), ``reo_wnd`` (units; 0 = no
+    time-based inference), ``cc_nscc`` (the congestion window's algorithm: 0 = the ECN
+    window, 1 = NSCC, in a build with it; ``docs/congestion.md``); CONFIG sets all five.
     """
     return data.StructLayout({
         "cmd": RequesterCommand,
@@ -181,6 +182,7 @@ def requester_command_layout(config):
         "infer_k": unsigned(INFER_K_BITS),
         "cc": unsigned(1),
         "reo_wnd": unsigned(REO_WND_BITS),
+        "cc_nscc": unsigned(1),
     })
 
 

@@ -219,7 +219,8 @@ class Segmenter(wiring.Component):
     """Cut a WR into MTU packets, one per cycle (S2).
 
     Each packet is checked against the QP's window (``psn - una < mpr x 128``) and, with
-    CONFIG ``cc``, its ECN window (``psn - una < cwnd``); it asks for an ACK when it is the
+    CONFIG ``cc``, its congestion window (``psn - una < cwnd``: the ECN window, or NSCC's
+    with CONFIG ``cc_nscc``); it asks for an ACK when it is the
     WR's last, fills a window, or is the ``ackreq_every``-th. A packet taken by the send
     register advances ``next_psn``; one that is the QP's oldest outstanding PSN arms the
     retransmit timer (``arm``; dropped and counted when the queue is full). The segmenter
@@ -291,17 +292,20 @@ class Segmenter(wiring.Component):
         s2_una = Signal(PSN)            # una at hand-off, until the table read below is valid
         s2_fresh = Signal()             # the ack-table read below is for s2_qpn
         s2_ackcnt = Signal(ACKREQ_EVERY_BITS)
-        m.d.comb += [reads.ack.addr.eq(s2_qpn), reads.cc.addr.eq(s2_qpn)]
+        m.d.comb += [reads.ack.addr.eq(s2_qpn), reads.cc.addr.eq(s2_qpn),
+                     reads.nscc_window.addr.eq(s2_qpn)]
         s2_una_now = Mux(s2_fresh, reads.ack.data.una, s2_una)
         s2_abort = s2_active & s2_fresh & reads.ack.data.error
         s2_ahead = psn_sub(s2_psn, s2_una_now)
         s2_window_ok = s2_ahead < Cat(C(0, 7), s2_mpr)
-        # The ECN window (CONFIG cc): its table read is valid from the second cycle of a WR.
-        s2_cc_ok = ~cc_on | (s2_fresh & (s2_ahead < reads.cc.data.cwnd))
+        # The congestion window (CONFIG cc): the ECN window or, with CONFIG cc_nscc, NSCC's;
+        # its table read is valid from the second cycle of a WR.
+        cwnd = Mux(ctl.cc_nscc, reads.nscc_window.data, reads.cc.data.cwnd)
+        s2_cc_ok = ~cc_on | (s2_fresh & (s2_ahead < cwnd))
         # This packet fills the QP's window (MPR, or the ECN window when on): it asks for an
         # ACK, so a window-limited QP never waits for the responder's coalescing timer.
         s2_closes = (((s2_ahead + 1) >= Cat(C(0, 7), s2_mpr))
-                     | (cc_on & ((s2_ahead + 1) >= reads.cc.data.cwnd)))
+                     | (cc_on & ((s2_ahead + 1) >= cwnd)))
         s2_last = s2_remaining <= cfg.mtu
         s2_dma_len = Mux(s2_last, s2_remaining, cfg.mtu)
         s2_emit = self.o.valid & self.o.ready

@@ -80,6 +80,9 @@ def requester_tables(config):
         # with CONFIG cc, and the PSN a mark must reach to shrink it again.
         "cc": (data.StructLayout({"cwnd": CWND_BITS, "acc": CWND_BITS, "recover": PSN}),
                qps, 3),
+        # NSCC's window in PSNs (the NSCC engine, in a build with it), read by the segmenter
+        # with CONFIG cc_nscc.
+        "nscc_window": (unsigned(CWND_BITS), qps, 1),
     }
 
 
@@ -99,7 +102,7 @@ TABLE_ACCESS = {
     "control": (("cfg", "sq", "next_psn", "ack", "cq", "tmr", "cc", "trig_set", "trig_seen"),
                 ("cfg",)),
     "intake": (("cfg", "sq", "next_psn", "ack", "cq"), ("sq", "wr_done", "wr_send")),
-    "segmenter": (("ack", "cc"), ("next_psn",)),
+    "segmenter": (("ack", "cc", "nscc_window"), ("next_psn",)),
     "retransmitter": (("cfg", "next_psn", "ack", "acked", "meta", "ev", "wr_send"), ()),
     "send": ((), ("meta",)),
     "ev_reports": ((), ("ev",)),
@@ -108,6 +111,7 @@ TABLE_ACCESS = {
     "inference": (("infer",), ("infer",)),
     "scanner": (("cfg", "ack", "next_psn", "tmr", "progress"), ("tmr",)),
     "completion": (("cq", "ack", "sq", "wr_done"), ("trig_seen", "cq")),
+    "nscc": ((), ("nscc_window",)),
 }
 
 
@@ -170,7 +174,8 @@ class RequesterTables(wiring.Component):
     <engine> : ``Out(table_access_signature(config, engine))``
         One port per engine named in :data:`TABLE_ACCESS` (``control``, ``intake``,
         ``segmenter``, ``retransmitter``, ``send``, ``ev_reports``, ``ack``, ``inference``,
-        ``scanner``, ``completion``), with the read and write ports it gives that engine.
+        ``scanner``, ``completion``, ``nscc``), with the read and write ports it gives that
+        engine.
     obs_qpn : ``In(config.qpn_bits)`` (``observe`` only)
     obs : ``Out(observed_row_layout(config))`` (``observe`` only)
         The entries of QP ``obs_qpn`` in this cycle (the writes of this cycle not yet in).

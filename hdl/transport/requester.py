@@ -31,7 +31,10 @@ of its own, with its latency, throughput and hazards in its docstring:
 * **completion engine** (:class:`~.req_completion.CompletionEngine`) walks a QP's WR ring
   from the oldest slot and completes WRs in order;
 * **feedback merge** (:class:`~.req_send.FeedbackMerge`) queues the ACK side's and the
-  retransmitter's feedback into ``feedback``.
+  retransmitter's feedback into ``feedback``;
+* **NSCC** (:class:`~.req_nscc.NsccEngine`, in a build with ``nscc``) keeps UET's NSCC
+  window per QP from ACK processing's events; the segmenter reads it with CONFIG
+  ``cc_nscc``.
 
 Every read port is transparent for its table's write port, so a read sees every write of the
 same cycle and earlier. Two engines forward what a read cannot see yet: ACK processing, which
@@ -78,6 +81,7 @@ from .req_intake import (
     intake_observation_layout,
     segmenter_observation_layout,
 )
+from .req_nscc import NSCC_TIME_BITS, NsccEngine, nscc_constants
 from .req_retransmit import Retransmitter, Walker
 from .req_send import FeedbackMerge, SendRegister
 from .req_tables import (
@@ -142,6 +146,9 @@ class Requester(wiring.Component):
     Parameters
     ----------
     config : NicConfig
+    nscc : NsccSetting or None
+        Build the NSCC engine (:mod:`~hdl.transport.req_nscc`) with this setting: CONFIG
+        ``cc_nscc`` then selects its window. ``None`` (the default): the ECN window only.
     observe : bool
         Add the observation ports ``obs_qpn`` and ``obs`` (off by default): an asynchronous
         read of the ``cfg``, ``next_psn`` and ``ack`` entries of QP ``obs_qpn`` and the
@@ -178,7 +185,7 @@ class Requester(wiring.Component):
         packet in the ``send`` register) has left.
     ctl_resp : ``Out(stream.Signature(requester_response_layout(config)))``
     now_ns : ``In(32)``
-        Unused (the time is ``now_units``); kept so the NIC's wiring holds.
+        The time in ns: NSCC's clock and round trips (a build with NSCC; else unused).
     now_units : ``In(32)``
         The time in 1.024 us units (:attr:`Timebase.units <hdl.timebase.Timebase.units>`):
         the retransmit timers and the per-PSN send time.
@@ -195,12 +202,15 @@ class Requester(wiring.Component):
     EXCEED_DEPTH = 4        #: scanner -> ACK processing: retries exhausted
     LOST_DEPTH = 4          #: walker -> feedback merge
 
-    def __init__(self, *, config, observe=False):
+    def __init__(self, *, config, nscc=None, observe=False):
         with validating(self):
             if not isinstance(config, NicConfig):
                 raise TypeError(f"Configuration must be a NicConfig, not {config!r}")
             check_observe(observe)
+            if nscc is not None:
+                nscc_constants(nscc, mtu=config.mtu)
         self._config = config
+        self._nscc = nscc
         self._observe = observe
         super().__init__({
             "wr": In(stream.Signature(work_request_layout(config))),
@@ -234,7 +244,9 @@ class Requester(wiring.Component):
 
         observe = self._observe
         m.submodules.tables = tables = RequesterTables(config=cfg, observe=observe)
-        m.submodules.control = control = RequesterControl(config=cfg, observe=observe)
+        m.submodules.control = control = RequesterControl(config=cfg,
+                                                           nscc=self._nscc is not None,
+                                                           observe=observe)
         m.submodules.intake = intake = WrIntake(config=cfg, observe=observe)
         m.submodules.segmenter = segmenter = Segmenter(config=cfg, observe=observe)
         m.submodules.walker = walker = Walker(config=cfg)
@@ -301,11 +313,27 @@ class Requester(wiring.Component):
             m.d.comb += [port.payload.eq(fifo.r_data), port.valid.eq(fifo.r_rdy),
                          fifo.r_en.eq(port.ready)]
 
+        # -- NSCC: ACK processing's events in, each QP's window in PSNs to the segmenter -------
+        if self._nscc is not None:
+            m.submodules.nscc = nscc = NsccEngine(config=cfg, setting=self._nscc)
+            wiring.connect(m, control.control, nscc.control)
+            window = tables.nscc.write.nscc_window
+            m.d.comb += [
+                nscc.now.eq(self.now_ns[P.TIMESTAMP_SHIFT:P.TIMESTAMP_SHIFT + NSCC_TIME_BITS]),
+                nscc.i.valid.eq(ack.nscc.valid), nscc.i.payload.eq(ack.nscc.payload),
+                nscc.o.ready.eq(1),
+                window.addr.eq(nscc.o.payload.qpn), window.data.eq(nscc.o.payload.window),
+                window.en.eq(nscc.o.valid),
+            ]
+
         # -- control ------------------------------------------------------------------------
         wiring.connect(m, wiring.flipped(self.ctl), control.cmd)
         wiring.connect(m, control.resp, wiring.flipped(self.ctl_resp))
+        busy = ack.busy | completion.busy | inference.busy | scanner.busy
+        if self._nscc is not None:
+            busy |= nscc.busy
         m.d.comb += [
-            control.busy.eq(ack.busy | completion.busy | inference.busy | scanner.busy),
+            control.busy.eq(busy),
             control.resends_pending.eq(
                 (trim_queue.level != 0) | (timeout_walks.level != 0)
                 | (infer_walks.level != 0) | walker.o.valid | retransmitter.busy),

@@ -254,19 +254,22 @@ class NicDriver(RegisterDriver):
                            timeout=qp.timeout, retry_linear=qp.retry_linear,
                            retry_exp=qp.retry_exponential)
 
-    async def configure_requester(self, *, ackreq_every=0, infer_k=3, cc=False, reo_wnd=0):
+    async def configure_requester(self, *, ackreq_every=0, infer_k=3, cc=False, reo_wnd=0,
+                                  cc_nscc=False):
         """Requester settings (docs/requester.md, docs/recovery.md): ACK request every N
         packets of a message (0: message ends only), the SACK loss-inference threshold K
         (0: off; a hole with K later PSNs acknowledged is resent at once), the ECN
         congestion window (``cc``: off = only MPR limits a QP's PSN range) and the reorder
         window of time-based inference (``reo_wnd``, 1.024 us units, 0: off; a hole still
-        not SACKed that long after a later PSN was is resent)."""
+        not SACKed that long after a later PSN was is resent). ``cc_nscc``: the window ``cc``
+        turns on is NSCC's (a build with NSCC, docs/congestion.md), not the ECN window."""
         if not 0 <= infer_k < 1 << INFER_K_BITS:
             self._error(P.Errno.EINVAL, "requester", {"infer_k": infer_k})
         if not 0 <= reo_wnd < 1 << REO_WND_BITS:
             self._error(P.Errno.EINVAL, "requester", {"reo_wnd": reo_wnd})
         await self.command("requester", cmd=RequesterCommand.CONFIG, ackreq_every=ackreq_every,
-                           infer_k=infer_k, cc=int(bool(cc)), reo_wnd=reo_wnd)
+                           infer_k=infer_k, cc=int(bool(cc)), reo_wnd=reo_wnd,
+                           cc_nscc=int(bool(cc_nscc)))
 
     async def connect_qp(self, qpn, *, ev_profile, remote_qpn, remote_mac, remote_ip, psn,
                          remote_psn, mpr, max_wimm, pd, ev_offset=0, **extra):

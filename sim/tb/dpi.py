@@ -428,13 +428,14 @@ class DpiPair:
     :func:`sim.tb.runner.run_cocotb` (``toplevel=DPI_TOP``, ``verilator_args=
     verilator_args()``)."""
 
-    def __init__(self, config):
+    def __init__(self, config, *, nscc=None):
         self.config = config
+        self.nscc = nscc
 
     def export_sv(self, path):
         from ..export import write_if_changed
         from .pair import NicPair
-        text = NicPair(self.config).export_sv(path)
+        text = NicPair(self.config, nscc=self.nscc).export_sv(path)
         text = text + "\n" + wrapper_sv(text, self.config)
         write_if_changed(path, text)
         return text

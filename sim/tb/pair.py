@@ -55,13 +55,14 @@ class NicPair(wiring.Component):
 
     Elaborated as two Amaranth submodules (one flat design, what the Amaranth simulator
     needs), or, once :meth:`export_sv` has run, as two instances of the black box
-    :data:`NIC_MODULE` that the exported file defines.
+    :data:`NIC_MODULE` that the exported file defines. ``nscc``: both NICs' requesters get
+    NSCC with this setting (:class:`hdl.nic.MrcNic`).
     """
 
-    def __init__(self, config):
+    def __init__(self, config, *, nscc=None):
         self._config = config
         self._shared = False
-        self.nics = {"a": MrcNic(config), "b": MrcNic(config)}
+        self.nics = {"a": MrcNic(config, nscc=nscc), "b": MrcNic(config, nscc=nscc)}
         members = {}
         for prefix, nic in self.nics.items():
             for name, member in nic.signature.members.items():

@@ -103,10 +103,8 @@ def mainjob_args(argv):
     (["--nics", "4", "--pattern", "incast", "--backend", "rtl", "--sim", "icarus"],
      "--sim: the RTL backend runs more than two NICs (or another pattern than pairs) under "
      "Verilator without waves only"),
-    (["--cc", "nscc", "--backend", "rtl"],
-     "--cc: NSCC is the model NIC's only, for now: add --backend model"),
     (["--cc", "nscc", "--nics", "5", "--pattern", "incast", "--backend", "rtl"],
-     "--cc: NSCC is the model NIC's only, for now: add --backend model"),
+     "--cc: NSCC runs on the RTL pair only (two NICs, pattern pairs): add --backend model"),
 ])
 def test_bad_nics_pattern_and_cc_name_the_flag(capsys, tmp_path, argv, message):
     status = main(["sim", *argv, "--out", str(tmp_path / "run")])
