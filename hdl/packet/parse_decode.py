@@ -7,7 +7,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from .. import protocol as P
-from ..util import onehot_select
+from ..util import onehot_select, validating
 from . import layouts as L
 from .headers import PacketKind, opcode_kind, packet_header_layout
 from .parse_defs import (
@@ -96,7 +96,8 @@ class ParseWindows(wiring.Component):
     """
 
     def __init__(self, *, config):
-        self._geometry = ParserGeometry.of(config)
+        with validating(self):
+            self._geometry = ParserGeometry.of(config)
         super().__init__({
             "i": In(frame_layout(self._geometry)),
             "o": Out(windows_layout(self._geometry)),
@@ -177,7 +178,8 @@ class ParseFields(wiring.Component):
     """
 
     def __init__(self, *, config):
-        self._geometry = ParserGeometry.of(config)
+        with validating(self):
+            self._geometry = ParserGeometry.of(config)
         self._config = config
         super().__init__({
             "i": In(windows_layout(self._geometry)),
@@ -287,7 +289,8 @@ class ParseChecks(wiring.Component):
     """
 
     def __init__(self, *, config):
-        self._geometry = ParserGeometry.of(config)
+        with validating(self):
+            self._geometry = ParserGeometry.of(config)
         super().__init__({
             "i": In(windows_layout(self._geometry)),
             "trim_dscp": In(6),

@@ -6,6 +6,7 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .. import protocol as P
+from ..util import validating
 from .headers import net_beat_layout
 from .parse_defs import (
     DOT1Q,
@@ -90,7 +91,8 @@ class ParseInput(wiring.Component):
     """
 
     def __init__(self, *, config):
-        self._geometry = ParserGeometry.of(config)
+        with validating(self):
+            self._geometry = ParserGeometry.of(config)
         g = self._geometry
         super().__init__({
             "i": In(stream.Signature(net_beat_layout(g.data_width, tagged=True))),

@@ -5,6 +5,7 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from ..util import validating
 from .headers import packet_beat_layout, packet_header_layout
 from .parse_defs import ParserGeometry, queue_entry_layout
 
@@ -49,7 +50,8 @@ class ParseReader(wiring.Component):
     """
 
     def __init__(self, *, config):
-        g = self._geometry = ParserGeometry.of(config)
+        with validating(self):
+            g = self._geometry = ParserGeometry.of(config)
         self._config = config
         super().__init__({
             "entry": In(stream.Signature(queue_entry_layout(config, g))),

@@ -6,6 +6,7 @@ from amaranth.hdl import Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
+from ..util import validating
 from .crc import CRC32
 from .parse_defs import (
     FLAG_NAMES,
@@ -49,7 +50,8 @@ class ParseIcrc(wiring.Component):
     """
 
     def __init__(self, *, config):
-        self._geometry = ParserGeometry.of(config)
+        with validating(self):
+            self._geometry = ParserGeometry.of(config)
         super().__init__({
             "i": In(input_beat_layout(self._geometry)),
             "match": Out(1),
@@ -142,7 +144,8 @@ class ParseCapture(wiring.Component):
     """
 
     def __init__(self, *, config):
-        self._geometry = ParserGeometry.of(config)
+        with validating(self):
+            self._geometry = ParserGeometry.of(config)
         g = self._geometry
         super().__init__({
             "i": In(input_beat_layout(g)),

@@ -6,6 +6,7 @@ from amaranth.hdl import Cat, EnableInserter, Module, Mux, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
+from ..util import validating
 from .headers import DropReason, packet_header_layout
 from .parse_defs import (
     IPV4,
@@ -48,7 +49,8 @@ class ParseLengths(wiring.Component):
     """
 
     def __init__(self, *, config):
-        self._geometry = ParserGeometry.of(config)
+        with validating(self):
+            self._geometry = ParserGeometry.of(config)
         self._config = config
         super().__init__({
             "i": In(checks_layout(self._geometry)),
@@ -144,7 +146,8 @@ class ParseVerdict(wiring.Component):
     """
 
     def __init__(self, *, config):
-        g = self._geometry = ParserGeometry.of(config)
+        with validating(self):
+            g = self._geometry = ParserGeometry.of(config)
         super().__init__({
             "i": In(lengths_layout(config, g)),
             "verdict_valid": Out(1),
