@@ -26,8 +26,8 @@ class ParseReader(wiring.Component):
     previous frame's last beat waits for ``o.ready``.
 
     Latency: the first ``o`` beat comes 2 cycles after ``entry`` is taken for a packet without
-    payload; with payload, the FIFO's read latency after the seek plus one (see
-    ``PacketFifo``). Throughput: one output beat per cycle within a frame; the next frame
+    payload; for one with payload, 2 more with the packet FIFO's registered read (W = 64 and
+    128), 1 more with its direct read (W = 256). Throughput: one output beat per cycle within a frame; the next frame
     starts the cycle after a frame's last beat is emitted. Hazards: ``entry.seek_ptr`` and
     ``verdict_end`` must lie between the FIFO's release point and its last commit.
 
