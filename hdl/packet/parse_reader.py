@@ -27,9 +27,10 @@ class ParseReader(wiring.Component):
 
     Latency: the first ``o`` beat comes 2 cycles after ``entry`` is taken for a packet without
     payload; for one with payload, 2 more with the packet FIFO's registered read (W = 64 and
-    128), 1 more with its direct read (W = 256). Throughput: one output beat per cycle within a frame; the next frame
-    starts the cycle after a frame's last beat is emitted. Hazards: ``entry.seek_ptr`` and
-    ``verdict_end`` must lie between the FIFO's release point and its last commit.
+    128), 1 more with its direct read (W = 256). Throughput: one output beat per cycle within
+    a frame; the next frame starts the cycle after a frame's last beat is emitted. Hazards:
+    ``entry.seek_ptr`` and ``verdict_end`` must lie between the FIFO's release point and its
+    last commit.
 
     Parameters
     ----------
