@@ -8,7 +8,10 @@ and slow tests), so they survive moving a file to another folder:
 ``formal``  runs SymbiYosys (``sim/formal.py``)
 ``synth``   runs Yosys synthesis or nextpnr
 ``slow``    takes long enough to leave out of the inner loop: ``make test-fast`` runs
-            ``-m "not slow"``; ``make test`` runs everything
+            ``-m "not slow"``
+``formal_deep`` a formal check whose deep run in ``make formal`` covers its test depth:
+            ``make test`` runs ``-m "not formal_deep"`` (everything else), ``make formal``
+            runs it at the deep depth
 
 Every test also gets an ``xdist_group`` (for ``--dist loadgroup``; ``make test`` runs
 ``--dist loadfile`` because loadgroup does not hold groups together with the pinned
@@ -94,21 +97,31 @@ TEST_MARKS = {
         "test_plot_writes_a_png": {"slow"},
         "test_same_seed_same_capture_and_another_seed_differs": {"slow"},
     },
+    # formal_deep: make test leaves these to make formal (CI runs it right after make test),
+    # which runs the same test at its deep depth, covering the test depth (a BMC pass at the
+    # deep depth covers every shallower one; a k-induction pass at the deep k covers the
+    # base case of the test k and is the same unbounded property); a cover or a FAIL-expected
+    # check has one depth for both, so make test would run exactly what make formal runs.
+    # make test keeps the harness's checks, the requester's BMC and one responder induction
+    # proof as its formal smoke (the flow, the solver and both designs' wrappers).
     "test_formal.py": {
-        "test_responder_places_a_psn_at_most_once": {"slow"},
-        "test_responder_cumulative_psn_never_moves_backwards": {"slow"},
-        "test_responder_placement_is_reachable": {"slow"},
-        "test_responder_covers_placement_duplicate_ack_and_restart": {"slow"},
+        "test_responder_places_a_psn_at_most_once": {"slow", "formal_deep"},
+        "test_responder_cumulative_psn_never_moves_backwards": {"slow", "formal_deep"},
+        "test_responder_placement_is_reachable": {"slow", "formal_deep"},
+        "test_responder_covers_placement_duplicate_ack_and_restart": {"slow", "formal_deep"},
         "test_requester_new_psns_consecutive_and_inside_window": {"slow"},
-        "test_requester_covers_sends_and_an_ack_moving_una": {"slow"},
+        "test_requester_covers_sends_and_an_ack_moving_una": {"slow", "formal_deep"},
         "test_a_check_past_its_time_limit_fails_naming_the_check_and_the_limit": {"slow"},
         "test_responder_cumulative_psn_never_moves_backwards_by_induction": {"slow"},
-        "test_responder_sack_cumulative_psn_never_moves_backwards_by_induction": {"slow"},
-        "test_responder_sack_environment_moves_and_repeats_the_cumulative_psn": {"slow"},
-        "test_responder_places_a_psn_at_most_once_by_induction": {"slow"},
-        "test_responder_writes_only_inside_the_region_by_induction": {"slow"},
-        "test_responder_induction_environment_places_multi_beat_payloads": {"slow"},
-        "test_responder_proof_fails_without_the_prev2_forwarding": {"slow"},
+        "test_responder_sack_cumulative_psn_never_moves_backwards_by_induction":
+            {"slow", "formal_deep"},
+        "test_responder_sack_environment_moves_and_repeats_the_cumulative_psn":
+            {"slow", "formal_deep"},
+        "test_responder_places_a_psn_at_most_once_by_induction": {"slow", "formal_deep"},
+        "test_responder_writes_only_inside_the_region_by_induction": {"slow", "formal_deep"},
+        "test_responder_induction_environment_places_multi_beat_payloads":
+            {"slow", "formal_deep"},
+        "test_responder_proof_fails_without_the_prev2_forwarding": {"slow", "formal_deep"},
     },
     "test_mac.py": {
         "test_loopback_delivers_the_frames_sent": {"slow"},
@@ -299,6 +312,12 @@ LONGEST_FIRST = [
     "test_parser.py::test_truncation_of_a_long_data_packet",
     "test_txformer.py::test_data_and_probe_packets_with_bubbles_and_backpressure",
 ]
+
+
+def pytest_configure(config):
+    # Registered here, not in pyproject.toml, whose every change makes `make` reinstall the venv.
+    config.addinivalue_line("markers", "formal_deep: a formal check that make test leaves to "
+                            "make formal, whose deep depth covers its test depth")
 
 
 def pytest_addoption(parser):
