@@ -225,37 +225,17 @@ def export_once(component, *, toplevel, build_dir, export_key=None):
     with _folder_lock(build_dir):
         if not (export_key and source.exists() and key_file.exists()
                 and key_file.read_text() == export_key):
+            if callable(component) and not hasattr(component, "elaborate"):
+                component = component()
             key_file.unlink(missing_ok=True)
             build_dir.mkdir(parents=True, exist_ok=True)
-            if export_key:
-                # One export per key, whichever folder asks first: the same design built by
-                # two simulators (the replay NIC under Verilator and Icarus) is elaborated once.
-                from ..env import BUILD
-                shared = BUILD / "exports" / f"{toplevel}-{_digest(export_key)}.sv"
-                with _folder_lock(shared):
-                    if not shared.exists():
-                        _export(component, toplevel, source)
-                        shared.write_bytes(source.read_bytes())
-                    elif not source.exists() or source.read_bytes() != shared.read_bytes():
-                        source.write_bytes(shared.read_bytes())
-                key_file.write_text(export_key)
+            if hasattr(component, "export_sv"):      # a component that writes its own Verilog
+                component.export_sv(source)
             else:
-                _export(component, toplevel, source)
+                export_sv(component, name=toplevel, path=source)
+            if export_key:
+                key_file.write_text(export_key)
     return source
-
-
-def _digest(text):
-    import hashlib
-    return hashlib.sha256(text.encode()).hexdigest()[:24]
-
-
-def _export(component, toplevel, source):
-    if callable(component) and not hasattr(component, "elaborate"):
-        component = component()
-    if hasattr(component, "export_sv"):      # a component that writes its own Verilog
-        component.export_sv(source)
-    else:
-        export_sv(component, name=toplevel, path=source)
 
 
 def run_cocotb(component, *, toplevel, test_module, build_dir, extra_env=None, sim=None,
