@@ -62,8 +62,10 @@ $(VENV)/.setup-stamp: pyproject.toml
 # first and --no-loadscope-reorder keeps that order (docs/testing.md).
 PYTEST_XDIST := -n 2 --dist loadfile --no-loadscope-reorder
 
+# make test leaves out the formal checks that make formal runs deeper (formal_deep,
+# docs/testing.md); make formal runs every formal check.
 test: venv
-	$(PY) -m pytest -q $(PYTEST_XDIST)
+	$(PY) -m pytest -q $(PYTEST_XDIST) -m "not formal_deep"
 
 test-fast: venv
 	$(PY) -m pytest -q $(PYTEST_XDIST) -m "not slow"

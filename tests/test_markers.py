@@ -48,4 +48,18 @@ def test_only_registered_markers_are_given():
     given = set().union(*conftest.FILE_MARKS.values(),
                         *(marks for functions in conftest.TEST_MARKS.values()
                           for marks in functions.values()))
-    assert given <= {"rtl", "formal", "synth", "slow"}
+    assert given <= {"rtl", "formal", "synth", "slow", "formal_deep"}
+
+
+def test_formal_deep_marks_only_formal_checks_with_a_deep_run():
+    """make test leaves out the formal_deep tests because make formal runs them: each must be
+    a formal test, and make test must keep at least one formal check of its own."""
+    formal_files = {file for file, marks in conftest.FILE_MARKS.items() if "formal" in marks}
+    for file, functions in conftest.TEST_MARKS.items():
+        for function, marks in functions.items():
+            if "formal_deep" in marks:
+                assert file in formal_files, f"{file}::{function} is formal_deep, not formal"
+    kept = [function for file in formal_files
+            for function, marks in conftest.TEST_MARKS.get(file, {}).items()
+            if "formal_deep" not in marks]
+    assert kept, "make test would run no formal check"

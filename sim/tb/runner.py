@@ -29,8 +29,8 @@ from cocotb_tools.runner import Verilator, get_runner
 
 from ..export import export_sv
 
-__all__ = ["run_cocotb", "CocotbFailure", "simulator", "WavesWindow", "waves_requested",
-           "waves_from_env", "viewer_hint", "WAVES_FILE"]
+__all__ = ["run_cocotb", "export_once", "CocotbFailure", "simulator", "WavesWindow",
+           "waves_requested", "waves_from_env", "viewer_hint", "WAVES_FILE"]
 
 #: The waveform file's name in an output folder.
 WAVES_FILE = "waves.fst"
@@ -213,6 +213,31 @@ def source_key(*parts):
     return digest.hexdigest()
 
 
+def export_once(component, *, toplevel, build_dir, export_key=None):
+    """Export ``component`` as ``toplevel`` into ``build_dir/<toplevel>.sv`` (the folder locked
+    meanwhile), unless the file there was exported under ``export_key`` (see
+    :func:`source_key`; ``component`` may then be a callable that makes the component, so it
+    is not even built). Returns the file's path. :func:`run_cocotb` exports through this, so a
+    test that needs only the Verilog of a design a bench also runs reads the bench's export."""
+    build_dir = Path(build_dir).resolve()
+    source = build_dir / f"{toplevel}.sv"
+    key_file = build_dir / "export.key"
+    with _folder_lock(build_dir):
+        if not (export_key and source.exists() and key_file.exists()
+                and key_file.read_text() == export_key):
+            if callable(component) and not hasattr(component, "elaborate"):
+                component = component()
+            key_file.unlink(missing_ok=True)
+            build_dir.mkdir(parents=True, exist_ok=True)
+            if hasattr(component, "export_sv"):      # a component that writes its own Verilog
+                component.export_sv(source)
+            else:
+                export_sv(component, name=toplevel, path=source)
+            if export_key:
+                key_file.write_text(export_key)
+    return source
+
+
 def run_cocotb(component, *, toplevel, test_module, build_dir, extra_env=None, sim=None,
                testcase=None, waves=None, quick_build=False, reuse=False, export_key=None,
                ports_only=True, log=None, traceable=None, verilator_args=()):
@@ -256,20 +281,8 @@ def run_cocotb(component, *, toplevel, test_module, build_dir, extra_env=None, s
         raise ValueError("waves need a traceable build (traceable=True)")
     if waves:       # the simulator runs in build_dir: a relative path would land there
         waves = WavesWindow(waves.path.resolve(), waves.from_us, waves.to_us)
-    source = build_dir / f"{toplevel}.sv"
-    key_file = build_dir / "export.key"
-    with _folder_lock(build_dir):
-        if not (export_key and source.exists() and key_file.exists()
-                and key_file.read_text() == export_key):
-            if callable(component) and not hasattr(component, "elaborate"):
-                component = component()
-            key_file.unlink(missing_ok=True)
-            if hasattr(component, "export_sv"):      # a component that writes its own Verilog
-                component.export_sv(source)
-            else:
-                export_sv(component, name=toplevel, path=source)
-            if export_key:
-                key_file.write_text(export_key)
+    source = export_once(component, toplevel=toplevel, build_dir=build_dir,
+                         export_key=export_key)
     build_args = []
     sources = [source]
     if sim == "verilator":

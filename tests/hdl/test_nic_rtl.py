@@ -22,7 +22,7 @@ from sim.scenario import Scenario, nic_config_for
 from sim.schema import validate_report
 from sim.tb.dpi import DPI_TOP
 from sim.tb.pair import NicPair
-from sim.tb.runner import simulator
+from sim.tb.runner import export_once, simulator, source_key
 
 # Small transfers keep each run to some 10-40 s of wall time under Verilator (built at -O0:
 # the two NICs compile in about half the time of an optimised build).
@@ -178,12 +178,16 @@ def test_pair_compiles_one_nic_and_shows_only_ports(build_dir, tmp_path):
     """The pair's Verilog holds the NIC once, as ``mrc_nic`` instantiated twice (Verilator
     compiles one NIC), and the Verilator build exposed only the top's ports to cocotb."""
     _run("build-check", BASE.replace(bytes=4096), build_dir, tmp_path)
-    # Exported afresh (the run above may have reused the build): with the collector run at
-    # once, an NicPair or MrcNic left unelaborated would warn UnusedElaboratable here, which
+    # The export of the Python agents' bench (the main job's folder and key for this
+    # configuration, shared with tests/sim/test_waves.py and test_dpi_agents.py): made here
+    # unless one of them made it already. When it is made here, the collector runs at once,
+    # so an NicPair or MrcNic left unelaborated would warn UnusedElaboratable here, which
     # filterwarnings = error turns into this test's failure (it used to fail a later test).
-    text = NicPair(nic_config_for(BASE)).export_sv(tmp_path / "pair.sv")
+    config = nic_config_for(BASE)
+    path = export_once(lambda: NicPair(config), toplevel="nic_pair", build_dir=build_dir,
+                       export_key=source_key("nic_pair-shared", config.to_dict()))
     gc.collect()
-    assert text == (tmp_path / "pair.sv").read_text()
+    text = path.read_text()
     assert text.count("\nmodule mrc_nic(") == 1
     assert text.count("\nmodule nic_pair(") == 1
     assert len([line for line in text.splitlines() if line.startswith("  mrc_nic ")]) == 2
