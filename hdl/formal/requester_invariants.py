@@ -68,7 +68,7 @@ from amaranth.hdl import Assert, Assume, Cover
 from .. import protocol as P
 from ..config import NicConfig
 from ..transport.req_common import log2
-from ..transport.req_defs import RequesterCommand
+from ..transport.req_defs import slot_depth
 from ..transport.requester import Requester
 from ..util import validating
 from .requester_props import drive_inputs
@@ -131,18 +131,13 @@ class RequesterInvariants(Elaboratable):
         next_psn, una, error, mpr = row.next_psn, row.ack.una, row.ack.error, row.cfg.mpr
         window = Cat(C(0, 7), mpr)
 
-        # The control: the QP's reset, and a QP_WRITE of the QP it holds.
-        control, command = obs.control, obs.command
+        # The control's QP reset (an accepted QP_WRITE of the QP; any may come at any time).
+        control = obs.control
         reset = control.write & (control.qpn == watch_qpn)
-        held_write = (command.busy & (command.cmd == RequesterCommand.QP_WRITE)
-                      & (command.qpn == watch_qpn))
         written = Signal()              # the QP was reset by a QP_WRITE
-        ghost_mpr = Signal(4)           # ... with this MPR
+        ghost_mpr = Signal(4)           # ... with this MPR, the last time
         with m.If(reset):
             m.d.sync += [written.eq(1), ghost_mpr.eq(control.mpr)]
-        cmd = dut.ctl.payload
-        m.d.comb += Assume(~(dut.ctl.valid & written & (cmd.cmd == RequesterCommand.QP_WRITE)
-                             & (cmd.qpn == watch_qpn)))
 
         # New packets of the QP on `send`; the wrapper's next PSN.
         send = dut.send
@@ -163,6 +158,16 @@ class RequesterInvariants(Elaboratable):
         fwd_mine = intake.fwd_valid & (intake.fwd_qpn == watch_qpn)
         a2_mine = ack.a2_valid & (ack.a2_qpn == watch_qpn)
 
+        # The QP's WR ring (slots from `cq.head` up to `sq.tail`) and the completion engine.
+        sb = log2(slot_depth(config))
+        outstanding = (row.sq.tail - row.cq.head)[:sb + 1]
+        seg_in_ring = (seg.slot - row.cq.head)[:sb] < outstanding
+        comp = obs.completion
+        comp_mine = comp.check & (comp.qpn == watch_qpn)
+        comp_left = (comp.tail - comp.head)[:sb + 1]      # slots CHECK may still complete
+        seg_ahead = (seg.slot - comp.head)[:sb] < comp_left
+        seg_left = _psn_distance(seg_end, comp.una)
+
         m.d.comb += [
             # The property.
             Assert(_psn_distance(next_psn, una) <= window, "outstanding PSNs exceed the window"),
@@ -177,7 +182,6 @@ class RequesterInvariants(Elaboratable):
             # Configuration.
             Assert(mpr == ghost_mpr, "the MPR is the QP_WRITE's"),
             Assert(ghost_mpr <= config.mpr_units, "MPR within the configuration"),
-            Assert(~(written & held_write) | command.resp, "one QP_WRITE of the QP"),
             # Send register.
             Assert(Mux(send_new, (ctx.psn == ghost_next)
                        & (next_psn == (ghost_next + 1)[:P.PSN_BITS]),
@@ -193,6 +197,21 @@ class RequesterInvariants(Elaboratable):
                    "the segmenter's una lies behind the QP's"),
             Assert(~seg_mine | error | (fwd_mine & (intake.fwd_end == seg_end)),
                    "the intake forwards the segmenter's end PSN"),
+            # The WR ring: the segmenter's WR is outstanding, so no QP_WRITE resets the QP
+            # under it (the control refuses one with WRs outstanding, EBUSY, or flushes them,
+            # which fails the QP; a QP in ERROR stops the segmenter's WR in the cycle).
+            Assert(outstanding <= config.wr_slots, "at most wr_slots WRs outstanding"),
+            Assert(~seg_mine | error | seg_in_ring, "the segmenter's WR is outstanding"),
+            Assert(~seg_mine | error | (row.wr_done.end == seg_end),
+                   "the segmenter's WR slot holds its end PSN"),
+            # The completion engine, in CHECK for the QP.
+            Assert(~comp_mine | ((comp.head == row.cq.head) & (comp_left != 0)
+                                 & (comp_left <= outstanding)),
+                   "the completion engine checks the QP's oldest outstanding WRs"),
+            Assert(~comp_mine | ~comp.error | error, "the completion engine's error is the QP's"),
+            Assert(~(comp_mine & seg_mine & ~error & seg_ahead)
+                   | ((seg_left != 0) & ~seg_left[P.PSN_BITS - 1]),
+                   "the completion engine's una lies before the segmenter's end PSN"),
             # Intake.
             Assert(~fwd_mine | seg_mine | error | (intake.fwd_end == next_psn),
                    "the intake forwards the next PSN"),

@@ -58,7 +58,7 @@ from ..packet.headers import packet_beat_layout
 from ..util import validating
 from .req_ack import AckProcessor, ack_observation_layout
 from .req_common import PSN, check_observe, log2
-from .req_completion import CompletionEngine
+from .req_completion import CompletionEngine, completion_observation_layout
 from .req_control import RequesterControl, control_observation_layout
 from .req_defs import (
     REQUESTER_COUNTERS,
@@ -107,6 +107,7 @@ def requester_observation_layout(config):
         "intake": intake_observation_layout(config),
         "segmenter": segmenter_observation_layout(config),
         "ack": ack_observation_layout(config),
+        "completion": completion_observation_layout(config),
         # The retransmitter's output register: a resend is marked as one.
         "resend": data.StructLayout({"valid": 1, "retransmission": 1}),
     })
@@ -245,7 +246,7 @@ class Requester(wiring.Component):
                                               observe=observe)
         m.submodules.inference = inference = InferenceUnit(config=cfg)
         m.submodules.scanner = scanner = TimerScanner(config=cfg)
-        m.submodules.completion = completion = CompletionEngine(config=cfg)
+        m.submodules.completion = completion = CompletionEngine(config=cfg, observe=observe)
         m.submodules.feedback = feedback = FeedbackMerge(
             config=cfg, feedback_depth=self.FEEDBACK_DEPTH, lost_depth=self.LOST_DEPTH)
 
@@ -366,7 +367,8 @@ class Requester(wiring.Component):
         if observe:
             obs, ctl = self.obs, control.control
             m.d.comb += [
-                tables.obs_qpn.eq(self.obs_qpn), obs.row.eq(tables.obs),
+                tables.obs_qpn.eq(self.obs_qpn), tables.obs_slot.eq(segmenter.obs.slot),
+                obs.row.eq(tables.obs), obs.completion.eq(completion.obs),
                 obs.command.eq(control.obs),
                 obs.control.hold.eq(ctl.hold), obs.control.write.eq(ctl.write),
                 obs.control.qpn.eq(ctl.qpn), obs.control.psn.eq(ctl.psn),
