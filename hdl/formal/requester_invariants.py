@@ -234,11 +234,17 @@ class RequesterInvariants(Elaboratable):
             moved = Signal()
             with m.If(una_moves):
                 m.d.sync += moved.eq(1)
+            rewritten = Signal()        # a second QP_WRITE has reset the QP
+            with m.If(reset & written):
+                m.d.sync += rewritten.eq(1)
             m.d.comb += [
                 Cover(send_new & send.ready),
                 Cover(una_moves),
                 Cover(moved & send_new & send.ready),
                 # The ACK right behind one that moved una decides on its write-back.
                 Cover(una_moves & a2_mine & ~ack.a2_exceed),
+                # A QP_WRITE resets the QP again; a new packet from its new PSN.
+                Cover(reset & written),
+                Cover(rewritten & send_new & send.ready),
             ]
         return m
