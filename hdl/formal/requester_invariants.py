@@ -1,8 +1,10 @@
 """Inductive invariants of the requester's send window (``hdl/transport/requester.py``).
 
 :class:`RequesterInvariants` wraps a :class:`~hdl.transport.requester.Requester` built with
-``observe=True`` (an asynchronous read of the ``cfg``, ``next_psn`` and ``ack`` entries of
-one QP, and the registers of the intake, the segmenter, ACK processing and the control)
+``observe=True`` (an asynchronous read of the ``cfg``, ``next_psn``, ``ack``, ``sq`` and
+``cq`` entries of one QP and of the ``wr_done`` entry of the segmenter's WR slot, and the
+registers of the intake, the segmenter, ACK processing, the completion engine and the
+control)
 under the free inputs of :mod:`.requester_props`, and states properties strong enough for
 k-induction: each holds in *every* state that satisfies the others, not only in the states
 reachable within a bound. For one QP (any: ``watch_qpn`` is an ``AnyConst``), with ``N`` its
@@ -11,10 +13,11 @@ next PSN, ``U`` its una and ``M`` its MPR in the tables, checks:
 ``window``
     Outstanding PSNs never exceed the MPR window: ``N - U <= M x 128`` (24-bit serial
     arithmetic) in every cycle; and every new (not retransmitted) packet of the QP on
-    ``send`` carries the PSN after the previous one (the QP_WRITE's ``psn`` for the first),
+    ``send`` carries the PSN after the previous one (the last QP_WRITE's ``psn`` for the
+    first after it: each accepted QP_WRITE restarts the property),
     so none is sent twice and none skipped, and lies inside the window,
     ``psn + 1 - U <= M x 128``, with ``U`` and ``M`` the requester's own state when it
-    leaves (``M`` is the ``mpr`` of the QP_WRITE). That is ``psn - U < M x 128`` unless
+    leaves (``M`` is the ``mpr`` of the last QP_WRITE). That is ``psn - U < M x 128`` unless
     ``U = psn + 1``: with no honest-ACK assumption, an ACK may cover a packet still waiting
     in the ``send`` register (the requester counts a packet as sent when the register takes
     it).
@@ -24,8 +27,9 @@ next PSN, ``U`` its una and ``M`` its MPR in the tables, checks:
     the proof must fail, which shows it can.
 ``cover``
     That environment reaches a new packet of the QP, an ACK moving ``U``, a new packet after
-    that, and an ACK of the QP right behind one that moved ``U`` (it decides on the
-    write-back the mutant no longer forwards). A full window (128 packets) lies beyond any
+    that, an ACK of the QP right behind one that moved ``U`` (it decides on the
+    write-back the mutant no longer forwards), a second QP_WRITE resetting the QP, and a new
+    packet from the PSN it set. A full window (128 packets) lies beyond any
     depth a cover can search.
 
 Assumptions, all of them:
@@ -33,12 +37,9 @@ Assumptions, all of them:
 - no reset during the check; inputs as in :mod:`.requester_props` (every field the requester
   decides on free, the ones it only stores and copies held at 0 or idle); no honest-ACK
   assumption: the property is stated on the requester's own ``una``, which ACK processing
-  never moves beyond its own next PSN;
-- *one life of the QP*: once a ``QP_WRITE`` has reset the watched QP, the environment offers
-  no other ``QP_WRITE`` of it (before that, any, accepted or refused). A re-initialisation
-  and a software ERROR of the QP are therefore not covered here (the BMC check
-  ``requester_window`` covers them to its depth); fatal NAKs and exhausted retries are.
-  Every command for the other QP, and every QP_READ and CONFIG, stays free.
+  never moves beyond its own next PSN. Every command is free, ``QP_WRITE`` of the watched QP
+  included, at any time: a re-initialisation (with any PSN and MPR) and a software ERROR
+  are covered, as are fatal NAKs and exhausted retries.
 
 Supporting invariants, asserted by every check (k-induction assumes them for k steps and
 proves them in the next):
@@ -46,14 +47,24 @@ proves them in the next):
 - *before the QP_WRITE*: the QP's ``cfg`` entry is all zero (state RESET, MPR 0),
   ``N = U``, and nothing of the QP is in the segmenter, the intake's forwarding register or
   ``send``;
-- *configuration*: ``M`` is the MPR of the QP_WRITE, at most ``config.mpr_units``; the
-  control holds no QP_WRITE of the QP after it, except to answer it;
+- *configuration*: ``M`` is the MPR of the last QP_WRITE, at most ``config.mpr_units``;
 - *send register*: a new packet of the QP in it carries ``N - 1``, the wrapper's next PSN;
   else the wrapper's next PSN is ``N``; the retransmitter's output is marked as a resend;
 - *segmenter*: while it holds a WR of the QP, its next PSN is ``N``, its MPR ``M``, and the
   una its window check uses (``U`` of this cycle or of the hand-over) lies at or behind
   ``U``: ``U - una <= N - una <= M x 128``; unless the QP is in ERROR, the intake's forwarding register holds the QP
   with the WR's end PSN (``psn`` + the packets left);
+- *WR ring*: at most ``config.wr_slots`` WRs are outstanding (``sq.tail - cq.head``);
+  unless the QP is in ERROR, the segmenter's WR is one of them (its slot lies between
+  ``cq.head`` and ``sq.tail``) and its ``wr_done`` entry holds its end PSN. So a QP_WRITE
+  never resets the QP under a WR the segmenter holds: the control refuses one with WRs
+  outstanding (EBUSY) or, for ERROR, flushes them without a reset; a QP in ERROR has the
+  segmenter drop its WR in the cycle (the control decides a cycle after holding the
+  engines, so the segmenter's ``ack`` read is fresh);
+- *completion engine*: in CHECK for the QP, the slot it checks is ``cq.head`` and the slots
+  it may still complete are outstanding; its latched error implies the QP's; and when the
+  segmenter's WR is among those slots (QP not in ERROR), the latched ``una`` lies before
+  the WR's end PSN (so the engine never completes the WR the segmenter holds);
 - *intake*: its forwarding register, holding the QP, has ``N`` as end PSN when the segmenter
   holds no WR of the QP and the QP is not in ERROR;
 - *ACK processing*: A2, holding an item of the QP, decides on the ``ack`` entry of the table

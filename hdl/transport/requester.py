@@ -94,11 +94,12 @@ __all__ = ["Requester", "send_context_layout", "requester_tables", "block_ram_bi
 
 def requester_observation_layout(config):
     """What ``Requester(observe=True)`` shows on ``obs`` (for the formal proofs): the QP's
-    ``cfg``, ``next_psn`` and ``ack`` entries (``row``), the command the control holds
-    (``command``) and its QP reset (``control``),
+    ``cfg``, ``next_psn``, ``ack``, ``sq`` and ``cq`` entries and the ``wr_done`` entry of the
+    segmenter's WR slot (``row``), the command the control holds (``command``) and its QP
+    reset (``control``),
     and the in-flight state that can change those entries or decide on them: the intake's
-    forwarding register, the segmenter's WR and window check, ACK processing's A1 and A2, and
-    the retransmitter's output."""
+    forwarding register, the segmenter's WR and window check, ACK processing's A1 and A2, the
+    completion engine's LOAD and CHECK, and the retransmitter's output."""
     return data.StructLayout({
         "row": observed_row_layout(config),
         "command": control_observation_layout(config),
@@ -145,10 +146,11 @@ class Requester(wiring.Component):
     config : NicConfig
     observe : bool
         Add the observation ports ``obs_qpn`` and ``obs`` (off by default): an asynchronous
-        read of the ``cfg``, ``next_psn`` and ``ack`` entries of QP ``obs_qpn`` and the
-        registers of the intake, the segmenter and ACK processing that the formal proof by
-        induction states its invariants on (``hdl/formal/requester_invariants.py``). Nothing
-        else changes.
+        read of the ``cfg``, ``next_psn``, ``ack``, ``sq`` and ``cq`` entries of QP
+        ``obs_qpn`` and of its ``wr_done`` entry of the segmenter's WR slot, and the
+        registers of the intake, the segmenter, ACK processing and the completion engine
+        that the formal proof by induction states its invariants on
+        (``hdl/formal/requester_invariants.py``). Nothing else changes.
 
     Members
     -------
