@@ -52,8 +52,8 @@ proves them in the next):
   else the wrapper's next PSN is ``N``; the retransmitter's output is marked as a resend;
 - *segmenter*: while it holds a WR of the QP, its next PSN is ``N``, its MPR ``M``, and the
   una its window check uses (``U`` of this cycle or of the hand-over) lies at or behind
-  ``U``: ``U - una <= N - una <= M x 128``; unless the QP is in ERROR, the intake's forwarding register holds the QP
-  with the WR's end PSN (``psn`` + the packets left);
+  ``U``: ``U - una <= N - una <= M x 128``; unless the QP is in ERROR, the intake's
+  forwarding register holds the QP with the WR's end PSN (``psn`` + the packets left);
 - *WR ring*: at most ``config.wr_slots`` WRs are outstanding (``sq.tail - cq.head``);
   unless the QP is in ERROR, the segmenter's WR is one of them (its slot lies between
   ``cq.head`` and ``sq.tail``) and its ``wr_done`` entry holds its end PSN. So a QP_WRITE

@@ -46,10 +46,12 @@ def intake_observation_layout(config):
 
 def segmenter_observation_layout(config):
     """What ``Segmenter(observe=True)`` shows on ``obs``: the WR it holds (QP, next PSN, WR
-    slot, bytes left, the MPR it came with), the una its window check uses this cycle, whether that is
-    the ``ack`` table's (``fresh``) and whether a packet is taken (``emit``)."""
+    slot, bytes left, the MPR it came with), the una its window check uses this cycle,
+    whether that is the ``ack`` table's (``fresh``) and whether a packet is taken
+    (``emit``)."""
     return data.StructLayout({"active": 1, "qpn": config.qpn_bits, "psn": PSN,
-                              "slot": log2(slot_depth(config)), "remaining": 32, "mpr": 4, "una": PSN, "fresh": 1, "emit": 1})
+                              "slot": log2(slot_depth(config)), "remaining": 32, "mpr": 4,
+                              "una": PSN, "fresh": 1, "emit": 1})
 
 
 class WrIntake(wiring.Component):
