@@ -351,7 +351,7 @@ PROOFS = {
     "requester_window": Proof(_requester, "window", "bmc", 7, 300, 10, 1200),
     "requester_cover": Proof(_requester, "cover", "cover", 8, 300, 8, 300),
     "requester_induct_window": Proof(_requester_invariants, "window", "prove", 2, 300, 4, 1200),
-    "requester_induct_cover": Proof(_requester_invariants, "cover", "cover", 10, 300, 10, 300),
+    "requester_induct_cover": Proof(_requester_invariants, "cover", "cover", 12, 300, 12, 300),
     # The mutant's failure is found from reset: BMC of the proof's assertions (its base case).
     "requester_induct_mutant": Proof(_requester_invariants, "window_mutant", "bmc", 9, 600,
                                      9, 600, expected="FAIL"),

@@ -1,8 +1,10 @@
 """Inductive invariants of the requester's send window (``hdl/transport/requester.py``).
 
 :class:`RequesterInvariants` wraps a :class:`~hdl.transport.requester.Requester` built with
-``observe=True`` (an asynchronous read of the ``cfg``, ``next_psn`` and ``ack`` entries of
-one QP, and the registers of the intake, the segmenter, ACK processing and the control)
+``observe=True`` (an asynchronous read of the ``cfg``, ``next_psn``, ``ack``, ``sq`` and
+``cq`` entries of one QP and of the ``wr_done`` entry of the segmenter's WR slot, and the
+registers of the intake, the segmenter, ACK processing, the completion engine and the
+control)
 under the free inputs of :mod:`.requester_props`, and states properties strong enough for
 k-induction: each holds in *every* state that satisfies the others, not only in the states
 reachable within a bound. For one QP (any: ``watch_qpn`` is an ``AnyConst``), with ``N`` its
@@ -11,10 +13,11 @@ next PSN, ``U`` its una and ``M`` its MPR in the tables, checks:
 ``window``
     Outstanding PSNs never exceed the MPR window: ``N - U <= M x 128`` (24-bit serial
     arithmetic) in every cycle; and every new (not retransmitted) packet of the QP on
-    ``send`` carries the PSN after the previous one (the QP_WRITE's ``psn`` for the first),
+    ``send`` carries the PSN after the previous one (the last QP_WRITE's ``psn`` for the
+    first after it: each accepted QP_WRITE restarts the property),
     so none is sent twice and none skipped, and lies inside the window,
     ``psn + 1 - U <= M x 128``, with ``U`` and ``M`` the requester's own state when it
-    leaves (``M`` is the ``mpr`` of the QP_WRITE). That is ``psn - U < M x 128`` unless
+    leaves (``M`` is the ``mpr`` of the last QP_WRITE). That is ``psn - U < M x 128`` unless
     ``U = psn + 1``: with no honest-ACK assumption, an ACK may cover a packet still waiting
     in the ``send`` register (the requester counts a packet as sent when the register takes
     it).
@@ -24,8 +27,9 @@ next PSN, ``U`` its una and ``M`` its MPR in the tables, checks:
     the proof must fail, which shows it can.
 ``cover``
     That environment reaches a new packet of the QP, an ACK moving ``U``, a new packet after
-    that, and an ACK of the QP right behind one that moved ``U`` (it decides on the
-    write-back the mutant no longer forwards). A full window (128 packets) lies beyond any
+    that, an ACK of the QP right behind one that moved ``U`` (it decides on the
+    write-back the mutant no longer forwards), a second QP_WRITE resetting the QP, and a new
+    packet from the PSN it set. A full window (128 packets) lies beyond any
     depth a cover can search.
 
 Assumptions, all of them:
@@ -33,12 +37,9 @@ Assumptions, all of them:
 - no reset during the check; inputs as in :mod:`.requester_props` (every field the requester
   decides on free, the ones it only stores and copies held at 0 or idle); no honest-ACK
   assumption: the property is stated on the requester's own ``una``, which ACK processing
-  never moves beyond its own next PSN;
-- *one life of the QP*: once a ``QP_WRITE`` has reset the watched QP, the environment offers
-  no other ``QP_WRITE`` of it (before that, any, accepted or refused). A re-initialisation
-  and a software ERROR of the QP are therefore not covered here (the BMC check
-  ``requester_window`` covers them to its depth); fatal NAKs and exhausted retries are.
-  Every command for the other QP, and every QP_READ and CONFIG, stays free.
+  never moves beyond its own next PSN. Every command is free, ``QP_WRITE`` of the watched QP
+  included, at any time: a re-initialisation (with any PSN and MPR) and a software ERROR
+  are covered, as are fatal NAKs and exhausted retries.
 
 Supporting invariants, asserted by every check (k-induction assumes them for k steps and
 proves them in the next):
@@ -46,14 +47,24 @@ proves them in the next):
 - *before the QP_WRITE*: the QP's ``cfg`` entry is all zero (state RESET, MPR 0),
   ``N = U``, and nothing of the QP is in the segmenter, the intake's forwarding register or
   ``send``;
-- *configuration*: ``M`` is the MPR of the QP_WRITE, at most ``config.mpr_units``; the
-  control holds no QP_WRITE of the QP after it, except to answer it;
+- *configuration*: ``M`` is the MPR of the last QP_WRITE, at most ``config.mpr_units``;
 - *send register*: a new packet of the QP in it carries ``N - 1``, the wrapper's next PSN;
   else the wrapper's next PSN is ``N``; the retransmitter's output is marked as a resend;
 - *segmenter*: while it holds a WR of the QP, its next PSN is ``N``, its MPR ``M``, and the
   una its window check uses (``U`` of this cycle or of the hand-over) lies at or behind
-  ``U``: ``U - una <= N - una <= M x 128``; unless the QP is in ERROR, the intake's forwarding register holds the QP
-  with the WR's end PSN (``psn`` + the packets left);
+  ``U``: ``U - una <= N - una <= M x 128``; unless the QP is in ERROR, the intake's
+  forwarding register holds the QP with the WR's end PSN (``psn`` + the packets left);
+- *WR ring*: at most ``config.wr_slots`` WRs are outstanding (``sq.tail - cq.head``);
+  unless the QP is in ERROR, the segmenter's WR is one of them (its slot lies between
+  ``cq.head`` and ``sq.tail``) and its ``wr_done`` entry holds its end PSN. So a QP_WRITE
+  never resets the QP under a WR the segmenter holds: the control refuses one with WRs
+  outstanding (EBUSY) or, for ERROR, flushes them without a reset; a QP in ERROR has the
+  segmenter drop its WR in the cycle (the control decides a cycle after holding the
+  engines, so the segmenter's ``ack`` read is fresh);
+- *completion engine*: in CHECK for the QP, the slot it checks is ``cq.head`` and the slots
+  it may still complete are outstanding; its latched error implies the QP's; and when the
+  segmenter's WR is among those slots (QP not in ERROR), the latched ``una`` lies before
+  the WR's end PSN (so the engine never completes the WR the segmenter holds);
 - *intake*: its forwarding register, holding the QP, has ``N`` as end PSN when the segmenter
   holds no WR of the QP and the QP is not in ERROR;
 - *ACK processing*: A2, holding an item of the QP, decides on the ``ack`` entry of the table
@@ -68,7 +79,7 @@ from amaranth.hdl import Assert, Assume, Cover
 from .. import protocol as P
 from ..config import NicConfig
 from ..transport.req_common import log2
-from ..transport.req_defs import RequesterCommand
+from ..transport.req_defs import slot_depth
 from ..transport.requester import Requester
 from ..util import validating
 from .requester_props import drive_inputs
@@ -131,18 +142,13 @@ class RequesterInvariants(Elaboratable):
         next_psn, una, error, mpr = row.next_psn, row.ack.una, row.ack.error, row.cfg.mpr
         window = Cat(C(0, 7), mpr)
 
-        # The control: the QP's reset, and a QP_WRITE of the QP it holds.
-        control, command = obs.control, obs.command
+        # The control's QP reset (an accepted QP_WRITE of the QP; any may come at any time).
+        control = obs.control
         reset = control.write & (control.qpn == watch_qpn)
-        held_write = (command.busy & (command.cmd == RequesterCommand.QP_WRITE)
-                      & (command.qpn == watch_qpn))
         written = Signal()              # the QP was reset by a QP_WRITE
-        ghost_mpr = Signal(4)           # ... with this MPR
+        ghost_mpr = Signal(4)           # ... with this MPR, the last time
         with m.If(reset):
             m.d.sync += [written.eq(1), ghost_mpr.eq(control.mpr)]
-        cmd = dut.ctl.payload
-        m.d.comb += Assume(~(dut.ctl.valid & written & (cmd.cmd == RequesterCommand.QP_WRITE)
-                             & (cmd.qpn == watch_qpn)))
 
         # New packets of the QP on `send`; the wrapper's next PSN.
         send = dut.send
@@ -163,6 +169,16 @@ class RequesterInvariants(Elaboratable):
         fwd_mine = intake.fwd_valid & (intake.fwd_qpn == watch_qpn)
         a2_mine = ack.a2_valid & (ack.a2_qpn == watch_qpn)
 
+        # The QP's WR ring (slots from `cq.head` up to `sq.tail`) and the completion engine.
+        sb = log2(slot_depth(config))
+        outstanding = (row.sq.tail - row.cq.head)[:sb + 1]
+        seg_in_ring = (seg.slot - row.cq.head)[:sb] < outstanding
+        comp = obs.completion
+        comp_mine = comp.check & (comp.qpn == watch_qpn)
+        comp_left = (comp.tail - comp.head)[:sb + 1]      # slots CHECK may still complete
+        seg_ahead = (seg.slot - comp.head)[:sb] < comp_left
+        seg_left = _psn_distance(seg_end, comp.una)
+
         m.d.comb += [
             # The property.
             Assert(_psn_distance(next_psn, una) <= window, "outstanding PSNs exceed the window"),
@@ -177,7 +193,6 @@ class RequesterInvariants(Elaboratable):
             # Configuration.
             Assert(mpr == ghost_mpr, "the MPR is the QP_WRITE's"),
             Assert(ghost_mpr <= config.mpr_units, "MPR within the configuration"),
-            Assert(~(written & held_write) | command.resp, "one QP_WRITE of the QP"),
             # Send register.
             Assert(Mux(send_new, (ctx.psn == ghost_next)
                        & (next_psn == (ghost_next + 1)[:P.PSN_BITS]),
@@ -193,6 +208,21 @@ class RequesterInvariants(Elaboratable):
                    "the segmenter's una lies behind the QP's"),
             Assert(~seg_mine | error | (fwd_mine & (intake.fwd_end == seg_end)),
                    "the intake forwards the segmenter's end PSN"),
+            # The WR ring: the segmenter's WR is outstanding, so no QP_WRITE resets the QP
+            # under it (the control refuses one with WRs outstanding, EBUSY, or flushes them,
+            # which fails the QP; a QP in ERROR stops the segmenter's WR in the cycle).
+            Assert(outstanding <= config.wr_slots, "at most wr_slots WRs outstanding"),
+            Assert(~seg_mine | error | seg_in_ring, "the segmenter's WR is outstanding"),
+            Assert(~seg_mine | error | (row.wr_done.end == seg_end),
+                   "the segmenter's WR slot holds its end PSN"),
+            # The completion engine, in CHECK for the QP.
+            Assert(~comp_mine | ((comp.head == row.cq.head) & (comp_left != 0)
+                                 & (comp_left <= outstanding)),
+                   "the completion engine checks the QP's oldest outstanding WRs"),
+            Assert(~comp_mine | ~comp.error | error, "the completion engine's error is the QP's"),
+            Assert(~(comp_mine & seg_mine & ~error & seg_ahead)
+                   | ((seg_left != 0) & ~seg_left[P.PSN_BITS - 1]),
+                   "the completion engine's una lies before the segmenter's end PSN"),
             # Intake.
             Assert(~fwd_mine | seg_mine | error | (intake.fwd_end == next_psn),
                    "the intake forwards the next PSN"),
@@ -215,11 +245,17 @@ class RequesterInvariants(Elaboratable):
             moved = Signal()
             with m.If(una_moves):
                 m.d.sync += moved.eq(1)
+            rewritten = Signal()        # a second QP_WRITE has reset the QP
+            with m.If(reset & written):
+                m.d.sync += rewritten.eq(1)
             m.d.comb += [
                 Cover(send_new & send.ready),
                 Cover(una_moves),
                 Cover(moved & send_new & send.ready),
                 # The ACK right behind one that moved una decides on its write-back.
                 Cover(una_moves & a2_mine & ~ack.a2_exceed),
+                # A QP_WRITE resets the QP again; a new packet from its new PSN.
+                Cover(reset & written),
+                Cover(rewritten & send_new & send.ready),
             ]
         return m

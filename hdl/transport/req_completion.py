@@ -12,6 +12,7 @@ from .req_common import (
     WIMM_BITS,
     ControlSignature,
     check_config,
+    check_observe,
     events_layout,
     log2,
     psn_ge,
@@ -20,13 +21,22 @@ from .req_common import (
 from .req_defs import slot_depth
 from .req_tables import table_access_signature
 
-__all__ = ["ack_trigger_layout", "CompletionEngine"]
+__all__ = ["ack_trigger_layout", "completion_observation_layout", "CompletionEngine"]
 
 
 def ack_trigger_layout(config):
     """A completion trigger from ACK processing: QP ``qpn`` may complete WRs; ``bit`` is the
     value its ``trig_set`` entry took (the engine copies it to ``trig_seen``)."""
     return data.StructLayout({"qpn": config.qpn_bits, "bit": 1})
+
+
+def completion_observation_layout(config):
+    """What ``CompletionEngine(observe=True)`` shows on ``obs``: whether it is in LOAD or
+    CHECK, the QP it visits, and what CHECK decides on: the slot it checks (``head``), the
+    ring's end latched in LOAD (``tail``), and the QP's ``una`` and ``error`` latched there."""
+    sb = log2(slot_depth(config))
+    return data.StructLayout({"load": 1, "check": 1, "qpn": config.qpn_bits, "head": sb + 1,
+                              "tail": sb + 1, "una": PSN, "error": 1})
 
 
 class CompletionEngine(wiring.Component):
@@ -57,14 +67,18 @@ class CompletionEngine(wiring.Component):
     busy : ``Out(1)``
         Not idle.
     events : ``Out(events_layout(COUNTERS))``
+    obs : ``Out(completion_observation_layout(config))``
+        Only with ``observe=True`` (the formal proofs); nothing else changes.
     """
 
     COUNTERS = ("completions", "error_completions")
 
-    def __init__(self, *, config):
+    def __init__(self, *, config, observe=False):
         with validating(self):
             check_config(config)
+            check_observe(observe)
         self._config = config
+        self._observe = observe
         super().__init__({
             "tables": In(table_access_signature(config, "completion")),
             "control": In(ControlSignature(config)),
@@ -73,6 +87,7 @@ class CompletionEngine(wiring.Component):
             "completion": Out(stream.Signature(completion_layout(config))),
             "busy": Out(1),
             "events": Out(events_layout(self.COUNTERS)),
+            **({"obs": Out(completion_observation_layout(config))} if observe else {}),
         })
 
     def elaborate(self, platform):
@@ -180,5 +195,9 @@ class CompletionEngine(wiring.Component):
         ok = e_status == P.CompletionStatus.SUCCESS
         m.d.comb += [self.events.completions.eq(e_transfer & ok),
                      self.events.error_completions.eq(e_transfer & ~ok)]
-
+        if self._observe:
+            obs = self.obs
+            m.d.comb += [obs.load.eq(e_state == E_LOAD), obs.check.eq(e_state == E_CHECK),
+                         obs.qpn.eq(e_qpn), obs.head.eq(e_head), obs.tail.eq(e_tail),
+                         obs.una.eq(e_una), obs.error.eq(e_error)]
         return m

@@ -45,11 +45,13 @@ def intake_observation_layout(config):
 
 
 def segmenter_observation_layout(config):
-    """What ``Segmenter(observe=True)`` shows on ``obs``: the WR it holds (QP, next PSN, bytes
-    left, the MPR it came with), the una its window check uses this cycle, whether that is
-    the ``ack`` table's (``fresh``) and whether a packet is taken (``emit``)."""
+    """What ``Segmenter(observe=True)`` shows on ``obs``: the WR it holds (QP, next PSN, WR
+    slot, bytes left, the MPR it came with), the una its window check uses this cycle,
+    whether that is the ``ack`` table's (``fresh``) and whether a packet is taken
+    (``emit``)."""
     return data.StructLayout({"active": 1, "qpn": config.qpn_bits, "psn": PSN,
-                              "remaining": 32, "mpr": 4, "una": PSN, "fresh": 1, "emit": 1})
+                              "slot": log2(slot_depth(config)), "remaining": 32, "mpr": 4,
+                              "una": PSN, "fresh": 1, "emit": 1})
 
 
 class WrIntake(wiring.Component):
@@ -371,6 +373,7 @@ class Segmenter(wiring.Component):
         if self._observe:
             obs = self.obs
             m.d.comb += [obs.active.eq(s2_active), obs.qpn.eq(s2_qpn), obs.psn.eq(s2_psn),
+                         obs.slot.eq(s2_slot),
                          obs.remaining.eq(s2_remaining), obs.mpr.eq(s2_mpr),
                          obs.una.eq(s2_una_now), obs.fresh.eq(s2_fresh), obs.emit.eq(s2_emit)]
         return m

@@ -116,14 +116,15 @@ TABLE_ACCESS = {
 
 
 #: The per-QP tables ``RequesterTables(observe=True)`` reads at ``obs_qpn``.
-OBSERVED_TABLES = ("cfg", "next_psn", "ack")
+OBSERVED_TABLES = ("cfg", "next_psn", "ack", "sq", "cq")
 
 
 def observed_row_layout(config):
-    """A QP's entries of :data:`OBSERVED_TABLES`, as ``RequesterTables(observe=True)`` shows
-    them on ``obs``."""
+    """A QP's entries of :data:`OBSERVED_TABLES`, and its ``wr_done`` entry of WR slot
+    ``obs_slot``, as ``RequesterTables(observe=True)`` shows them on ``obs``."""
     tables = requester_tables(config)
-    return data.StructLayout({name: tables[name][0] for name in OBSERVED_TABLES})
+    return data.StructLayout({**{name: tables[name][0] for name in OBSERVED_TABLES},
+                              "wr_done": tables["wr_done"][0]})
 
 
 def _addr_width(depth):
@@ -165,9 +166,10 @@ class RequesterTables(wiring.Component):
     ----------
     config : NicConfig
     observe : bool
-        Add ``obs_qpn`` and ``obs`` (off by default): an asynchronous read of the QP's
-        entries of :data:`OBSERVED_TABLES`, for the formal proofs. A read port more on each
-        of those tables, in that build only; nothing else changes.
+        Add ``obs_qpn``, ``obs_slot`` and ``obs`` (off by default): an asynchronous read of
+        the QP's entries of :data:`OBSERVED_TABLES` and of its ``wr_done`` entry of WR slot
+        ``obs_slot``, for the formal proofs. A read port more on each of those tables, in
+        that build only; nothing else changes.
 
     Members
     -------
@@ -177,8 +179,10 @@ class RequesterTables(wiring.Component):
         ``scanner``, ``completion``, ``nscc``), with the read and write ports it gives that
         engine.
     obs_qpn : ``In(config.qpn_bits)`` (``observe`` only)
+    obs_slot : ``In(log2(slot_depth(config)))`` (``observe`` only)
     obs : ``Out(observed_row_layout(config))`` (``observe`` only)
-        The entries of QP ``obs_qpn`` in this cycle (the writes of this cycle not yet in).
+        The entries of QP ``obs_qpn`` (and its slot ``obs_slot``) in this cycle (the writes
+        of this cycle not yet in).
     """
 
     def __init__(self, *, config, observe=False):
@@ -191,6 +195,7 @@ class RequesterTables(wiring.Component):
                    for engine in TABLE_ACCESS}
         if observe:
             members["obs_qpn"] = In(config.qpn_bits)
+            members["obs_slot"] = In(log2(slot_depth(config)))
             members["obs"] = Out(observed_row_layout(config))
         super().__init__(members)
 
@@ -220,4 +225,7 @@ class RequesterTables(wiring.Component):
             for name in OBSERVED_TABLES:
                 port = memories[name].read_port(domain="comb")
                 m.d.comb += [port.addr.eq(self.obs_qpn), self.obs[name].eq(port.data)]
+            port = memories["wr_done"].read_port(domain="comb")
+            m.d.comb += [port.addr.eq(Cat(self.obs_slot, self.obs_qpn)),
+                         self.obs.wr_done.eq(port.data)]
         return m

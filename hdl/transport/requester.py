@@ -61,7 +61,7 @@ from ..packet.headers import packet_beat_layout
 from ..util import validating
 from .req_ack import AckProcessor, ack_observation_layout
 from .req_common import PSN, check_observe, log2
-from .req_completion import CompletionEngine
+from .req_completion import CompletionEngine, completion_observation_layout
 from .req_control import RequesterControl, control_observation_layout
 from .req_defs import (
     REQUESTER_COUNTERS,
@@ -98,11 +98,12 @@ __all__ = ["Requester", "send_context_layout", "requester_tables", "block_ram_bi
 
 def requester_observation_layout(config):
     """What ``Requester(observe=True)`` shows on ``obs`` (for the formal proofs): the QP's
-    ``cfg``, ``next_psn`` and ``ack`` entries (``row``), the command the control holds
-    (``command``) and its QP reset (``control``),
+    ``cfg``, ``next_psn``, ``ack``, ``sq`` and ``cq`` entries and the ``wr_done`` entry of the
+    segmenter's WR slot (``row``), the command the control holds (``command``) and its QP
+    reset (``control``),
     and the in-flight state that can change those entries or decide on them: the intake's
-    forwarding register, the segmenter's WR and window check, ACK processing's A1 and A2, and
-    the retransmitter's output."""
+    forwarding register, the segmenter's WR and window check, ACK processing's A1 and A2, the
+    completion engine's LOAD and CHECK, and the retransmitter's output."""
     return data.StructLayout({
         "row": observed_row_layout(config),
         "command": control_observation_layout(config),
@@ -111,6 +112,7 @@ def requester_observation_layout(config):
         "intake": intake_observation_layout(config),
         "segmenter": segmenter_observation_layout(config),
         "ack": ack_observation_layout(config),
+        "completion": completion_observation_layout(config),
         # The retransmitter's output register: a resend is marked as one.
         "resend": data.StructLayout({"valid": 1, "retransmission": 1}),
     })
@@ -151,10 +153,11 @@ class Requester(wiring.Component):
         ``cc_nscc`` then selects its window. ``None`` (the default): the ECN window only.
     observe : bool
         Add the observation ports ``obs_qpn`` and ``obs`` (off by default): an asynchronous
-        read of the ``cfg``, ``next_psn`` and ``ack`` entries of QP ``obs_qpn`` and the
-        registers of the intake, the segmenter and ACK processing that the formal proof by
-        induction states its invariants on (``hdl/formal/requester_invariants.py``). Nothing
-        else changes.
+        read of the ``cfg``, ``next_psn``, ``ack``, ``sq`` and ``cq`` entries of QP
+        ``obs_qpn`` and of its ``wr_done`` entry of the segmenter's WR slot, and the
+        registers of the intake, the segmenter, ACK processing and the completion engine
+        that the formal proof by induction states its invariants on
+        (``hdl/formal/requester_invariants.py``). Nothing else changes.
 
     Members
     -------
@@ -257,7 +260,7 @@ class Requester(wiring.Component):
                                               observe=observe)
         m.submodules.inference = inference = InferenceUnit(config=cfg)
         m.submodules.scanner = scanner = TimerScanner(config=cfg)
-        m.submodules.completion = completion = CompletionEngine(config=cfg)
+        m.submodules.completion = completion = CompletionEngine(config=cfg, observe=observe)
         m.submodules.feedback = feedback = FeedbackMerge(
             config=cfg, feedback_depth=self.FEEDBACK_DEPTH, lost_depth=self.LOST_DEPTH)
 
@@ -394,7 +397,8 @@ class Requester(wiring.Component):
         if observe:
             obs, ctl = self.obs, control.control
             m.d.comb += [
-                tables.obs_qpn.eq(self.obs_qpn), obs.row.eq(tables.obs),
+                tables.obs_qpn.eq(self.obs_qpn), tables.obs_slot.eq(segmenter.obs.slot),
+                obs.row.eq(tables.obs), obs.completion.eq(completion.obs),
                 obs.command.eq(control.obs),
                 obs.control.hold.eq(ctl.hold), obs.control.write.eq(ctl.write),
                 obs.control.qpn.eq(ctl.qpn), obs.control.psn.eq(ctl.psn),

@@ -214,14 +214,16 @@ def test_requester_covers_sends_and_an_ack_moving_una(check):
 # --- Requester, by k-induction -----------------------------------------------------------------
 
 def test_requester_window_never_exceeds_mpr_by_induction(check):
-    """k-induction (unbounded): for the QP's life after its QP_WRITE, next_psn - una never
-    exceeds mpr x 128 and its new PSNs leave consecutive, inside the window."""
+    """k-induction (unbounded): after a QP_WRITE of the QP, next_psn - una never exceeds
+    mpr x 128 and its new PSNs leave consecutive from the QP_WRITE's PSN, inside the window;
+    QP_WRITEs of the QP are free at any time (each accepted one restarts the property)."""
     check("requester_induct_window")
 
 
 def test_requester_induction_environment_sends_and_moves_una(check):
-    """The window proof's environment sends new packets, moves una by ACKs, sends after that
-    and has an ACK decide on the write-back of the one ahead, so its PASS is not vacuous."""
+    """The window proof's environment sends new packets, moves una by ACKs, sends after that,
+    has an ACK decide on the write-back of the one ahead, and resets the QP by a second
+    QP_WRITE and sends from its new PSN, so its PASS is not vacuous."""
     check("requester_induct_cover")
 
 
