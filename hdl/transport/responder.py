@@ -145,13 +145,71 @@ CHUNK = 16
 
 
 def _reply_layout(config):
-    """A reply on its way to the reply stage: the header without its SACK bitmap, and what the
-    bitmap is cut from (the receive bitmap after this packet's bit is set, and the shift)."""
+    """A reply on its way to the reply stage: the decision (its kind and the few fields the
+    execute stage computes), the packet it answers, and what the SACK bitmap is cut from (the
+    receive bitmap after this packet's bit is set, and the shift). The reply stage builds the
+    header from these registers, so the verdict drives a few bits here, not a whole header."""
+    _qp, _bitmaps, _wimm_row, _mr, template, _timer = _layouts(config, 1)
     return data.StructLayout({
-        "beat": packet_beat_layout(config),
+        "kind": PacketKind,         # SACK, NACK or AETH
+        "tmpl": template,           # the trigger
+        "dqpn": 24,
+        "nack_reason": 8, "nak_code": 5, "msn": 24,
+        "probe": 1, "cack": 24, "ack_psn_offset": 16, "sack_psn_offset": 16, "mpr": 4,
+        "ooo_count": 15, "rcvd_bytes": RCVD_BYTES_BITS,
         "rcv": config.window_psns,
         "shift": range(config.window_psns + 1),
     })
+
+
+def _reply_beat(m, config, reply, *, name):
+    """The reply packet (SACK bitmap 0) that the registered decision ``reply`` stands for."""
+    beat = Signal(packet_beat_layout(config), name=name)
+    tmpl, r = reply.tmpl, beat.header
+    seth, cc_state, neth = r.ctl.sack.seth, r.ctl.sack.cc_state, r.ctl.neth
+    # The EV the trigger arrived with: UDP source port, IPv6 flow label (low 16 bits).
+    entropy = Cat(tmpl.udp_sport, Mux(tmpl.ipv6, tmpl.flow_label[:16], 0))
+    m.d.comb += [
+        beat.first.eq(1), beat.last.eq(1),
+        r.kind.eq(reply.kind),
+        r.port.eq(tmpl.port),
+        r.eth_dst.eq(tmpl.eth_src), r.eth_src.eq(tmpl.eth_dst),
+        r.vlan_valid.eq(tmpl.vlan_valid), r.vlan_tci.eq(tmpl.vlan_tci),
+        r.ipv6.eq(tmpl.ipv6), r.ip_src.eq(tmpl.ip_dst), r.ip_dst.eq(tmpl.ip_src),
+        r.tclass.eq(ACK_TCLASS), r.flow_label.eq(tmpl.flow_label),
+        r.hop_limit.eq(ACK_HOP_LIMIT), r.udp_sport.eq(tmpl.udp_sport),
+        r.bth.pkey.eq(P.BTH_DEFAULT_PKEY), r.bth.dqpn.eq(reply.dqpn),
+    ]
+    with m.If(reply.kind == PacketKind.NACK):
+        m.d.comb += [
+            r.bth.opcode.eq(int(P.Opcode.RELIABILITY_NACK)),
+            r.bth.psn.eq(tmpl.psn),
+            neth.nack_reason.eq(reply.nack_reason), neth.entropy.eq(entropy),
+            neth.nack_psn.eq(tmpl.psn), neth.tx_timestamp.eq(tmpl.tx_ts),
+        ]
+    with m.Elif(reply.kind == PacketKind.AETH):
+        m.d.comb += [
+            r.bth.opcode.eq(int(P.Opcode.ACKNOWLEDGE)),
+            r.bth.psn.eq(tmpl.psn),
+            r.aeth.syndrome.eq(P.AETH_NAK_BASE | reply.nak_code),
+            r.aeth.msn.eq(reply.msn),
+        ]
+    with m.Else():
+        m.d.comb += [
+            r.bth.opcode.eq(int(P.Opcode.RELIABILITY_SACK)),
+            r.bth.psn.eq(reply.cack),
+            seth.m.eq(Mux(tmpl.ce, P.SackMark.SKIP_ONCE, P.SackMark.NONE)),
+            seth.pr.eq(reply.probe),
+            seth.ack_psn_offset.eq(reply.ack_psn_offset),
+            seth.entropy.eq(entropy),
+            seth.cack_psn.eq(reply.cack),
+            seth.mpr.eq(reply.mpr),
+            seth.sack_psn_offset.eq(reply.sack_psn_offset),
+            cc_state.tx_timestamp.eq(tmpl.tx_ts),
+            cc_state.ooo_count.eq(reply.ooo_count),
+            cc_state.rcvd_bytes.eq(reply.rcvd_bytes),
+        ]
+    return beat
 
 
 def _observation_layout(config, mr_slots):
@@ -183,13 +241,15 @@ def _observation_layout(config, mr_slots):
 
 
 class SackStage(wiring.Component):
-    """The reply stage: cuts a SACK's 64-bit bitmap out of the receive bitmap and registers the
-    reply for the header builder.
+    """The reply stage: builds the reply header from the execute stage's registered decision,
+    cuts a SACK's 64-bit bitmap out of the receive bitmap and registers the reply for the
+    header builder.
 
-    One reply per cycle; latency two cycles (``i`` taken -> ``o.valid``): the request is
-    registered, the bitmap cut and the reply registered again, so only a window-wide shift
-    sits between two registers, out of the execute stage's loop. The bitmap is the low 64 bits
-    of ``rcv >> shift`` for a SACK; NACKs and NAKs pass unchanged.
+    One reply per cycle; latency two cycles (``i`` taken -> ``o.valid``): the decision is
+    registered (its kind, the trigger and a few fields, not a whole header), then the header
+    is built, the bitmap cut and the reply registered again, so only a window-wide shift and
+    a select by kind sit between two registers, out of the execute stage's loop. The bitmap is
+    the low 64 bits of ``rcv >> shift`` for a SACK; NACKs and NAKs carry none.
 
     Parameters
     ----------
@@ -208,8 +268,8 @@ class SackStage(wiring.Component):
             if not isinstance(config, NicConfig):
                 raise TypeError(f"Configuration must be a NicConfig, not {config!r}")
         self._config = config
-        # The held reply, made here so that Responder(observe=True) can read it.
-        self._held = Signal(_reply_layout(config), name="held")
+        # The held decision, made here so that Responder(observe=True) can read it.
+        self._held = Signal(_reply_layout(config), name="held", reset_less=True)
         self._held_valid = Signal(name="held_valid")
         super().__init__({
             "i": In(stream.Signature(_reply_layout(config))),
@@ -228,13 +288,17 @@ class SackStage(wiring.Component):
 
         reply = Signal(packet_beat_layout(self._config))
         bitmap = shift_right(m, held.rcv, held.shift, name="sack")
-        m.d.comb += reply.eq(held.beat)
-        with m.If(held.beat.header.kind == PacketKind.SACK):
+        m.d.comb += reply.eq(_reply_beat(m, self._config, held, name="held_beat"))
+        with m.If(held.kind == PacketKind.SACK):
             m.d.comb += reply.header.ctl.sack.seth.sack_bitmap.eq(bitmap[:P.SACK_BITMAP_BITS])
         with m.If(self.o.ready):
             m.d.sync += self.o.valid.eq(0)
+        # The payload is loaded whenever the register may change, whether or not a reply
+        # comes: its enable does not wait on the decision.
+        with m.If(o_room):
+            m.d.sync += self.o.payload.eq(reply)
         with m.If(held_valid & o_room):
-            m.d.sync += [self.o.valid.eq(1), self.o.payload.eq(reply)]
+            m.d.sync += self.o.valid.eq(1)
         return m
 
 
@@ -407,13 +471,13 @@ class Responder(wiring.Component):
     def _stages(self, m, s):
         config = self._config
         mr_bits = ceil_log2(self._mr_slots)
-        s1 = s.s1 = Signal(s.op_layout)
+        s1 = s.s1 = Signal(s.op_layout, reset_less=True)
         s1_valid = s.s1_valid = Signal()
-        e = s.e = Signal(s.op_layout)
+        e = s.e = Signal(s.op_layout, reset_less=True)
         e_valid = s.e_valid = Signal()
-        s.st = Signal(s.state_layout)               # S2's QP entry, forwarded
-        s.mr = Signal(s.layouts[3])                 # S2's MR entry
-        s.va_end = Signal(65)                       # S2's va + dma_len
+        s.st = Signal(s.state_layout, reset_less=True)  # S2's QP entry, forwarded
+        s.mr = Signal(s.layouts[3], reset_less=True)    # S2's MR entry
+        s.va_end = Signal(65, reset_less=True)      # S2's va + dma_len
         s.e_fire = Signal()                         # S2 executes this cycle
         s.e_cont = Signal()                         # ... and its operation takes another step
         s.may_cont = Signal()                       # ... or might (S1 waits either way)
@@ -485,21 +549,23 @@ class Responder(wiring.Component):
         # from is this cycle's write-back of the same QP, else the last cycle's (`prev`, not
         # in the table yet), else the one before (`prev2`, written while the table was
         # read), else the table's data.
-        written = data.StructLayout({"valid": 1, "qpn": config.qpn_bits,
-                                     "state": s.state_layout})
-        prev = Signal(written)
-        prev2 = Signal(written)
-        m.d.sync += [prev.valid.eq(s.table_write), prev.qpn.eq(e.qpn),
-                     prev.state.eq(s.new_state), prev2.eq(prev)]
+        # Only the valid bits are reset: the rest means nothing while they are low.
+        written = data.StructLayout({"qpn": config.qpn_bits, "state": s.state_layout})
+        prev = Signal(written, reset_less=True)
+        prev2 = Signal(written, reset_less=True)
+        prev_valid = Signal()
+        prev2_valid = Signal()
+        m.d.sync += [prev_valid.eq(s.table_write), prev.qpn.eq(e.qpn),
+                     prev.state.eq(s.new_state), prev2_valid.eq(prev_valid), prev2.eq(prev)]
         for wp, part in ((s.qp_wp, prev.state.qp), (s.bm_wp, prev.state.bm),
                          (s.wt_wp, prev.state.wt)):
-            m.d.comb += [wp.addr.eq(prev.qpn), wp.data.eq(part), wp.en.eq(prev.valid)]
+            m.d.comb += [wp.addr.eq(prev.qpn), wp.data.eq(part), wp.en.eq(prev_valid)]
         stored = Signal(s.state_layout)
         m.d.comb += [stored.qp.eq(s.qp_rp.data), stored.bm.eq(s.bm_rp.data),
                      stored.wt.eq(s.wt_rp.data)]
         same_now = s.table_write & (e.qpn == s1.qpn)
-        same_prev = prev.valid & (prev.qpn == s1.qpn)
-        same_prev2 = prev2.valid & (prev2.qpn == s1.qpn)
+        same_prev = prev_valid & (prev.qpn == s1.qpn)
+        same_prev2 = prev2_valid & (prev2.qpn == s1.qpn)
         # The MR table likewise (written by MR_WRITE commands).
         mr_prev = Signal(data.StructLayout({"valid": 1, "slot": max(1, mr_bits),
                                             "entry": s.layouts[3]}))
@@ -777,57 +843,28 @@ class Responder(wiring.Component):
                                       s.advance))
 
         bad_qp = s.is_first & ~s.known
-        s.reply = Signal(_reply_layout(config))
-        reply = s.reply.beat
-        r = reply.header
-        seth, cc_state, neth = r.ctl.sack.seth, r.ctl.sack.cc_state, r.ctl.neth
-        # The EV the trigger arrived with: UDP source port, IPv6 flow label (low 16 bits).
-        entropy = Cat(tmpl.udp_sport, Mux(tmpl.ipv6, tmpl.flow_label[:16], 0))
-        m.d.comb += [
-            s.reply.rcv.eq(s.rcv1), s.reply.shift.eq(sack_shift),
-            reply.first.eq(1), reply.last.eq(1),
-            r.port.eq(tmpl.port),
-            r.eth_dst.eq(tmpl.eth_src), r.eth_src.eq(tmpl.eth_dst),
-            r.vlan_valid.eq(tmpl.vlan_valid), r.vlan_tci.eq(tmpl.vlan_tci),
-            r.ipv6.eq(tmpl.ipv6), r.ip_src.eq(tmpl.ip_dst), r.ip_dst.eq(tmpl.ip_src),
-            r.tclass.eq(ACK_TCLASS), r.flow_label.eq(tmpl.flow_label),
-            r.hop_limit.eq(ACK_HOP_LIMIT), r.udp_sport.eq(tmpl.udp_sport),
-            r.bth.pkey.eq(P.BTH_DEFAULT_PKEY),
-            r.bth.dqpn.eq(Mux(bad_qp, h.bth.dqpn, qp.remote_qpn)),
-        ]
+        s.reply = reply = Signal(_reply_layout(config))
+        # Only `kind`, `nack_reason` and `nak_code` wait on the verdict; the header is built
+        # from these registers in the reply stage.
         with m.If(s.send_nak & s.is_nack):
-            m.d.comb += [
-                r.kind.eq(PacketKind.NACK),
-                r.bth.opcode.eq(int(P.Opcode.RELIABILITY_NACK)),
-                r.bth.psn.eq(tmpl.psn),
-                neth.nack_reason.eq(s.nack_reason), neth.entropy.eq(entropy),
-                neth.nack_psn.eq(tmpl.psn), neth.tx_timestamp.eq(tmpl.tx_ts),
-            ]
+            m.d.comb += reply.kind.eq(PacketKind.NACK)
         with m.Elif(s.send_nak):
-            m.d.comb += [
-                r.kind.eq(PacketKind.AETH),
-                r.bth.opcode.eq(int(P.Opcode.ACKNOWLEDGE)),
-                r.bth.psn.eq(tmpl.psn),
-                r.aeth.syndrome.eq(P.AETH_NAK_BASE | s.nak_code),
-                r.aeth.msn.eq(Mux(bad_qp, 0, s.new_msn)),
-            ]
+            m.d.comb += reply.kind.eq(PacketKind.AETH)
         with m.Else():
-            m.d.comb += [
-                r.kind.eq(PacketKind.SACK),
-                r.bth.opcode.eq(int(P.Opcode.RELIABILITY_SACK)),
-                r.bth.psn.eq(cack),
-                seth.m.eq(Mux(tmpl.ce, P.SackMark.SKIP_ONCE, P.SackMark.NONE)),
-                seth.pr.eq(s.is_probe),
-                seth.ack_psn_offset.eq(Mux(s.is_probe, h.ctl.peth.probe_id, trig_dist[:16])),
-                seth.entropy.eq(entropy),
-                seth.cack_psn.eq(cack),
-                seth.mpr.eq(qp.mpr),
-                seth.sack_psn_offset.eq(Mux(aligned, (aligned_base - cack)[:16], 1)),
-                cc_state.tx_timestamp.eq(tmpl.tx_ts),
-                cc_state.ooo_count.eq(Mux(s.new_above > OOO_COUNT_MAX, OOO_COUNT_MAX,
-                                          s.new_above)),
-                cc_state.rcvd_bytes.eq(s.new_rcvd),
-            ]
+            m.d.comb += reply.kind.eq(PacketKind.SACK)
+        m.d.comb += [
+            reply.tmpl.eq(tmpl),
+            reply.dqpn.eq(Mux(bad_qp, h.bth.dqpn, qp.remote_qpn)),
+            reply.nack_reason.eq(s.nack_reason), reply.nak_code.eq(s.nak_code),
+            reply.msn.eq(Mux(bad_qp, 0, s.new_msn)),
+            reply.probe.eq(s.is_probe), reply.cack.eq(cack),
+            reply.ack_psn_offset.eq(Mux(s.is_probe, h.ctl.peth.probe_id, trig_dist[:16])),
+            reply.sack_psn_offset.eq(Mux(aligned, (aligned_base - cack)[:16], 1)),
+            reply.mpr.eq(qp.mpr),
+            reply.ooo_count.eq(Mux(s.new_above > OOO_COUNT_MAX, OOO_COUNT_MAX, s.new_above)),
+            reply.rcvd_bytes.eq(s.new_rcvd),
+            reply.rcv.eq(s.rcv1), reply.shift.eq(sack_shift),
+        ]
 
     # --- S2: control commands --------------------------------------------------------------
 
@@ -895,7 +932,7 @@ class Responder(wiring.Component):
         resp_room = ~resp_valid | self.ctl_resp.ready
         # Completions and timers reach their FIFOs a cycle later, from a register (no decision
         # logic in front of a FIFO); the completion FIFO's room counts the one on its way.
-        completion_req = Signal(completion_layout(config))
+        completion_req = Signal(completion_layout(config), reset_less=True)
         completion_pending = Signal()
         completion_room = Signal()
         m.d.comb += completion_room.eq(s.cfifo.level + completion_pending < self._completions)
@@ -919,19 +956,28 @@ class Responder(wiring.Component):
         need_ack = s.send_ack | s.send_nak | s.send_probe_ack
         need_completion = (s.placed | s.is_cont) & s.stop
 
-        m.d.comb += [self.place.valid.eq(place_valid), self.ctl_resp.valid.eq(resp_valid)]
+        # The output registers' payloads load whenever they may change, whether or not an
+        # operation fills them: their enables do not wait on the verdict. No reset: a payload
+        # means nothing while its valid is low.
+        place_payload = Signal(place_beat_layout(config), reset_less=True)
+        resp_payload = Signal(responder_response_layout(config), reset_less=True)
+        m.d.comb += [self.place.valid.eq(place_valid), self.ctl_resp.valid.eq(resp_valid),
+                     self.place.payload.eq(place_payload), self.ctl_resp.payload.eq(resp_payload)]
         with m.If(self.place.ready):
             m.d.sync += place_valid.eq(0)
         with m.If(self.ctl_resp.ready):
             m.d.sync += resp_valid.eq(0)
-        with m.If(s.e_fire & need_place):
+        with m.If(place_room):
             m.d.sync += [
-                place_valid.eq(1),
-                self.place.payload.addr.eq(Mux(s.is_first, h.reth.va, pkt_addr)),
-                self.place.payload.data.eq(e.beat.data),
-                self.place.payload.keep.eq(e.beat.keep),
-                self.place.payload.last.eq(e.beat.last),
+                place_payload.addr.eq(Mux(s.is_first, h.reth.va, pkt_addr)),
+                place_payload.data.eq(e.beat.data),
+                place_payload.keep.eq(e.beat.keep),
+                place_payload.last.eq(e.beat.last),
             ]
+        with m.If(resp_room):
+            m.d.sync += resp_payload.eq(s.resp)
+        with m.If(s.e_fire & need_place):
+            m.d.sync += place_valid.eq(1)
         with m.If(s.e_fire & s.is_first):
             m.d.sync += [pkt_place.eq(s.placed), pkt_addr.eq(h.reth.va + lanes),
                          s.e_ack_want.eq(s.ack_now)]
@@ -940,7 +986,7 @@ class Responder(wiring.Component):
         m.d.comb += [s.sack_stage.i.valid.eq(s.e_fire & need_ack),
                      s.sack_stage.i.payload.eq(s.reply)]
         with m.If(s.e_fire & s.is_ctl):
-            m.d.sync += [resp_valid.eq(1), self.ctl_resp.payload.eq(s.resp)]
+            m.d.sync += resp_valid.eq(1)
 
         completion = Signal(completion_layout(config))
         m.d.comb += [
@@ -957,7 +1003,7 @@ class Responder(wiring.Component):
             timer_entry.deadline.eq(s.cycles + s.ack_delay), timer_entry.qpn.eq(e.qpn),
             timer_entry.template.eq(s.tmpl),
         ]
-        timer_req = Signal(s.layouts[5])
+        timer_req = Signal(s.layouts[5], reset_less=True)
         timer_pending = Signal()
         timer_start = s.e_fire & s.start_timer
         m.d.sync += [
@@ -1042,8 +1088,9 @@ class Responder(wiring.Component):
             obs.mr.eq(s.mr), obs.va_end.eq(s.va_end), obs.pkt_place.eq(s.pkt_place),
             obs.pkt_addr.eq(s.pkt_addr), obs.in_packet.eq(s.in_packet),
             obs.reply_taken.eq(s.sack_stage.i.valid & s.sack_stage.i.ready),
-            obs.reply.eq(s.sack_stage.i.payload.beat),
-            obs.held_valid.eq(s.sack_stage._held_valid), obs.held.eq(s.sack_stage._held.beat),
+            obs.reply.eq(_reply_beat(m, self._config, s.sack_stage.i.payload, name="obs_reply")),
+            obs.held_valid.eq(s.sack_stage._held_valid),
+            obs.held.eq(_reply_beat(m, self._config, s.sack_stage._held, name="obs_held")),
             obs.e_cont.eq(s.is_cont), obs.ack_want.eq(s.e_ack_want),
             obs.ack_every.eq(s.ack_every),
             obs.s1_issued.eq(~s.s1_valid | Cat(s.s1.kind == k
