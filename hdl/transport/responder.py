@@ -105,6 +105,33 @@ def _or_all(values):
     return result
 
 
+def _checks_layout():
+    """The checks that depend only on a packet's header and its MR entry, made in S1 and
+    registered for S2 (out of S2's loop on the QP entry)."""
+    return data.StructLayout({"known": 1, "bad_seq": 1, "last_op": 1, "imm_op": 1,
+                              "mr_hit": 1, "in_bounds": 1})
+
+
+def _header_checks(config, header, mr, va_end):
+    """``_checks_layout`` values of a packet ``header`` against ``mr``, its MR entry, with
+    ``va_end`` = va + dma_len."""
+    opcode, dma_len = header.bth.opcode, header.reth.dma_len
+
+    def opcode_in(opcodes):
+        return Cat(opcode == int(op) for op in sorted(opcodes)).any()
+
+    last_op = opcode_in(P.LAST_OPCODES)
+    return {
+        "known": header.bth.dqpn < config.qps,
+        "bad_seq": ~opcode_in(P.DATA_OPCODES) | (dma_len > config.mtu) |
+        (~last_op & (dma_len != config.mtu)),
+        "last_op": last_op,
+        "imm_op": opcode_in(P.IMMEDIATE_OPCODES),
+        "mr_hit": mr.valid & (mr.rkey == header.reth.rkey),
+        "in_bounds": (header.reth.va >= mr.base) & (va_end <= mr.limit),
+    }
+
+
 def _lowest_set(m, bits, name):
     """Index of the lowest set bit of ``bits``, or ``len(bits)`` when none is.
 
@@ -237,6 +264,8 @@ def _observation_layout(config, mr_slots):
         "held_valid": 1, "held": packet_beat_layout(config),
         "e_cont": 1, "ack_want": 1, "ack_every": 8, "s1_restart": 1, "e_restart": 1,
         "s1_issued": 1,             # S1 is empty or holds an operation S0 issues (not CONT)
+        # The registered checks and S1's va + dma_len agree with the packets they belong to.
+        "checks_ok": 1,
     })
 
 
@@ -478,11 +507,14 @@ class Responder(wiring.Component):
         s.st = Signal(s.state_layout, reset_less=True)  # S2's QP entry, forwarded
         s.mr = Signal(s.layouts[3], reset_less=True)    # S2's MR entry
         s.va_end = Signal(65, reset_less=True)      # S2's va + dma_len
+        s.checks = Signal(_checks_layout(), reset_less=True)    # S2's header and MR checks
+        s.cmd_limit = Signal(65, reset_less=True)   # S2's command's base + length
         s.e_fire = Signal()                         # S2 executes this cycle
         s.e_cont = Signal()                         # ... and its operation takes another step
         s.may_cont = Signal()                       # ... or might (S1 waits either way)
         s.new_state = Signal(s.state_layout)        # the entry S2 writes back
         s.table_write = Signal()
+        s.row_write = Signal()                      # S2's operation writes its row if it fires
         s.in_packet = Signal()                      # between a packet's first and last beat
         s.FIRST, s.BEAT, s.CONT, s.TIMER, s.CTL = range(5)
 
@@ -533,9 +565,11 @@ class Responder(wiring.Component):
 
         with m.If(s1_move):
             m.d.sync += s1_valid.eq(0)
+        s1_va_end = Signal(65, reset_less=True)     # S1's va + dma_len
         with m.If(take_beat | take_first):
             m.d.sync += [s1_valid.eq(1), s1.kind.eq(Mux(take_first, s.FIRST, s.BEAT)),
-                         s1.beat.eq(self.i.payload), in_packet.eq(~self.i.payload.last)]
+                         s1.beat.eq(self.i.payload), in_packet.eq(~self.i.payload.last),
+                         s1_va_end.eq(in_hdr.reth.va + in_hdr.reth.dma_len)]
         with m.If(take_first):
             m.d.sync += s1.qpn.eq(issue_qpn)
         with m.If(take_ctl):
@@ -563,7 +597,8 @@ class Responder(wiring.Component):
         stored = Signal(s.state_layout)
         m.d.comb += [stored.qp.eq(s.qp_rp.data), stored.bm.eq(s.bm_rp.data),
                      stored.wt.eq(s.wt_rp.data)]
-        same_now = s.table_write & (e.qpn == s1.qpn)
+        # S1 moves on only when S2 executes (or is empty): the match need not wait on e_fire.
+        same_now = s.row_write & (e.qpn == s1.qpn)
         same_prev = prev_valid & (prev.qpn == s1.qpn)
         same_prev2 = prev2_valid & (prev2.qpn == s1.qpn)
         # The MR table likewise (written by MR_WRITE commands).
@@ -574,13 +609,21 @@ class Responder(wiring.Component):
         s1_slot = s1.beat.header.reth.rkey[:mr_bits]
         mr_now = s.mr_wp.en & (s.mr_wp.addr == s1_slot)
         mr_same_prev = mr_prev.valid & (mr_prev.slot == s1_slot)
+        # S1 checks the packet against its MR entry (forwarded like the QP entry) and decodes
+        # its header; S2 finds the results in `checks`.
+        mr_entry = Signal(s.layouts[3])
+        m.d.comb += mr_entry.eq(Mux(mr_now, s.mr_wp.data,
+                                    Mux(mr_same_prev, mr_prev.entry, s.mr_rp.data)))
+        s1_checks = _header_checks(config, s1.beat.header, mr_entry, s1_va_end)
+        s.s1_va_end = s1_va_end
         with m.If(s.e_fire & s.e_cont):
             m.d.sync += [e.kind.eq(s.CONT), s.st.eq(s.new_state)]
         with m.Elif(s1_move):
             m.d.sync += [
                 e_valid.eq(1), e.eq(s1),
-                s.mr.eq(Mux(mr_now, s.mr_wp.data, Mux(mr_same_prev, mr_prev.entry, s.mr_rp.data))),
-                s.va_end.eq(s1.beat.header.reth.va + s1.beat.header.reth.dma_len),
+                s.mr.eq(mr_entry), s.va_end.eq(s1_va_end),
+                s.cmd_limit.eq(s1.cmd.base + s1.cmd.length),
+                *(s.checks[name].eq(value) for name, value in s1_checks.items()),
                 s.st.eq(Mux(same_now, s.new_state,
                             Mux(same_prev, prev.state, Mux(same_prev2, prev2.state, stored)))),
             ]
@@ -603,19 +646,14 @@ class Responder(wiring.Component):
         s.is_ctl = s.e_valid & (e.kind == s.CTL)
 
         h = s.h = e.beat.header
-        opcode = h.bth.opcode
         psn = h.bth.psn
-        dma_len = h.reth.dma_len
 
-        def opcode_in(opcodes):
-            return Cat(opcode == int(op) for op in sorted(opcodes)).any()
-
-        s.is_last_op = opcode_in(P.LAST_OPCODES)
-        s.is_imm_op = opcode_in(P.IMMEDIATE_OPCODES)
-        s.known = h.bth.dqpn < config.qps
+        checks = s.checks
+        s.is_last_op = checks.last_op
+        s.is_imm_op = checks.imm_op
+        s.known = checks.known
         s.responding = (qp.state == int(P.QpState.RTR)) | (qp.state == int(P.QpState.RTS))
-        bad_seq = ~opcode_in(P.DATA_OPCODES) | (dma_len > config.mtu) | \
-            (~s.is_last_op & (dma_len != config.mtu))
+        bad_seq = checks.bad_seq
         s.distance = Signal(24)
         m.d.comb += s.distance.eq(psn - qp.epsn)
         s.d0 = as_signal(m, psn == qp.epsn, "d0")
@@ -623,8 +661,8 @@ class Responder(wiring.Component):
         in_window = ~below & (s.distance[7:] < qp.mpr)      # distance < mpr x 128 PSNs
         s.offset = s.distance[:max(1, ceil_log2(config.window_psns))]
         marked = as_signal(m, bm.rcv.bit_select(s.offset, 1), "marked")
-        mr_ok = mr.valid & (mr.rkey == h.reth.rkey) & (mr.pd == qp.pd)
-        in_bounds = (h.reth.va >= mr.base) & (s.va_end <= mr.limit)
+        mr_ok = checks.mr_hit & (mr.pd == qp.pd)
+        in_bounds = checks.in_bounds
         s.wimm_used = _popcount(Cat(wt[k].valid for k in range(config.max_wimm)))
         wimm_full = s.is_imm_op & (s.wimm_used >= qp.max_wimm)
 
@@ -912,7 +950,7 @@ class Responder(wiring.Component):
             s.mr_wp.addr.eq(cmd.slot[:mr_bits]),
             s.mr_wp.data.valid.eq(cmd.valid), s.mr_wp.data.rkey.eq(cmd.rkey),
             s.mr_wp.data.pd.eq(cmd.pd), s.mr_wp.data.base.eq(cmd.base),
-            s.mr_wp.data.limit.eq(cmd.base + cmd.length),
+            s.mr_wp.data.limit.eq(s.cmd_limit),
         ]
 
     # --- S2: outputs and table writes ----------------------------------------------------------
@@ -1042,8 +1080,8 @@ class Responder(wiring.Component):
         m.d.comb += [
             s.new_state.bm.eq(Mux(s.set_rx, 0, s.new_bm)),
             s.new_state.wt.eq(Mux(s.set_rx, 0, s.new_wt)),
-            s.table_write.eq(s.e_fire & ((s.is_first & s.known) | s.is_cont | s.is_timer |
-                                         s.qp_cmd_ok)),
+            s.row_write.eq((s.is_first & s.known) | s.is_cont | s.is_timer | s.qp_cmd_ok),
+            s.table_write.eq(s.e_fire & s.row_write),
         ]
 
         # Verdict strobe and counters (the counters from registered events).
@@ -1096,6 +1134,12 @@ class Responder(wiring.Component):
             obs.s1_issued.eq(~s.s1_valid | Cat(s.s1.kind == k
                                                for k in (s.FIRST, s.BEAT, s.TIMER, s.CTL)).any()),
         ]
+        s1_hdr = s.s1.beat.header
+        e_checks = _header_checks(self._config, s.e.beat.header, s.mr, s.va_end)
+        m.d.comb += obs.checks_ok.eq(
+            (~s.e_valid | (s.checks.as_value() ==
+                           Cat(e_checks[name] for name in _checks_layout().members))) &
+            (~s.s1_valid | (s.s1_va_end == s1_hdr.reth.va + s1_hdr.reth.dma_len)))
         for op, valid, name in ((s.s1, s.s1_valid, "s1_restart"), (s.e, s.e_valid, "e_restart")):
             m.d.comb += obs[name].eq(valid & (op.kind == s.CTL) &
                                      (op.cmd.cmd == ResponderCommand.QP_WRITE) & op.cmd.set_psn)
