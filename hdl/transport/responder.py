@@ -109,7 +109,7 @@ def _checks_layout():
     """The checks that depend only on a packet's header and its MR entry, made in S1 and
     registered for S2 (out of S2's loop on the QP entry)."""
     return data.StructLayout({"known": 1, "bad_seq": 1, "last_op": 1, "imm_op": 1,
-                              "mr_hit": 1, "in_bounds": 1})
+                              "mr_hit": 1, "in_bounds": 1, "probe": 1, "static_ok": 1})
 
 
 def _header_checks(config, header, mr, va_end):
@@ -121,14 +121,17 @@ def _header_checks(config, header, mr, va_end):
         return Cat(opcode == int(op) for op in sorted(opcodes)).any()
 
     last_op = opcode_in(P.LAST_OPCODES)
+    known = header.bth.dqpn < config.qps
+    bad_seq = ~opcode_in(P.DATA_OPCODES) | (dma_len > config.mtu) | \
+        (~last_op & (dma_len != config.mtu))
+    mr_hit = mr.valid & (mr.rkey == header.reth.rkey)
+    in_bounds = (header.reth.va >= mr.base) & (va_end <= mr.limit)
     return {
-        "known": header.bth.dqpn < config.qps,
-        "bad_seq": ~opcode_in(P.DATA_OPCODES) | (dma_len > config.mtu) |
-        (~last_op & (dma_len != config.mtu)),
-        "last_op": last_op,
-        "imm_op": opcode_in(P.IMMEDIATE_OPCODES),
-        "mr_hit": mr.valid & (mr.rkey == header.reth.rkey),
-        "in_bounds": (header.reth.va >= mr.base) & (va_end <= mr.limit),
+        "known": known, "bad_seq": bad_seq, "last_op": last_op,
+        "imm_op": opcode_in(P.IMMEDIATE_OPCODES), "mr_hit": mr_hit, "in_bounds": in_bounds,
+        "probe": header.kind == PacketKind.RPROBE,
+        # Every check of a PLACED verdict that needs neither the QP entry nor the MR's PD.
+        "static_ok": known & ~bad_seq & ~header.trimmed & mr_hit & in_bounds,
     }
 
 
@@ -638,7 +641,7 @@ class Responder(wiring.Component):
         s.is_packet = s.e_valid & (e.kind == s.FIRST)
         # A reliability probe (PETH) is a one-beat packet that consumes no PSN: it is answered
         # with a pr = 1 SACK and changes nothing.
-        s.is_probe = s.is_packet & (e.beat.header.kind == PacketKind.RPROBE)
+        s.is_probe = s.is_packet & s.checks.probe
         s.is_first = s.is_packet & ~s.is_probe
         s.is_beat = s.e_valid & (e.kind == s.BEAT)
         s.is_cont = s.e_valid & (e.kind == s.CONT)
@@ -690,13 +693,15 @@ class Responder(wiring.Component):
             m.d.comb += verdict.eq(V.WIMM_OVERFLOW)
         with m.Else():
             m.d.comb += verdict.eq(V.PLACED)
-        s.placed = as_signal(m, s.is_first & (verdict == V.PLACED), "placed")
-        # The same, for the packet at the expected PSN only, without the verdict's priority
-        # chain (at distance 0 the PSN is not below, in the window when mpr != 0, and marked
-        # only if bit 0 is set): the advance waits on this one, not on the verdict.
-        s.placed_d0 = as_signal(
-            m, s.is_first & s.d0 & s.known & s.responding & ~bad_seq & (qp.mpr != 0) &
-            ~bm.rcv[0] & ~h.trimmed & mr_ok & in_bounds & ~wimm_full, "placed_d0")
+        # PLACED is every check passed: an AND, not the priority chain, and most of it made
+        # in S1 (`static_ok`).
+        common = as_signal(m, s.is_first & checks.static_ok & s.responding & (mr.pd == qp.pd) &
+                           ~wimm_full, "placed_common")
+        s.placed = as_signal(m, common & in_window & ~marked, "placed")
+        # The same, for the packet at the expected PSN only (at distance 0 the PSN is not
+        # below, in the window when mpr != 0, and marked only if bit 0 is set): the advance
+        # waits on this one, not on the distance.
+        s.placed_d0 = as_signal(m, common & s.d0 & (qp.mpr != 0) & ~bm.rcv[0], "placed_d0")
 
     # --- S2: mark, advance the cumulative PSN ------------------------------------------------
 
@@ -1139,7 +1144,8 @@ class Responder(wiring.Component):
         m.d.comb += obs.checks_ok.eq(
             (~s.e_valid | (s.checks.as_value() ==
                            Cat(e_checks[name] for name in _checks_layout().members))) &
-            (~s.s1_valid | (s.s1_va_end == s1_hdr.reth.va + s1_hdr.reth.dma_len)))
+            (~(s.s1_valid & ((s.s1.kind == s.FIRST) | (s.s1.kind == s.BEAT))) |
+             (s.s1_va_end == s1_hdr.reth.va + s1_hdr.reth.dma_len)))
         for op, valid, name in ((s.s1, s.s1_valid, "s1_restart"), (s.e, s.e_valid, "e_restart")):
             m.d.comb += obs[name].eq(valid & (op.kind == s.CTL) &
                                      (op.cmd.cmd == ResponderCommand.QP_WRITE) & op.cmd.set_psn)
