@@ -550,10 +550,12 @@ class Responder(wiring.Component):
             s.tfifo.r_en.eq(take_timer),
         ]
         in_hdr = self.i.payload.header
+        # The QP an issue would address, chosen without waiting on whether S1 is free (the
+        # stall comes late, from S2's decision): it matters only when S1 is.
         issue_qpn = Signal(config.qpn_bits)
-        with m.If(take_ctl):
+        with m.If(~in_packet & self.ctl.valid & (~restart | empty)):
             m.d.comb += issue_qpn.eq(self.ctl.payload.qpn[:config.qpn_bits])
-        with m.Elif(take_timer):
+        with m.Elif(~in_packet & ~self.ctl.valid & timer_due):
             m.d.comb += issue_qpn.eq(timer_head.qpn)
         with m.Else():
             m.d.comb += issue_qpn.eq(in_hdr.bth.dqpn[:config.qpn_bits])
@@ -725,18 +727,23 @@ class Responder(wiring.Component):
         wimm_at = _lowest_set(m, wimm_x[:chunk], "wimm_at")
         wimm_at_bit = onehot(m, wimm_at, chunk, name="wimm_at_bit")
         wimm_next = _lowest_set(m, wimm_x[:chunk] & ~wimm_at_bit, "wimm_next")
-        stop = wimm_at < run                # a WRITE_IMM completes in this step
-        more = wimm_next < run              # and another one after it: continue
+        # Whether a WRITE_IMM completes in this step (stop: wimm_at < run), another one after
+        # it too (more: wimm_next < run) and whether the step continues, from masks rather
+        # than from the indices: S1's stall waits on `may_cont`, so it must come early. For
+        # `may_cont` the two cases (a continued step, an in-order packet that adds bit 0)
+        # are decided in parallel, before the operation's kind selects one.
+        stop, more, cont = self._run_flags(m, rcv_x, wimm_x, chunk, "run")
+        _, _, cont_step = self._run_flags(m, bm.rcv, bm.wimm, chunk, "run_step")
+        _, _, cont_add = self._run_flags(m, bm.rcv | 1, bm.wimm | s.is_imm_op, chunk, "run_add")
         step = Signal(range(chunk + 1))
         m.d.comb += step.eq(Mux(more, wimm_next, run))
-        cont = more | (run_end > chunk)
 
         s.advancing = as_signal(m, s.placed_d0 | s.is_cont, "advancing")
         s.advance = Signal(range(chunk + 1))
         m.d.comb += [
             s.advance.eq(Mux(s.advancing, step, 0)),
             s.e_cont.eq(s.advancing & cont),
-            s.may_cont.eq((s.is_cont | (s.is_first & s.d0)) & cont),
+            s.may_cont.eq(Mux(s.is_cont, cont_step, s.is_first & s.d0 & cont_add)),
         ]
         s.stop = as_signal(m, s.advancing & stop, "stop")
 
@@ -795,6 +802,30 @@ class Responder(wiring.Component):
                 m.d.comb += s.new_wt[k].valid.eq(0)
         # One entry at most completes; OR is the cheapest select.
         m.d.comb += s.completed_imm.eq(_or_all(hit_imms))
+
+    @staticmethod
+    def _run_flags(m, rcv, wimm, chunk, name):
+        """(stop, more, cont) of a step over the bitmaps ``rcv`` and ``wimm`` (bit 0 at the
+        expected PSN): a WRITE_IMM end lies in the run of received PSNs from bit 0 (capped at
+        ``chunk``), two of them do, or the step continues (two of them, or the run is longer
+        than ``chunk``). Prefix ANDs and a two-level count, no adders."""
+        in_run = [as_signal(m, wimm[i] & Cat(rcv[:i + 1]).all(), f"{name}_in{i}")
+                  for i in range(chunk)]
+        nodes = [(bit, C(0, 1)) for bit in in_run]          # (any set, two or more set)
+        while len(nodes) > 1:
+            merged = []
+            for k in range(0, len(nodes), 2):
+                if k + 1 == len(nodes):
+                    merged.append(nodes[k])
+                    continue
+                (any_lo, two_lo), (any_hi, two_hi) = nodes[k], nodes[k + 1]
+                merged.append((as_signal(m, any_lo | any_hi, f"{name}_any{len(nodes)}_{k}"),
+                               as_signal(m, two_lo | two_hi | (any_lo & any_hi),
+                                         f"{name}_two{len(nodes)}_{k}")))
+            nodes = merged
+        stop, more = nodes[0]
+        full = Cat(rcv[:chunk + 1]).all()
+        return stop, more, as_signal(m, more | full, f"{name}_cont")
 
     # --- S2: ACK decision ------------------------------------------------------------------
 
@@ -978,7 +1009,9 @@ class Responder(wiring.Component):
         completion_req = Signal(completion_layout(config), reset_less=True)
         completion_pending = Signal()
         completion_room = Signal()
-        m.d.comb += completion_room.eq(s.cfifo.level + completion_pending < self._completions)
+        m.d.comb += completion_room.eq(Mux(completion_pending,
+                                           s.cfifo.level < self._completions - 1,
+                                           s.cfifo.level < self._completions))
         room = Signal()
         with m.Switch(e.kind):
             with m.Case(s.FIRST):
