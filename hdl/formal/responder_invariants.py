@@ -150,6 +150,7 @@ class ResponderInvariants(Elaboratable):
             Assert(~mine | (_decided(obs.st) == _decided(latest)),
                    "S2 decides on the latest row"),
             Assert(latest.qp.mpr <= config.mpr_units, "MPR within the configuration"),
+            Assert(obs.checks_ok, "the checks registered for S2 are its packet's"),
         ]
         restart = write & obs.set_rx
 

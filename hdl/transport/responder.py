@@ -105,6 +105,36 @@ def _or_all(values):
     return result
 
 
+def _checks_layout():
+    """The checks that depend only on a packet's header and its MR entry, made in S1 and
+    registered for S2 (out of S2's loop on the QP entry)."""
+    return data.StructLayout({"known": 1, "bad_seq": 1, "last_op": 1, "imm_op": 1,
+                              "mr_hit": 1, "in_bounds": 1, "probe": 1, "static_ok": 1})
+
+
+def _header_checks(config, header, mr, va_end):
+    """``_checks_layout`` values of a packet ``header`` against ``mr``, its MR entry, with
+    ``va_end`` = va + dma_len."""
+    opcode, dma_len = header.bth.opcode, header.reth.dma_len
+
+    def opcode_in(opcodes):
+        return Cat(opcode == int(op) for op in sorted(opcodes)).any()
+
+    last_op = opcode_in(P.LAST_OPCODES)
+    known = header.bth.dqpn < config.qps
+    bad_seq = ~opcode_in(P.DATA_OPCODES) | (dma_len > config.mtu) | \
+        (~last_op & (dma_len != config.mtu))
+    mr_hit = mr.valid & (mr.rkey == header.reth.rkey)
+    in_bounds = (header.reth.va >= mr.base) & (va_end <= mr.limit)
+    return {
+        "known": known, "bad_seq": bad_seq, "last_op": last_op,
+        "imm_op": opcode_in(P.IMMEDIATE_OPCODES), "mr_hit": mr_hit, "in_bounds": in_bounds,
+        "probe": header.kind == PacketKind.RPROBE,
+        # Every check of a PLACED verdict that needs neither the QP entry nor the MR's PD.
+        "static_ok": known & ~bad_seq & ~header.trimmed & mr_hit & in_bounds,
+    }
+
+
 def _lowest_set(m, bits, name):
     """Index of the lowest set bit of ``bits``, or ``len(bits)`` when none is.
 
@@ -145,13 +175,71 @@ CHUNK = 16
 
 
 def _reply_layout(config):
-    """A reply on its way to the reply stage: the header without its SACK bitmap, and what the
-    bitmap is cut from (the receive bitmap after this packet's bit is set, and the shift)."""
+    """A reply on its way to the reply stage: the decision (its kind and the few fields the
+    execute stage computes), the packet it answers, and what the SACK bitmap is cut from (the
+    receive bitmap after this packet's bit is set, and the shift). The reply stage builds the
+    header from these registers, so the verdict drives a few bits here, not a whole header."""
+    _qp, _bitmaps, _wimm_row, _mr, template, _timer = _layouts(config, 1)
     return data.StructLayout({
-        "beat": packet_beat_layout(config),
+        "kind": PacketKind,         # SACK, NACK or AETH
+        "tmpl": template,           # the trigger
+        "dqpn": 24,
+        "nack_reason": 8, "nak_code": 5, "msn": 24,
+        "probe": 1, "cack": 24, "ack_psn_offset": 16, "sack_psn_offset": 16, "mpr": 4,
+        "ooo_count": 15, "rcvd_bytes": RCVD_BYTES_BITS,
         "rcv": config.window_psns,
         "shift": range(config.window_psns + 1),
     })
+
+
+def _reply_beat(m, config, reply, *, name):
+    """The reply packet (SACK bitmap 0) that the registered decision ``reply`` stands for."""
+    beat = Signal(packet_beat_layout(config), name=name)
+    tmpl, r = reply.tmpl, beat.header
+    seth, cc_state, neth = r.ctl.sack.seth, r.ctl.sack.cc_state, r.ctl.neth
+    # The EV the trigger arrived with: UDP source port, IPv6 flow label (low 16 bits).
+    entropy = Cat(tmpl.udp_sport, Mux(tmpl.ipv6, tmpl.flow_label[:16], 0))
+    m.d.comb += [
+        beat.first.eq(1), beat.last.eq(1),
+        r.kind.eq(reply.kind),
+        r.port.eq(tmpl.port),
+        r.eth_dst.eq(tmpl.eth_src), r.eth_src.eq(tmpl.eth_dst),
+        r.vlan_valid.eq(tmpl.vlan_valid), r.vlan_tci.eq(tmpl.vlan_tci),
+        r.ipv6.eq(tmpl.ipv6), r.ip_src.eq(tmpl.ip_dst), r.ip_dst.eq(tmpl.ip_src),
+        r.tclass.eq(ACK_TCLASS), r.flow_label.eq(tmpl.flow_label),
+        r.hop_limit.eq(ACK_HOP_LIMIT), r.udp_sport.eq(tmpl.udp_sport),
+        r.bth.pkey.eq(P.BTH_DEFAULT_PKEY), r.bth.dqpn.eq(reply.dqpn),
+    ]
+    with m.If(reply.kind == PacketKind.NACK):
+        m.d.comb += [
+            r.bth.opcode.eq(int(P.Opcode.RELIABILITY_NACK)),
+            r.bth.psn.eq(tmpl.psn),
+            neth.nack_reason.eq(reply.nack_reason), neth.entropy.eq(entropy),
+            neth.nack_psn.eq(tmpl.psn), neth.tx_timestamp.eq(tmpl.tx_ts),
+        ]
+    with m.Elif(reply.kind == PacketKind.AETH):
+        m.d.comb += [
+            r.bth.opcode.eq(int(P.Opcode.ACKNOWLEDGE)),
+            r.bth.psn.eq(tmpl.psn),
+            r.aeth.syndrome.eq(P.AETH_NAK_BASE | reply.nak_code),
+            r.aeth.msn.eq(reply.msn),
+        ]
+    with m.Else():
+        m.d.comb += [
+            r.bth.opcode.eq(int(P.Opcode.RELIABILITY_SACK)),
+            r.bth.psn.eq(reply.cack),
+            seth.m.eq(Mux(tmpl.ce, P.SackMark.SKIP_ONCE, P.SackMark.NONE)),
+            seth.pr.eq(reply.probe),
+            seth.ack_psn_offset.eq(reply.ack_psn_offset),
+            seth.entropy.eq(entropy),
+            seth.cack_psn.eq(reply.cack),
+            seth.mpr.eq(reply.mpr),
+            seth.sack_psn_offset.eq(reply.sack_psn_offset),
+            cc_state.tx_timestamp.eq(tmpl.tx_ts),
+            cc_state.ooo_count.eq(reply.ooo_count),
+            cc_state.rcvd_bytes.eq(reply.rcvd_bytes),
+        ]
+    return beat
 
 
 def _observation_layout(config, mr_slots):
@@ -179,17 +267,21 @@ def _observation_layout(config, mr_slots):
         "held_valid": 1, "held": packet_beat_layout(config),
         "e_cont": 1, "ack_want": 1, "ack_every": 8, "s1_restart": 1, "e_restart": 1,
         "s1_issued": 1,             # S1 is empty or holds an operation S0 issues (not CONT)
+        # The registered checks and S1's va + dma_len agree with the packets they belong to.
+        "checks_ok": 1,
     })
 
 
 class SackStage(wiring.Component):
-    """The reply stage: cuts a SACK's 64-bit bitmap out of the receive bitmap and registers the
-    reply for the header builder.
+    """The reply stage: builds the reply header from the execute stage's registered decision,
+    cuts a SACK's 64-bit bitmap out of the receive bitmap and registers the reply for the
+    header builder.
 
-    One reply per cycle; latency two cycles (``i`` taken -> ``o.valid``): the request is
-    registered, the bitmap cut and the reply registered again, so only a window-wide shift
-    sits between two registers, out of the execute stage's loop. The bitmap is the low 64 bits
-    of ``rcv >> shift`` for a SACK; NACKs and NAKs pass unchanged.
+    One reply per cycle; latency two cycles (``i`` taken -> ``o.valid``): the decision is
+    registered (its kind, the trigger and a few fields, not a whole header), then the header
+    is built, the bitmap cut and the reply registered again, so only a window-wide shift and
+    a select by kind sit between two registers, out of the execute stage's loop. The bitmap is
+    the low 64 bits of ``rcv >> shift`` for a SACK; NACKs and NAKs carry none.
 
     Parameters
     ----------
@@ -208,8 +300,8 @@ class SackStage(wiring.Component):
             if not isinstance(config, NicConfig):
                 raise TypeError(f"Configuration must be a NicConfig, not {config!r}")
         self._config = config
-        # The held reply, made here so that Responder(observe=True) can read it.
-        self._held = Signal(_reply_layout(config), name="held")
+        # The held decision, made here so that Responder(observe=True) can read it.
+        self._held = Signal(_reply_layout(config), name="held", reset_less=True)
         self._held_valid = Signal(name="held_valid")
         super().__init__({
             "i": In(stream.Signature(_reply_layout(config))),
@@ -228,13 +320,17 @@ class SackStage(wiring.Component):
 
         reply = Signal(packet_beat_layout(self._config))
         bitmap = shift_right(m, held.rcv, held.shift, name="sack")
-        m.d.comb += reply.eq(held.beat)
-        with m.If(held.beat.header.kind == PacketKind.SACK):
+        m.d.comb += reply.eq(_reply_beat(m, self._config, held, name="held_beat"))
+        with m.If(held.kind == PacketKind.SACK):
             m.d.comb += reply.header.ctl.sack.seth.sack_bitmap.eq(bitmap[:P.SACK_BITMAP_BITS])
         with m.If(self.o.ready):
             m.d.sync += self.o.valid.eq(0)
+        # The payload is loaded whenever the register may change, whether or not a reply
+        # comes: its enable does not wait on the decision.
+        with m.If(o_room):
+            m.d.sync += self.o.payload.eq(reply)
         with m.If(held_valid & o_room):
-            m.d.sync += [self.o.valid.eq(1), self.o.payload.eq(reply)]
+            m.d.sync += self.o.valid.eq(1)
         return m
 
 
@@ -407,18 +503,21 @@ class Responder(wiring.Component):
     def _stages(self, m, s):
         config = self._config
         mr_bits = ceil_log2(self._mr_slots)
-        s1 = s.s1 = Signal(s.op_layout)
+        s1 = s.s1 = Signal(s.op_layout, reset_less=True)
         s1_valid = s.s1_valid = Signal()
-        e = s.e = Signal(s.op_layout)
+        e = s.e = Signal(s.op_layout, reset_less=True)
         e_valid = s.e_valid = Signal()
-        s.st = Signal(s.state_layout)               # S2's QP entry, forwarded
-        s.mr = Signal(s.layouts[3])                 # S2's MR entry
-        s.va_end = Signal(65)                       # S2's va + dma_len
+        s.st = Signal(s.state_layout, reset_less=True)  # S2's QP entry, forwarded
+        s.mr = Signal(s.layouts[3], reset_less=True)    # S2's MR entry
+        s.va_end = Signal(65, reset_less=True)      # S2's va + dma_len
+        s.checks = Signal(_checks_layout(), reset_less=True)    # S2's header and MR checks
+        s.cmd_limit = Signal(65, reset_less=True)   # S2's command's base + length
         s.e_fire = Signal()                         # S2 executes this cycle
         s.e_cont = Signal()                         # ... and its operation takes another step
         s.may_cont = Signal()                       # ... or might (S1 waits either way)
         s.new_state = Signal(s.state_layout)        # the entry S2 writes back
         s.table_write = Signal()
+        s.row_write = Signal()                      # S2's operation writes its row if it fires
         s.in_packet = Signal()                      # between a packet's first and last beat
         s.FIRST, s.BEAT, s.CONT, s.TIMER, s.CTL = range(5)
 
@@ -451,10 +550,12 @@ class Responder(wiring.Component):
             s.tfifo.r_en.eq(take_timer),
         ]
         in_hdr = self.i.payload.header
+        # The QP an issue would address, chosen without waiting on whether S1 is free (the
+        # stall comes late, from S2's decision): it matters only when S1 is.
         issue_qpn = Signal(config.qpn_bits)
-        with m.If(take_ctl):
+        with m.If(~in_packet & self.ctl.valid & (~restart | empty)):
             m.d.comb += issue_qpn.eq(self.ctl.payload.qpn[:config.qpn_bits])
-        with m.Elif(take_timer):
+        with m.Elif(~in_packet & ~self.ctl.valid & timer_due):
             m.d.comb += issue_qpn.eq(timer_head.qpn)
         with m.Else():
             m.d.comb += issue_qpn.eq(in_hdr.bth.dqpn[:config.qpn_bits])
@@ -469,9 +570,11 @@ class Responder(wiring.Component):
 
         with m.If(s1_move):
             m.d.sync += s1_valid.eq(0)
+        s1_va_end = Signal(65, reset_less=True)     # S1's va + dma_len
         with m.If(take_beat | take_first):
             m.d.sync += [s1_valid.eq(1), s1.kind.eq(Mux(take_first, s.FIRST, s.BEAT)),
-                         s1.beat.eq(self.i.payload), in_packet.eq(~self.i.payload.last)]
+                         s1.beat.eq(self.i.payload), in_packet.eq(~self.i.payload.last),
+                         s1_va_end.eq(in_hdr.reth.va + in_hdr.reth.dma_len)]
         with m.If(take_first):
             m.d.sync += s1.qpn.eq(issue_qpn)
         with m.If(take_ctl):
@@ -485,21 +588,24 @@ class Responder(wiring.Component):
         # from is this cycle's write-back of the same QP, else the last cycle's (`prev`, not
         # in the table yet), else the one before (`prev2`, written while the table was
         # read), else the table's data.
-        written = data.StructLayout({"valid": 1, "qpn": config.qpn_bits,
-                                     "state": s.state_layout})
-        prev = Signal(written)
-        prev2 = Signal(written)
-        m.d.sync += [prev.valid.eq(s.table_write), prev.qpn.eq(e.qpn),
-                     prev.state.eq(s.new_state), prev2.eq(prev)]
+        # Only the valid bits are reset: the rest means nothing while they are low.
+        written = data.StructLayout({"qpn": config.qpn_bits, "state": s.state_layout})
+        prev = Signal(written, reset_less=True)
+        prev2 = Signal(written, reset_less=True)
+        prev_valid = Signal()
+        prev2_valid = Signal()
+        m.d.sync += [prev_valid.eq(s.table_write), prev.qpn.eq(e.qpn),
+                     prev.state.eq(s.new_state), prev2_valid.eq(prev_valid), prev2.eq(prev)]
         for wp, part in ((s.qp_wp, prev.state.qp), (s.bm_wp, prev.state.bm),
                          (s.wt_wp, prev.state.wt)):
-            m.d.comb += [wp.addr.eq(prev.qpn), wp.data.eq(part), wp.en.eq(prev.valid)]
+            m.d.comb += [wp.addr.eq(prev.qpn), wp.data.eq(part), wp.en.eq(prev_valid)]
         stored = Signal(s.state_layout)
         m.d.comb += [stored.qp.eq(s.qp_rp.data), stored.bm.eq(s.bm_rp.data),
                      stored.wt.eq(s.wt_rp.data)]
-        same_now = s.table_write & (e.qpn == s1.qpn)
-        same_prev = prev.valid & (prev.qpn == s1.qpn)
-        same_prev2 = prev2.valid & (prev2.qpn == s1.qpn)
+        # S1 moves on only when S2 executes (or is empty): the match need not wait on e_fire.
+        same_now = s.row_write & (e.qpn == s1.qpn)
+        same_prev = prev_valid & (prev.qpn == s1.qpn)
+        same_prev2 = prev2_valid & (prev2.qpn == s1.qpn)
         # The MR table likewise (written by MR_WRITE commands).
         mr_prev = Signal(data.StructLayout({"valid": 1, "slot": max(1, mr_bits),
                                             "entry": s.layouts[3]}))
@@ -508,13 +614,21 @@ class Responder(wiring.Component):
         s1_slot = s1.beat.header.reth.rkey[:mr_bits]
         mr_now = s.mr_wp.en & (s.mr_wp.addr == s1_slot)
         mr_same_prev = mr_prev.valid & (mr_prev.slot == s1_slot)
+        # S1 checks the packet against its MR entry (forwarded like the QP entry) and decodes
+        # its header; S2 finds the results in `checks`.
+        mr_entry = Signal(s.layouts[3])
+        m.d.comb += mr_entry.eq(Mux(mr_now, s.mr_wp.data,
+                                    Mux(mr_same_prev, mr_prev.entry, s.mr_rp.data)))
+        s1_checks = _header_checks(config, s1.beat.header, mr_entry, s1_va_end)
+        s.s1_va_end = s1_va_end
         with m.If(s.e_fire & s.e_cont):
             m.d.sync += [e.kind.eq(s.CONT), s.st.eq(s.new_state)]
         with m.Elif(s1_move):
             m.d.sync += [
                 e_valid.eq(1), e.eq(s1),
-                s.mr.eq(Mux(mr_now, s.mr_wp.data, Mux(mr_same_prev, mr_prev.entry, s.mr_rp.data))),
-                s.va_end.eq(s1.beat.header.reth.va + s1.beat.header.reth.dma_len),
+                s.mr.eq(mr_entry), s.va_end.eq(s1_va_end),
+                s.cmd_limit.eq(s1.cmd.base + s1.cmd.length),
+                *(s.checks[name].eq(value) for name, value in s1_checks.items()),
                 s.st.eq(Mux(same_now, s.new_state,
                             Mux(same_prev, prev.state, Mux(same_prev2, prev2.state, stored)))),
             ]
@@ -529,7 +643,7 @@ class Responder(wiring.Component):
         s.is_packet = s.e_valid & (e.kind == s.FIRST)
         # A reliability probe (PETH) is a one-beat packet that consumes no PSN: it is answered
         # with a pr = 1 SACK and changes nothing.
-        s.is_probe = s.is_packet & (e.beat.header.kind == PacketKind.RPROBE)
+        s.is_probe = s.is_packet & s.checks.probe
         s.is_first = s.is_packet & ~s.is_probe
         s.is_beat = s.e_valid & (e.kind == s.BEAT)
         s.is_cont = s.e_valid & (e.kind == s.CONT)
@@ -537,19 +651,14 @@ class Responder(wiring.Component):
         s.is_ctl = s.e_valid & (e.kind == s.CTL)
 
         h = s.h = e.beat.header
-        opcode = h.bth.opcode
         psn = h.bth.psn
-        dma_len = h.reth.dma_len
 
-        def opcode_in(opcodes):
-            return Cat(opcode == int(op) for op in sorted(opcodes)).any()
-
-        s.is_last_op = opcode_in(P.LAST_OPCODES)
-        s.is_imm_op = opcode_in(P.IMMEDIATE_OPCODES)
-        s.known = h.bth.dqpn < config.qps
+        checks = s.checks
+        s.is_last_op = checks.last_op
+        s.is_imm_op = checks.imm_op
+        s.known = checks.known
         s.responding = (qp.state == int(P.QpState.RTR)) | (qp.state == int(P.QpState.RTS))
-        bad_seq = ~opcode_in(P.DATA_OPCODES) | (dma_len > config.mtu) | \
-            (~s.is_last_op & (dma_len != config.mtu))
+        bad_seq = checks.bad_seq
         s.distance = Signal(24)
         m.d.comb += s.distance.eq(psn - qp.epsn)
         s.d0 = as_signal(m, psn == qp.epsn, "d0")
@@ -557,8 +666,8 @@ class Responder(wiring.Component):
         in_window = ~below & (s.distance[7:] < qp.mpr)      # distance < mpr x 128 PSNs
         s.offset = s.distance[:max(1, ceil_log2(config.window_psns))]
         marked = as_signal(m, bm.rcv.bit_select(s.offset, 1), "marked")
-        mr_ok = mr.valid & (mr.rkey == h.reth.rkey) & (mr.pd == qp.pd)
-        in_bounds = (h.reth.va >= mr.base) & (s.va_end <= mr.limit)
+        mr_ok = checks.mr_hit & (mr.pd == qp.pd)
+        in_bounds = checks.in_bounds
         s.wimm_used = _popcount(Cat(wt[k].valid for k in range(config.max_wimm)))
         wimm_full = s.is_imm_op & (s.wimm_used >= qp.max_wimm)
 
@@ -586,13 +695,15 @@ class Responder(wiring.Component):
             m.d.comb += verdict.eq(V.WIMM_OVERFLOW)
         with m.Else():
             m.d.comb += verdict.eq(V.PLACED)
-        s.placed = as_signal(m, s.is_first & (verdict == V.PLACED), "placed")
-        # The same, for the packet at the expected PSN only, without the verdict's priority
-        # chain (at distance 0 the PSN is not below, in the window when mpr != 0, and marked
-        # only if bit 0 is set): the advance waits on this one, not on the verdict.
-        s.placed_d0 = as_signal(
-            m, s.is_first & s.d0 & s.known & s.responding & ~bad_seq & (qp.mpr != 0) &
-            ~bm.rcv[0] & ~h.trimmed & mr_ok & in_bounds & ~wimm_full, "placed_d0")
+        # PLACED is every check passed: an AND, not the priority chain, and most of it made
+        # in S1 (`static_ok`).
+        common = as_signal(m, s.is_first & checks.static_ok & s.responding & (mr.pd == qp.pd) &
+                           ~wimm_full, "placed_common")
+        s.placed = as_signal(m, common & in_window & ~marked, "placed")
+        # The same, for the packet at the expected PSN only (at distance 0 the PSN is not
+        # below, in the window when mpr != 0, and marked only if bit 0 is set): the advance
+        # waits on this one, not on the distance.
+        s.placed_d0 = as_signal(m, common & s.d0 & (qp.mpr != 0) & ~bm.rcv[0], "placed_d0")
 
     # --- S2: mark, advance the cumulative PSN ------------------------------------------------
 
@@ -616,18 +727,23 @@ class Responder(wiring.Component):
         wimm_at = _lowest_set(m, wimm_x[:chunk], "wimm_at")
         wimm_at_bit = onehot(m, wimm_at, chunk, name="wimm_at_bit")
         wimm_next = _lowest_set(m, wimm_x[:chunk] & ~wimm_at_bit, "wimm_next")
-        stop = wimm_at < run                # a WRITE_IMM completes in this step
-        more = wimm_next < run              # and another one after it: continue
+        # Whether a WRITE_IMM completes in this step (stop: wimm_at < run), another one after
+        # it too (more: wimm_next < run) and whether the step continues, from masks rather
+        # than from the indices: S1's stall waits on `may_cont`, so it must come early. For
+        # `may_cont` the two cases (a continued step, an in-order packet that adds bit 0)
+        # are decided in parallel, before the operation's kind selects one.
+        stop, more, cont = self._run_flags(m, rcv_x, wimm_x, chunk, "run")
+        _, _, cont_step = self._run_flags(m, bm.rcv, bm.wimm, chunk, "run_step")
+        _, _, cont_add = self._run_flags(m, bm.rcv | 1, bm.wimm | s.is_imm_op, chunk, "run_add")
         step = Signal(range(chunk + 1))
         m.d.comb += step.eq(Mux(more, wimm_next, run))
-        cont = more | (run_end > chunk)
 
         s.advancing = as_signal(m, s.placed_d0 | s.is_cont, "advancing")
         s.advance = Signal(range(chunk + 1))
         m.d.comb += [
             s.advance.eq(Mux(s.advancing, step, 0)),
             s.e_cont.eq(s.advancing & cont),
-            s.may_cont.eq((s.is_cont | (s.is_first & s.d0)) & cont),
+            s.may_cont.eq(Mux(s.is_cont, cont_step, s.is_first & s.d0 & cont_add)),
         ]
         s.stop = as_signal(m, s.advancing & stop, "stop")
 
@@ -686,6 +802,30 @@ class Responder(wiring.Component):
                 m.d.comb += s.new_wt[k].valid.eq(0)
         # One entry at most completes; OR is the cheapest select.
         m.d.comb += s.completed_imm.eq(_or_all(hit_imms))
+
+    @staticmethod
+    def _run_flags(m, rcv, wimm, chunk, name):
+        """(stop, more, cont) of a step over the bitmaps ``rcv`` and ``wimm`` (bit 0 at the
+        expected PSN): a WRITE_IMM end lies in the run of received PSNs from bit 0 (capped at
+        ``chunk``), two of them do, or the step continues (two of them, or the run is longer
+        than ``chunk``). Prefix ANDs and a two-level count, no adders."""
+        in_run = [as_signal(m, wimm[i] & Cat(rcv[:i + 1]).all(), f"{name}_in{i}")
+                  for i in range(chunk)]
+        nodes = [(bit, C(0, 1)) for bit in in_run]          # (any set, two or more set)
+        while len(nodes) > 1:
+            merged = []
+            for k in range(0, len(nodes), 2):
+                if k + 1 == len(nodes):
+                    merged.append(nodes[k])
+                    continue
+                (any_lo, two_lo), (any_hi, two_hi) = nodes[k], nodes[k + 1]
+                merged.append((as_signal(m, any_lo | any_hi, f"{name}_any{len(nodes)}_{k}"),
+                               as_signal(m, two_lo | two_hi | (any_lo & any_hi),
+                                         f"{name}_two{len(nodes)}_{k}")))
+            nodes = merged
+        stop, more = nodes[0]
+        full = Cat(rcv[:chunk + 1]).all()
+        return stop, more, as_signal(m, more | full, f"{name}_cont")
 
     # --- S2: ACK decision ------------------------------------------------------------------
 
@@ -777,57 +917,28 @@ class Responder(wiring.Component):
                                       s.advance))
 
         bad_qp = s.is_first & ~s.known
-        s.reply = Signal(_reply_layout(config))
-        reply = s.reply.beat
-        r = reply.header
-        seth, cc_state, neth = r.ctl.sack.seth, r.ctl.sack.cc_state, r.ctl.neth
-        # The EV the trigger arrived with: UDP source port, IPv6 flow label (low 16 bits).
-        entropy = Cat(tmpl.udp_sport, Mux(tmpl.ipv6, tmpl.flow_label[:16], 0))
-        m.d.comb += [
-            s.reply.rcv.eq(s.rcv1), s.reply.shift.eq(sack_shift),
-            reply.first.eq(1), reply.last.eq(1),
-            r.port.eq(tmpl.port),
-            r.eth_dst.eq(tmpl.eth_src), r.eth_src.eq(tmpl.eth_dst),
-            r.vlan_valid.eq(tmpl.vlan_valid), r.vlan_tci.eq(tmpl.vlan_tci),
-            r.ipv6.eq(tmpl.ipv6), r.ip_src.eq(tmpl.ip_dst), r.ip_dst.eq(tmpl.ip_src),
-            r.tclass.eq(ACK_TCLASS), r.flow_label.eq(tmpl.flow_label),
-            r.hop_limit.eq(ACK_HOP_LIMIT), r.udp_sport.eq(tmpl.udp_sport),
-            r.bth.pkey.eq(P.BTH_DEFAULT_PKEY),
-            r.bth.dqpn.eq(Mux(bad_qp, h.bth.dqpn, qp.remote_qpn)),
-        ]
+        s.reply = reply = Signal(_reply_layout(config))
+        # Only `kind`, `nack_reason` and `nak_code` wait on the verdict; the header is built
+        # from these registers in the reply stage.
         with m.If(s.send_nak & s.is_nack):
-            m.d.comb += [
-                r.kind.eq(PacketKind.NACK),
-                r.bth.opcode.eq(int(P.Opcode.RELIABILITY_NACK)),
-                r.bth.psn.eq(tmpl.psn),
-                neth.nack_reason.eq(s.nack_reason), neth.entropy.eq(entropy),
-                neth.nack_psn.eq(tmpl.psn), neth.tx_timestamp.eq(tmpl.tx_ts),
-            ]
+            m.d.comb += reply.kind.eq(PacketKind.NACK)
         with m.Elif(s.send_nak):
-            m.d.comb += [
-                r.kind.eq(PacketKind.AETH),
-                r.bth.opcode.eq(int(P.Opcode.ACKNOWLEDGE)),
-                r.bth.psn.eq(tmpl.psn),
-                r.aeth.syndrome.eq(P.AETH_NAK_BASE | s.nak_code),
-                r.aeth.msn.eq(Mux(bad_qp, 0, s.new_msn)),
-            ]
+            m.d.comb += reply.kind.eq(PacketKind.AETH)
         with m.Else():
-            m.d.comb += [
-                r.kind.eq(PacketKind.SACK),
-                r.bth.opcode.eq(int(P.Opcode.RELIABILITY_SACK)),
-                r.bth.psn.eq(cack),
-                seth.m.eq(Mux(tmpl.ce, P.SackMark.SKIP_ONCE, P.SackMark.NONE)),
-                seth.pr.eq(s.is_probe),
-                seth.ack_psn_offset.eq(Mux(s.is_probe, h.ctl.peth.probe_id, trig_dist[:16])),
-                seth.entropy.eq(entropy),
-                seth.cack_psn.eq(cack),
-                seth.mpr.eq(qp.mpr),
-                seth.sack_psn_offset.eq(Mux(aligned, (aligned_base - cack)[:16], 1)),
-                cc_state.tx_timestamp.eq(tmpl.tx_ts),
-                cc_state.ooo_count.eq(Mux(s.new_above > OOO_COUNT_MAX, OOO_COUNT_MAX,
-                                          s.new_above)),
-                cc_state.rcvd_bytes.eq(s.new_rcvd),
-            ]
+            m.d.comb += reply.kind.eq(PacketKind.SACK)
+        m.d.comb += [
+            reply.tmpl.eq(tmpl),
+            reply.dqpn.eq(Mux(bad_qp, h.bth.dqpn, qp.remote_qpn)),
+            reply.nack_reason.eq(s.nack_reason), reply.nak_code.eq(s.nak_code),
+            reply.msn.eq(Mux(bad_qp, 0, s.new_msn)),
+            reply.probe.eq(s.is_probe), reply.cack.eq(cack),
+            reply.ack_psn_offset.eq(Mux(s.is_probe, h.ctl.peth.probe_id, trig_dist[:16])),
+            reply.sack_psn_offset.eq(Mux(aligned, (aligned_base - cack)[:16], 1)),
+            reply.mpr.eq(qp.mpr),
+            reply.ooo_count.eq(Mux(s.new_above > OOO_COUNT_MAX, OOO_COUNT_MAX, s.new_above)),
+            reply.rcvd_bytes.eq(s.new_rcvd),
+            reply.rcv.eq(s.rcv1), reply.shift.eq(sack_shift),
+        ]
 
     # --- S2: control commands --------------------------------------------------------------
 
@@ -875,7 +986,7 @@ class Responder(wiring.Component):
             s.mr_wp.addr.eq(cmd.slot[:mr_bits]),
             s.mr_wp.data.valid.eq(cmd.valid), s.mr_wp.data.rkey.eq(cmd.rkey),
             s.mr_wp.data.pd.eq(cmd.pd), s.mr_wp.data.base.eq(cmd.base),
-            s.mr_wp.data.limit.eq(cmd.base + cmd.length),
+            s.mr_wp.data.limit.eq(s.cmd_limit),
         ]
 
     # --- S2: outputs and table writes ----------------------------------------------------------
@@ -895,10 +1006,12 @@ class Responder(wiring.Component):
         resp_room = ~resp_valid | self.ctl_resp.ready
         # Completions and timers reach their FIFOs a cycle later, from a register (no decision
         # logic in front of a FIFO); the completion FIFO's room counts the one on its way.
-        completion_req = Signal(completion_layout(config))
+        completion_req = Signal(completion_layout(config), reset_less=True)
         completion_pending = Signal()
         completion_room = Signal()
-        m.d.comb += completion_room.eq(s.cfifo.level + completion_pending < self._completions)
+        m.d.comb += completion_room.eq(Mux(completion_pending,
+                                           s.cfifo.level < self._completions - 1,
+                                           s.cfifo.level < self._completions))
         room = Signal()
         with m.Switch(e.kind):
             with m.Case(s.FIRST):
@@ -919,19 +1032,28 @@ class Responder(wiring.Component):
         need_ack = s.send_ack | s.send_nak | s.send_probe_ack
         need_completion = (s.placed | s.is_cont) & s.stop
 
-        m.d.comb += [self.place.valid.eq(place_valid), self.ctl_resp.valid.eq(resp_valid)]
+        # The output registers' payloads load whenever they may change, whether or not an
+        # operation fills them: their enables do not wait on the verdict. No reset: a payload
+        # means nothing while its valid is low.
+        place_payload = Signal(place_beat_layout(config), reset_less=True)
+        resp_payload = Signal(responder_response_layout(config), reset_less=True)
+        m.d.comb += [self.place.valid.eq(place_valid), self.ctl_resp.valid.eq(resp_valid),
+                     self.place.payload.eq(place_payload), self.ctl_resp.payload.eq(resp_payload)]
         with m.If(self.place.ready):
             m.d.sync += place_valid.eq(0)
         with m.If(self.ctl_resp.ready):
             m.d.sync += resp_valid.eq(0)
-        with m.If(s.e_fire & need_place):
+        with m.If(place_room):
             m.d.sync += [
-                place_valid.eq(1),
-                self.place.payload.addr.eq(Mux(s.is_first, h.reth.va, pkt_addr)),
-                self.place.payload.data.eq(e.beat.data),
-                self.place.payload.keep.eq(e.beat.keep),
-                self.place.payload.last.eq(e.beat.last),
+                place_payload.addr.eq(Mux(s.is_first, h.reth.va, pkt_addr)),
+                place_payload.data.eq(e.beat.data),
+                place_payload.keep.eq(e.beat.keep),
+                place_payload.last.eq(e.beat.last),
             ]
+        with m.If(resp_room):
+            m.d.sync += resp_payload.eq(s.resp)
+        with m.If(s.e_fire & need_place):
+            m.d.sync += place_valid.eq(1)
         with m.If(s.e_fire & s.is_first):
             m.d.sync += [pkt_place.eq(s.placed), pkt_addr.eq(h.reth.va + lanes),
                          s.e_ack_want.eq(s.ack_now)]
@@ -940,7 +1062,7 @@ class Responder(wiring.Component):
         m.d.comb += [s.sack_stage.i.valid.eq(s.e_fire & need_ack),
                      s.sack_stage.i.payload.eq(s.reply)]
         with m.If(s.e_fire & s.is_ctl):
-            m.d.sync += [resp_valid.eq(1), self.ctl_resp.payload.eq(s.resp)]
+            m.d.sync += resp_valid.eq(1)
 
         completion = Signal(completion_layout(config))
         m.d.comb += [
@@ -957,7 +1079,7 @@ class Responder(wiring.Component):
             timer_entry.deadline.eq(s.cycles + s.ack_delay), timer_entry.qpn.eq(e.qpn),
             timer_entry.template.eq(s.tmpl),
         ]
-        timer_req = Signal(s.layouts[5])
+        timer_req = Signal(s.layouts[5], reset_less=True)
         timer_pending = Signal()
         timer_start = s.e_fire & s.start_timer
         m.d.sync += [
@@ -996,8 +1118,8 @@ class Responder(wiring.Component):
         m.d.comb += [
             s.new_state.bm.eq(Mux(s.set_rx, 0, s.new_bm)),
             s.new_state.wt.eq(Mux(s.set_rx, 0, s.new_wt)),
-            s.table_write.eq(s.e_fire & ((s.is_first & s.known) | s.is_cont | s.is_timer |
-                                         s.qp_cmd_ok)),
+            s.row_write.eq((s.is_first & s.known) | s.is_cont | s.is_timer | s.qp_cmd_ok),
+            s.table_write.eq(s.e_fire & s.row_write),
         ]
 
         # Verdict strobe and counters (the counters from registered events).
@@ -1042,13 +1164,21 @@ class Responder(wiring.Component):
             obs.mr.eq(s.mr), obs.va_end.eq(s.va_end), obs.pkt_place.eq(s.pkt_place),
             obs.pkt_addr.eq(s.pkt_addr), obs.in_packet.eq(s.in_packet),
             obs.reply_taken.eq(s.sack_stage.i.valid & s.sack_stage.i.ready),
-            obs.reply.eq(s.sack_stage.i.payload.beat),
-            obs.held_valid.eq(s.sack_stage._held_valid), obs.held.eq(s.sack_stage._held.beat),
+            obs.reply.eq(_reply_beat(m, self._config, s.sack_stage.i.payload, name="obs_reply")),
+            obs.held_valid.eq(s.sack_stage._held_valid),
+            obs.held.eq(_reply_beat(m, self._config, s.sack_stage._held, name="obs_held")),
             obs.e_cont.eq(s.is_cont), obs.ack_want.eq(s.e_ack_want),
             obs.ack_every.eq(s.ack_every),
             obs.s1_issued.eq(~s.s1_valid | Cat(s.s1.kind == k
                                                for k in (s.FIRST, s.BEAT, s.TIMER, s.CTL)).any()),
         ]
+        s1_hdr = s.s1.beat.header
+        e_checks = _header_checks(self._config, s.e.beat.header, s.mr, s.va_end)
+        m.d.comb += obs.checks_ok.eq(
+            (~s.e_valid | (s.checks.as_value() ==
+                           Cat(e_checks[name] for name in _checks_layout().members))) &
+            (~(s.s1_valid & ((s.s1.kind == s.FIRST) | (s.s1.kind == s.BEAT))) |
+             (s.s1_va_end == s1_hdr.reth.va + s1_hdr.reth.dma_len)))
         for op, valid, name in ((s.s1, s.s1_valid, "s1_restart"), (s.e, s.e_valid, "e_restart")):
             m.d.comb += obs[name].eq(valid & (op.kind == s.CTL) &
                                      (op.cmd.cmd == ResponderCommand.QP_WRITE) & op.cmd.set_psn)
