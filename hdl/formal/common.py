@@ -4,8 +4,9 @@ from amaranth import *
 from amaranth.asserts import AnySeq
 
 from .. import protocol as P
+from ..config import NicConfig
 
-__all__ = ["psn_ge", "psn_gt", "drive_free", "stream_xfer"]
+__all__ = ["psn_ge", "psn_gt", "drive_free", "stream_xfer", "check_wrapper"]
 
 
 def psn_ge(a, b):
@@ -26,3 +27,12 @@ def drive_free(m, *values):
 
 def stream_xfer(s):
     return s.valid & s.ready
+
+
+def check_wrapper(config, check, checks):
+    """A property wrapper's parameters: ``config`` a :class:`~hdl.config.NicConfig`, ``check``
+    one of ``checks`` (call inside ``validating``)."""
+    if not isinstance(config, NicConfig):
+        raise TypeError(f"Configuration must be a NicConfig, not {config!r}")
+    if check not in checks:
+        raise ValueError(f"Check must be one of {', '.join(checks)}, not {check!r}")

@@ -77,11 +77,11 @@ from amaranth.asserts import AnyConst
 from amaranth.hdl import Assert, Assume, Cover
 
 from .. import protocol as P
-from ..config import NicConfig
 from ..transport.req_common import log2
 from ..transport.req_defs import slot_depth
 from ..transport.requester import Requester
 from ..util import validating
+from .common import check_wrapper
 from .requester_props import drive_inputs
 
 __all__ = ["RequesterInvariants", "CHECKS"]
@@ -117,10 +117,7 @@ class RequesterInvariants(Elaboratable):
 
     def __init__(self, *, config, check):
         with validating(self):
-            if not isinstance(config, NicConfig):
-                raise TypeError(f"Configuration must be a NicConfig, not {config!r}")
-            if check not in CHECKS:
-                raise ValueError(f"Check must be one of {', '.join(CHECKS)}, not {check!r}")
+            check_wrapper(config, check, CHECKS)
         self.config = config
         self.check = check
         self.dut = Requester(config=config, observe=True)

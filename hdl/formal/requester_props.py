@@ -41,7 +41,7 @@ from ..packet.headers import PacketKind
 from ..transport.req_defs import RequesterCommand
 from ..transport.requester import Requester
 from ..util import validating
-from .common import drive_free, psn_ge, psn_gt, stream_xfer
+from .common import check_wrapper, drive_free, psn_ge, psn_gt, stream_xfer
 
 __all__ = ["RequesterProperties", "formal_config", "drive_inputs", "CHECKS"]
 
@@ -85,10 +85,7 @@ class RequesterProperties(Elaboratable):
 
     def __init__(self, *, config, check):
         with validating(self):
-            if not isinstance(config, NicConfig):
-                raise TypeError(f"Configuration must be a NicConfig, not {config!r}")
-            if check not in CHECKS:
-                raise ValueError(f"Check must be one of {', '.join(CHECKS)}, not {check!r}")
+            check_wrapper(config, check, CHECKS)
         self.config = config
         self.check = check
         self.dut = Requester(config=config)

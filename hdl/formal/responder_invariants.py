@@ -54,11 +54,10 @@ from amaranth.asserts import AnyConst, AnySeq
 from amaranth.hdl import Assert, Assume, Cover
 
 from .. import protocol as P
-from ..config import NicConfig
 from ..packet.headers import PacketKind
 from ..transport.responder import CHUNK, Responder
 from ..util import validating
-from .common import drive_free, psn_ge
+from .common import check_wrapper, drive_free, psn_ge
 from .responder_props import drive_inputs
 
 __all__ = ["ResponderInvariants", "CHECKS"]
@@ -111,10 +110,7 @@ class ResponderInvariants(Elaboratable):
 
     def __init__(self, *, config, check, mr_slots=1, timers=1, completions=2):
         with validating(self):
-            if not isinstance(config, NicConfig):
-                raise TypeError(f"Configuration must be a NicConfig, not {config!r}")
-            if check not in CHECKS:
-                raise ValueError(f"Check must be one of {', '.join(CHECKS)}, not {check!r}")
+            check_wrapper(config, check, CHECKS)
         self.config = config
         self.check = check
         self.mr_slots = mr_slots

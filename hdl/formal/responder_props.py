@@ -51,7 +51,7 @@ from ..packet.headers import PacketKind
 from ..transport.resp_defs import ResponderCommand, ResponderVerdict
 from ..transport.responder import Responder
 from ..util import validating
-from .common import drive_free, psn_ge, stream_xfer
+from .common import check_wrapper, drive_free, psn_ge, stream_xfer
 
 __all__ = ["ResponderProperties", "formal_config", "drive_inputs", "CHECKS"]
 
@@ -105,10 +105,7 @@ class ResponderProperties(Elaboratable):
 
     def __init__(self, *, config, check, mr_slots=1, timers=1, completions=2):
         with validating(self):
-            if not isinstance(config, NicConfig):
-                raise TypeError(f"Configuration must be a NicConfig, not {config!r}")
-            if check not in CHECKS:
-                raise ValueError(f"Check must be one of {', '.join(CHECKS)}, not {check!r}")
+            check_wrapper(config, check, CHECKS)
         self.config = config
         self.check = check
         self.dut = Responder(config=config, mr_slots=mr_slots, timers=timers,
