@@ -202,12 +202,105 @@ class EvExpander(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        profiles = self._config.ev_profiles
-        profile_bits = self._config.profile_bits
+        config = self._config
+        m.submodules.tables = tables = EvTables(config=config)
+        m.submodules.definer = definer = EvDefine(config=config)
+        m.submodules.expansion = expansion = EvExpand(config=config)
+        m.submodules.generation = generation = EvGenerate(config=config)
+        engines = {_Owner.DEFINE: definer, _Owner.EXPAND: expansion,
+                   _Owner.GENERATE: generation}
 
-        # -- tables ---------------------------------------------------------------------------
-        # init_val and min_val in one memory, mask and max_val in the other, so expansion reads
-        # a field's init_val and mask (word 0) and generation its min_val (word 1) in one cycle.
+        wiring.connect(m, wiring.flipped(self.define), definer.req)
+        wiring.connect(m, definer.resp, wiring.flipped(self.define_resp))
+        wiring.connect(m, wiring.flipped(self.exp_req), expansion.req)
+        wiring.connect(m, expansion.resp, wiring.flipped(self.exp_resp))
+        wiring.connect(m, wiring.flipped(self.gen_req), generation.req)
+        wiring.connect(m, generation.resp, wiring.flipped(self.gen_resp))
+        m.d.comb += definer.locked.eq(self.locked)
+
+        # One request at a time: a new one starts once every engine is idle and every response
+        # has been taken; define first, then expansion, then generation.
+        owner = Signal(_Owner)
+        idle = ~definer.busy & ~expansion.busy & ~generation.busy
+        answered = ~self.define_resp.valid & ~self.exp_resp.valid & ~self.gen_resp.valid
+        with m.If(idle & answered):
+            with m.If(self.define.valid):
+                m.d.comb += definer.go.eq(1)
+                m.d.sync += owner.eq(_Owner.DEFINE)
+            with m.Elif(self.exp_req.valid):
+                m.d.comb += expansion.go.eq(1)
+                m.d.sync += owner.eq(_Owner.EXPAND)
+            with m.Elif(self.gen_req.valid):
+                m.d.comb += generation.go.eq(1)
+                m.d.sync += owner.eq(_Owner.GENERATE)
+
+        # The tables' port follows the engine that owns it; every engine sees the read data.
+        with m.Switch(owner):
+            for name, engine in engines.items():
+                with m.Case(name):
+                    m.d.comb += [tables.access.slot.eq(engine.tables.slot),
+                                 tables.access.field.eq(engine.tables.field),
+                                 tables.access.sel.eq(engine.tables.sel)]
+                    for port in ("low", "high", "fdesc", "pdesc"):
+                        m.d.comb += [
+                            getattr(tables.access, f"{port}_we").eq(
+                                getattr(engine.tables, f"{port}_we")),
+                            getattr(tables.access, f"{port}_wdata").eq(
+                                getattr(engine.tables, f"{port}_wdata")),
+                        ]
+        for engine in engines.values():
+            m.d.comb += [engine.tables.pd.eq(tables.access.pd),
+                         engine.tables.fd.eq(tables.access.fd),
+                         engine.tables.low.eq(tables.access.low),
+                         engine.tables.high.eq(tables.access.high)]
+        return m
+
+
+def table_access_signature(config):
+    """An engine's port on :class:`EvTables` (the engine's side): the address (profile
+    ``slot``, ``field``, word ``sel``), one write enable and data per table, and the read data
+    of the address of the previous cycle (``pd`` profile descriptor, ``fd`` field descriptor,
+    ``low`` init_val/min_val word, ``high`` mask/max_val word)."""
+    return wiring.Signature({
+        "slot": Out(config.profile_bits),
+        "field": Out(_FIELD_INDEX_BITS),
+        "sel": Out(1),
+        "pd": In(_PROFILE_DESC),
+        "fd": In(_FIELD_DESC),
+        "low": In(_FIELD_BITS),
+        "high": In(_FIELD_BITS),
+        "low_we": Out(1), "low_wdata": Out(_FIELD_BITS),
+        "high_we": Out(1), "high_wdata": Out(_FIELD_BITS),
+        "fdesc_we": Out(1), "fdesc_wdata": Out(_FIELD_DESC),
+        "pdesc_we": Out(1), "pdesc_wdata": Out(_PROFILE_DESC),
+    })
+
+
+class EvTables(wiring.Component):
+    """The EV profile definitions in block RAM, one read and one write address for all.
+
+    - ``profile_desc``: one :data:`_PROFILE_DESC` word per profile;
+    - ``field_desc``: one :data:`_FIELD_DESC` word per (profile, field);
+    - ``low_words`` / ``high_words``: two 256-bit words per (profile, field): word 0 holds
+      init_val (low) and mask (high), word 1 min_val (low) and max_val (high), so expansion
+      reads a field's init_val and mask and generation its min_val in one cycle.
+
+    Latency: read data one cycle after the address; reads are transparent (a write and a read
+    of one entry in one cycle read the new value; no engine relies on it).
+
+    Members
+    -------
+    access : ``In(table_access_signature(config))``
+    """
+
+    def __init__(self, *, config):
+        self._config = config
+        super().__init__({"access": In(table_access_signature(config))})
+
+    def elaborate(self, platform):
+        m = Module()
+        profiles = self._config.ev_profiles
+        access = self.access
         words = profiles * _MAX_FIELDS * 2
         m.submodules.low_words = low_words = Memory(shape=_FIELD_BITS, depth=words, init=[])
         m.submodules.high_words = high_words = Memory(shape=_FIELD_BITS, depth=words, init=[])
@@ -225,75 +318,82 @@ class EvExpander(wiring.Component):
         fdesc_rd = field_desc.read_port(transparent_for=[fdesc_wr])
         pdesc_rd = profile_desc.read_port(transparent_for=[pdesc_wr])
 
-        # -- request selection ----------------------------------------------------------------
-        owner = Signal(_Owner)
-        dreq, ereq, greq = self.define.p, self.exp_req.p, self.gen_req.p
-        prof = Signal(DEFINE_PROFILE_BITS)
-        with m.Switch(owner):
-            with m.Case(_Owner.DEFINE):
-                m.d.comb += prof.eq(dreq.profile)
-            with m.Case(_Owner.EXPAND):
-                m.d.comb += prof.eq(ereq.profile)
-            with m.Case(_Owner.GENERATE):
-                m.d.comb += prof.eq(greq.profile)
-        prof_bad = prof >= profiles
-        slot = prof[:profile_bits]
-
-        field = Signal(5)               # field being worked on (its tables' address)
-        sel = Signal()                  # word 0 (init_val/mask) or 1 (min_val/max_val)
+        word = Cat(access.sel, access.field, access.slot)
+        entry = Cat(access.field, access.slot)
         m.d.comb += [
-            pdesc_rd.addr.eq(slot), pdesc_wr.addr.eq(slot),
-            fdesc_rd.addr.eq(Cat(field[:_FIELD_INDEX_BITS], slot)),
-            fdesc_wr.addr.eq(Cat(field[:_FIELD_INDEX_BITS], slot)),
-            low_rd.addr.eq(Cat(sel, field[:_FIELD_INDEX_BITS], slot)),
-            high_rd.addr.eq(Cat(sel, field[:_FIELD_INDEX_BITS], slot)),
-            low_wr.addr.eq(Cat(sel, field[:_FIELD_INDEX_BITS], slot)),
-            high_wr.addr.eq(Cat(sel, field[:_FIELD_INDEX_BITS], slot)),
+            pdesc_rd.addr.eq(access.slot), pdesc_wr.addr.eq(access.slot),
+            fdesc_rd.addr.eq(entry), fdesc_wr.addr.eq(entry),
+            low_rd.addr.eq(word), high_rd.addr.eq(word),
+            low_wr.addr.eq(word), high_wr.addr.eq(word),
+            low_wr.en.eq(access.low_we), low_wr.data.eq(access.low_wdata),
+            high_wr.en.eq(access.high_we), high_wr.data.eq(access.high_wdata),
+            fdesc_wr.en.eq(access.fdesc_we), fdesc_wr.data.eq(access.fdesc_wdata),
+            pdesc_wr.en.eq(access.pdesc_we), pdesc_wr.data.eq(access.pdesc_wdata),
+            access.pd.eq(pdesc_rd.data), access.fd.eq(fdesc_rd.data),
+            access.low.eq(low_rd.data), access.high.eq(high_rd.data),
         ]
-        pd = pdesc_rd.data
-        fd = fdesc_rd.data
+        return m
 
-        # -- responses ------------------------------------------------------------------------
-        def_valid, exp_valid, gen_valid = Signal(), Signal(), Signal()
-        def_errno, exp_errno, gen_errno = Signal(P.Errno), Signal(P.Errno), Signal(P.Errno)
-        exp_tag = Signal(9)
-        out_fmode = Signal(2)
-        out_srh = Signal()
-        image = Signal(EV_VALUE_BITS)   # expansion image, or generated EV (shared: one at a time)
-        m.d.comb += [
-            self.define_resp.valid.eq(def_valid),
-            self.define_resp.p.errno.eq(def_errno),
-            self.exp_resp.valid.eq(exp_valid),
-            self.exp_resp.p.errno.eq(exp_errno),
-            self.exp_resp.p.tag.eq(exp_tag),
-            self.exp_resp.p.image.eq(image),
-            self.gen_resp.valid.eq(gen_valid),
-            self.gen_resp.p.errno.eq(gen_errno),
-            self.gen_resp.p.value.eq(image),
-        ]
-        with m.If(self.define_resp.ready):
-            m.d.sync += def_valid.eq(0)
-        with m.If(self.exp_resp.ready):
-            m.d.sync += exp_valid.eq(0)
-        with m.If(self.gen_resp.ready):
-            m.d.sync += gen_valid.eq(0)
 
-        fields = self.exp_resp.p.fields
-        with m.If(exp_errno == P.Errno.OK):
-            with m.Switch(out_fmode):
-                with m.Case(P.EvFormatMode.STEV):
-                    m.d.comb += [fields.flow_label.eq(image[-20:]),
-                                 fields.udp_sport.eq(image[-36:-20])]
-                with m.Case(P.EvFormatMode.UDP):
-                    m.d.comb += fields.udp_sport.eq(image[-16:])
-                with m.Case(P.EvFormatMode.SRV6):
-                    # A format of 128 bits or fewer leaves the low half of the image zero.
-                    m.d.comb += [fields.srv6_valid.eq(1), fields.srv6_dst.eq(image[128:]),
-                                 fields.srh_valid.eq(out_srh), fields.srh_segment.eq(image[:128])]
+def _engine_members(config, request, response):
+    return {
+        "req": In(stream.Signature(request)),
+        "resp": Out(stream.Signature(response)),
+        "go": In(1),
+        "busy": Out(1),
+        "tables": Out(table_access_signature(config)),
+    }
 
-        # -- working registers ----------------------------------------------------------------
-        bit = Signal(9)                 # bit counter of the serial loops
-        taken = Signal(9)               # expansion: EV bits still to be used
+
+class EvDefine(wiring.Component):
+    """The ``define`` service: validates and applies one define operation at a time.
+
+    Starts when :class:`EvExpander` raises ``go`` (the request is valid, every engine idle and
+    every response taken): START (the descriptors are read), CHECK, the op's scan and write
+    states, then the response, loaded in the cycle the request is accepted. ``busy`` is high
+    from the cycle after ``go`` to the response's cycle. Cycles: SET_FIELD 39, SET_FORMAT 37,
+    CLEAR and COMMIT 4 (from ``go`` to the response being valid).
+
+    Bad input: every define rule of :mod:`hdl.path.ev` with its errno, checked before anything
+    is written; a refused op changes nothing. ENOENT for a profile the build does not hold,
+    EBUSY for a ``locked`` one.
+
+    Members
+    -------
+    req : ``In(stream.Signature(define_request_layout(config)))``
+    resp : ``Out(stream.Signature(define_response_layout(config)))``
+    locked : ``In(config.ev_profiles)``
+    go : ``In(1)``
+    busy : ``Out(1)``
+    tables : ``Out(table_access_signature(config))``
+    """
+
+    def __init__(self, *, config):
+        self._config = config
+        super().__init__(_engine_members(config, define_request_layout(config),
+                                         define_response_layout(config))
+                         | {"locked": In(config.ev_profiles)})
+
+    def elaborate(self, platform):
+        m = Module()
+        profiles = self._config.ev_profiles
+        dreq, tables = self.req.p, self.tables
+        pd, fd = tables.pd, tables.fd
+        prof_bad = dreq.profile >= profiles
+        slot = dreq.profile[:self._config.profile_bits]
+        locked = self.locked.bit_select(slot, 1) if profiles > 1 else self.locked[0]
+
+        field = Signal(5)
+        sel = Signal()
+        bit = Signal(9)
+        m.d.comb += [tables.slot.eq(slot), tables.field.eq(field[:_FIELD_INDEX_BITS]),
+                     tables.sel.eq(sel)]
+
+        valid, errno = Signal(), Signal(P.Errno)
+        m.d.comb += [self.resp.valid.eq(valid), self.resp.p.errno.eq(errno)]
+        with m.If(self.resp.ready):
+            m.d.sync += valid.eq(0)
+
         total = Signal(13)              # SET_FORMAT: sum of the widths
         zero_width = Signal()
         # SET_FIELD scan
@@ -305,60 +405,21 @@ class EvExpander(wiring.Component):
         borrow = Signal()
         diff_low = Signal(9)            # low bits of max_val - min_val
         diff_big = Signal()             # max_val - min_val >= 512
-        # generation
-        quotient = Signal(_GEN_INDEX_BITS)  # index, divided by the ranges of later fields
-        remainder = Signal(10)          # this field's odometer digit (offset from min_val)
-        carry = Signal()
+        scan_regs = [total, zero_width, ones, outside, max_top, max_nonzero, min_greater,
+                     borrow, diff_low, diff_big]
 
-        locked = self.locked.bit_select(slot, 1) if profiles > 1 else self.locked[0]
-
-        with m.FSM():
+        with m.FSM() as fsm:
             with m.State("IDLE"):
-                with m.If(~def_valid & ~exp_valid & ~gen_valid):
-                    m.d.sync += [bit.eq(0), sel.eq(0), field.eq(0)]
-                    with m.If(self.define.valid):
-                        m.d.sync += [owner.eq(_Owner.DEFINE), field.eq(dreq.index)]
-                        m.next = "START"
-                    with m.Elif(self.exp_req.valid):
-                        m.d.sync += owner.eq(_Owner.EXPAND)
-                        m.next = "START"
-                    with m.Elif(self.gen_req.valid):
-                        m.d.sync += owner.eq(_Owner.GENERATE)
-                        m.next = "START"
+                with m.If(self.go):
+                    m.d.sync += [bit.eq(0), sel.eq(0), field.eq(dreq.index)]
+                    m.next = "START"
 
             with m.State("START"):      # the descriptors of the chosen profile are read
                 m.next = "CHECK"
 
             with m.State("CHECK"):
-                with m.Switch(owner):
-                    with m.Case(_Owner.DEFINE):
-                        self._define_check(m, dreq, pd, prof_bad, locked, def_errno, pdesc_wr,
-                                           field, [total, zero_width, ones, outside, max_top,
-                                            max_nonzero, min_greater, borrow, diff_low,
-                                            diff_big])
-                    with m.Case(_Owner.EXPAND):
-                        with m.If(prof_bad):
-                            m.d.sync += [exp_errno.eq(P.Errno.ENOENT), image.eq(0)]
-                            m.next = "EXP_REPLY"
-                        with m.Elif(~pd.committed):
-                            m.d.sync += [exp_errno.eq(P.Errno.EINVAL), image.eq(0)]
-                            m.next = "EXP_REPLY"
-                        with m.Else():
-                            m.d.sync += [image.eq(0), bit.eq(0)]
-                            m.next = "EXP_CHECK"
-                    with m.Case(_Owner.GENERATE):
-                        with m.If(prof_bad):
-                            m.d.sync += [gen_errno.eq(P.Errno.ENOENT), image.eq(0)]
-                            m.next = "GEN_REPLY"
-                        with m.Elif(~pd.committed | (pd.ev_mode != P.EvMode.GENERATED)):
-                            m.d.sync += [gen_errno.eq(P.Errno.EINVAL), image.eq(0)]
-                            m.next = "GEN_REPLY"
-                        with m.Else():
-                            m.d.sync += [image.eq(0), quotient.eq(greq.index), sel.eq(1),
-                                         field.eq(pd.nfields - 1)]
-                            m.next = "GEN_LOAD"
+                _define_check(m, dreq, pd, prof_bad, locked, errno, tables, field, scan_regs)
 
-            # -- define ---------------------------------------------------------------------
             with m.State("FMT_SCAN"):
                 width = dreq.widths[field[:_FIELD_INDEX_BITS]]
                 with m.If(field < dreq.count):
@@ -377,31 +438,31 @@ class EvExpander(wiring.Component):
                             m.d.comb += capacity.eq(bits)
                 m.d.sync += field.eq(0)
                 with m.If(zero_width):
-                    m.d.sync += def_errno.eq(P.Errno.EINVAL)
-                    m.next = "DEF_REPLY"
+                    m.d.sync += errno.eq(P.Errno.EINVAL)
+                    m.next = "REPLY"
                 with m.Elif(total > capacity):
-                    m.d.sync += def_errno.eq(P.Errno.E2BIG)
-                    m.next = "DEF_REPLY"
+                    m.d.sync += errno.eq(P.Errno.E2BIG)
+                    m.next = "REPLY"
                 with m.Else():
                     m.next = "FMT_WRITE"
 
             with m.State("FMT_WRITE"):
                 m.d.comb += [
-                    fdesc_wr.en.eq(1),
-                    fdesc_wr.data.fmt_width.eq(
+                    tables.fdesc_we.eq(1),
+                    tables.fdesc_wdata.fmt_width.eq(
                         Mux(field < dreq.count, dreq.widths[field[:_FIELD_INDEX_BITS]], 0)),
-                    fdesc_wr.data.range.eq(1),
+                    tables.fdesc_wdata.range.eq(1),
                 ]
                 m.d.sync += field.eq(field + 1)
                 with m.If(field == _MAX_FIELDS - 1):
                     m.d.comb += [
-                        pdesc_wr.en.eq(1),
-                        pdesc_wr.data.fcount.eq(dreq.count),
-                        pdesc_wr.data.fmode.eq(dreq.format_mode),
-                        pdesc_wr.data.total.eq(total),
+                        tables.pdesc_we.eq(1),
+                        tables.pdesc_wdata.fcount.eq(dreq.count),
+                        tables.pdesc_wdata.fmode.eq(dreq.format_mode),
+                        tables.pdesc_wdata.total.eq(total),
                     ]
-                    m.d.sync += def_errno.eq(P.Errno.OK)
-                    m.next = "DEF_REPLY"
+                    m.d.sync += errno.eq(P.Errno.OK)
+                    m.next = "REPLY"
 
             with m.State("FIELD_SCAN"):
                 # One byte of each of the four values per cycle, least significant first: a
@@ -442,51 +503,171 @@ class EvExpander(wiring.Component):
                 field_invalid = ((dreq.width == 0) | outside | min_greater
                                  | (max_nonzero & (max_top >= ones)))
                 with m.If(field_invalid | (pd.fcount == 0)):
-                    m.d.sync += def_errno.eq(P.Errno.EINVAL)
-                    m.next = "DEF_REPLY"
+                    m.d.sync += errno.eq(P.Errno.EINVAL)
+                    m.next = "REPLY"
                 with m.Elif(dreq.index >= pd.fcount):
-                    m.d.sync += def_errno.eq(P.Errno.E2BIG)
-                    m.next = "DEF_REPLY"
+                    m.d.sync += errno.eq(P.Errno.E2BIG)
+                    m.next = "REPLY"
                 with m.Elif(dreq.index > pd.nfields):
-                    m.d.sync += def_errno.eq(P.Errno.EINVAL)   # fields are contiguous
-                    m.next = "DEF_REPLY"
+                    m.d.sync += errno.eq(P.Errno.EINVAL)   # fields are contiguous
+                    m.next = "REPLY"
                 with m.Elif(dreq.width > fd.fmt_width):
-                    m.d.sync += def_errno.eq(P.Errno.E2BIG)
-                    m.next = "DEF_REPLY"
+                    m.d.sync += errno.eq(P.Errno.E2BIG)
+                    m.next = "REPLY"
                 with m.Else():
                     m.next = "FIELD_WRITE_VALUES"
 
             with m.State("FIELD_WRITE_VALUES"):
-                m.d.comb += [low_wr.en.eq(1), low_wr.data.eq(dreq.init_val),
-                             high_wr.en.eq(1), high_wr.data.eq(dreq.mask)]
+                m.d.comb += [tables.low_we.eq(1), tables.low_wdata.eq(dreq.init_val),
+                             tables.high_we.eq(1), tables.high_wdata.eq(dreq.mask)]
                 m.d.sync += sel.eq(1)
                 m.next = "FIELD_WRITE_RANGE"
 
             with m.State("FIELD_WRITE_RANGE"):
                 saturated = diff_big | (diff_low == RANGE_SATURATION - 1)
                 m.d.comb += [
-                    low_wr.en.eq(1), low_wr.data.eq(dreq.min_val),
-                    high_wr.en.eq(1), high_wr.data.eq(dreq.max_val),
-                    fdesc_wr.en.eq(1),
-                    fdesc_wr.data.fmt_width.eq(fd.fmt_width),
-                    fdesc_wr.data.ev_bits.eq(ones),
-                    fdesc_wr.data.range.eq(Mux(saturated, RANGE_SATURATION, diff_low + 1)),
-                    pdesc_wr.en.eq(1),
-                    pdesc_wr.data.eq(pd),
-                    pdesc_wr.data.committed.eq(0),
+                    tables.low_we.eq(1), tables.low_wdata.eq(dreq.min_val),
+                    tables.high_we.eq(1), tables.high_wdata.eq(dreq.max_val),
+                    tables.fdesc_we.eq(1),
+                    tables.fdesc_wdata.fmt_width.eq(fd.fmt_width),
+                    tables.fdesc_wdata.ev_bits.eq(ones),
+                    tables.fdesc_wdata.range.eq(Mux(saturated, RANGE_SATURATION, diff_low + 1)),
+                    tables.pdesc_we.eq(1),
+                    tables.pdesc_wdata.eq(pd),
+                    tables.pdesc_wdata.committed.eq(0),
                 ]
-                m.d.comb += pdesc_wr.data.ev_bits.eq(pd.ev_bits - fd.ev_bits + ones)
+                m.d.comb += tables.pdesc_wdata.ev_bits.eq(pd.ev_bits - fd.ev_bits + ones)
                 with m.If(dreq.index == pd.nfields):
-                    m.d.comb += pdesc_wr.data.nfields.eq(pd.nfields + 1)
-                m.d.sync += def_errno.eq(P.Errno.OK)
-                m.next = "DEF_REPLY"
+                    m.d.comb += tables.pdesc_wdata.nfields.eq(pd.nfields + 1)
+                m.d.sync += errno.eq(P.Errno.OK)
+                m.next = "REPLY"
 
-            with m.State("DEF_REPLY"):
-                m.d.comb += self.define.ready.eq(1)
-                m.d.sync += def_valid.eq(1)
+            with m.State("REPLY"):
+                m.d.comb += self.req.ready.eq(1)
+                m.d.sync += valid.eq(1)
                 m.next = "IDLE"
+        m.d.comb += self.busy.eq(~fsm.ongoing("IDLE"))
+        return m
 
-            # -- expand ---------------------------------------------------------------------
+
+def _define_check(m, dreq, pd, prof_bad, locked, errno, tables, field, scan_regs):
+    with m.If(prof_bad):
+        m.d.sync += errno.eq(P.Errno.ENOENT)
+        m.next = "REPLY"
+    with m.Elif(locked):
+        m.d.sync += errno.eq(P.Errno.EBUSY)
+        m.next = "REPLY"
+    with m.Else():
+        m.d.sync += [reg.eq(0) for reg in scan_regs]
+        with m.Switch(dreq.op):
+            with m.Case(DefineOp.CLEAR):
+                m.d.comb += [tables.pdesc_we.eq(1), tables.pdesc_wdata.eq(0)]
+                m.d.sync += errno.eq(P.Errno.OK)
+                m.next = "REPLY"
+            with m.Case(DefineOp.SET_FORMAT):
+                # EvFormat's order: the mode, no fields, too many fields, then the widths.
+                with m.If((dreq.format_mode > P.EvFormatMode.SRV6) | (dreq.count == 0)):
+                    m.d.sync += errno.eq(P.Errno.EINVAL)
+                    m.next = "REPLY"
+                with m.Elif(dreq.count > _MAX_FIELDS):
+                    m.d.sync += errno.eq(P.Errno.E2BIG)
+                    m.next = "REPLY"
+                with m.Else():
+                    m.d.sync += field.eq(0)
+                    m.next = "FMT_SCAN"
+            with m.Case(DefineOp.SET_FIELD):
+                m.next = "FIELD_SCAN"
+            with m.Case(DefineOp.COMMIT):
+                with m.If((dreq.ev_mode > P.EvMode.AUTO) | (pd.fcount == 0)
+                          | (pd.nfields == 0)):
+                    m.d.sync += errno.eq(P.Errno.EINVAL)
+                with m.Else():
+                    m.d.comb += [tables.pdesc_we.eq(1), tables.pdesc_wdata.eq(pd),
+                                 tables.pdesc_wdata.ev_mode.eq(dreq.ev_mode),
+                                 tables.pdesc_wdata.committed.eq(1)]
+                    m.d.sync += errno.eq(P.Errno.OK)
+                m.next = "REPLY"
+
+
+class EvExpand(wiring.Component):
+    """The ``exp_req`` service: expands one EV at a time into its 256-bit image and header
+    fields.
+
+    Starts on ``go`` as :class:`EvDefine`; ``busy`` likewise. First the EV's tail is checked, a
+    byte per cycle; then the format fields are walked last to first, one image bit per cycle.
+    Cycles from ``go`` to the response: ``T + F + 36`` (``T`` the sum of the format widths,
+    ``F`` the format fields); an EV with a stray 1 is refused after at most 36.
+
+    Bad input: EINVAL (image and fields 0) when the profile is not committed or the EV has a 1
+    after the bits its profile consumes; ENOENT for a profile the build does not hold.
+
+    Members
+    -------
+    req : ``In(stream.Signature(expand_request_layout(config)))``
+    resp : ``Out(stream.Signature(expand_response_layout(config)))``
+    go : ``In(1)``
+    busy : ``Out(1)``
+    tables : ``Out(table_access_signature(config))``
+    """
+
+    def __init__(self, *, config):
+        self._config = config
+        super().__init__(_engine_members(config, expand_request_layout(config),
+                                         expand_response_layout(config)))
+
+    def elaborate(self, platform):
+        m = Module()
+        ereq, tables = self.req.p, self.tables
+        pd, fd = tables.pd, tables.fd
+        prof_bad = ereq.profile >= self._config.ev_profiles
+
+        field = Signal(5)
+        bit = Signal(9)
+        taken = Signal(9)               # EV bits still to be used
+        m.d.comb += [tables.slot.eq(ereq.profile[:self._config.profile_bits]),
+                     tables.field.eq(field[:_FIELD_INDEX_BITS]), tables.sel.eq(0)]
+
+        valid, errno = Signal(), Signal(P.Errno)
+        tag, out_fmode, out_srh = Signal(9), Signal(2), Signal()
+        image = Signal(EV_VALUE_BITS)
+        m.d.comb += [self.resp.valid.eq(valid), self.resp.p.errno.eq(errno),
+                     self.resp.p.tag.eq(tag), self.resp.p.image.eq(image)]
+        with m.If(self.resp.ready):
+            m.d.sync += valid.eq(0)
+
+        fields = self.resp.p.fields
+        with m.If(errno == P.Errno.OK):
+            with m.Switch(out_fmode):
+                with m.Case(P.EvFormatMode.STEV):
+                    m.d.comb += [fields.flow_label.eq(image[-20:]),
+                                 fields.udp_sport.eq(image[-36:-20])]
+                with m.Case(P.EvFormatMode.UDP):
+                    m.d.comb += fields.udp_sport.eq(image[-16:])
+                with m.Case(P.EvFormatMode.SRV6):
+                    # A format of 128 bits or fewer leaves the low half of the image zero.
+                    m.d.comb += [fields.srv6_valid.eq(1), fields.srv6_dst.eq(image[128:]),
+                                 fields.srh_valid.eq(out_srh), fields.srh_segment.eq(image[:128])]
+
+        with m.FSM() as fsm:
+            with m.State("IDLE"):
+                with m.If(self.go):
+                    m.d.sync += [bit.eq(0), field.eq(0)]
+                    m.next = "START"
+
+            with m.State("START"):      # the descriptors of the chosen profile are read
+                m.next = "CHECK"
+
+            with m.State("CHECK"):
+                with m.If(prof_bad):
+                    m.d.sync += [errno.eq(P.Errno.ENOENT), image.eq(0)]
+                    m.next = "REPLY"
+                with m.Elif(~pd.committed):
+                    m.d.sync += [errno.eq(P.Errno.EINVAL), image.eq(0)]
+                    m.next = "REPLY"
+                with m.Else():
+                    m.d.sync += [image.eq(0), bit.eq(0)]
+                    m.next = "TAIL"
+
             # First the EV's tail is checked, a byte per cycle: every bit after the `ev_bits`
             # the profile consumes must be 0. Then the format fields are walked last to first,
             # each from its least significant bit, and every bit is shifted into the top of
@@ -496,27 +677,27 @@ class EvExpander(wiring.Component):
             # integer is read from its last bit up and its lowest bit lands in the lowest set
             # mask bit, as pdep does; any other bit is init_val's, and format fields without
             # a profile field are 0.
-            with m.State("EXP_CHECK"):
+            with m.State("TAIL"):
                 chunk = bit[:5]
                 value_byte = ereq.value.word_select(chunk, 8)
                 limit = _FIELD_BITS - pd.ev_bits    # bits below it (from the bottom) must be 0
                 tail = Cat(Cat(C(j, 3), chunk) < limit for j in range(8))
                 m.d.sync += bit.eq(bit + 1)
                 with m.If((value_byte & tail).any()):
-                    m.d.sync += exp_errno.eq(P.Errno.EINVAL)
-                    m.next = "EXP_REPLY"
+                    m.d.sync += errno.eq(P.Errno.EINVAL)
+                    m.next = "REPLY"
                 with m.Elif(chunk == _FIELD_BITS // 8 - 1):
                     m.d.sync += [bit.eq(0), field.eq(pd.fcount - 1), taken.eq(pd.ev_bits),
-                                 exp_errno.eq(P.Errno.OK)]
-                    m.next = "EXP_LOAD"
+                                 errno.eq(P.Errno.OK)]
+                    m.next = "LOAD"
 
-            with m.State("EXP_LOAD"):       # field descriptor and init_val/mask words are read
-                m.next = "EXP_SHIFT"
+            with m.State("LOAD"):       # field descriptor and init_val/mask words are read
+                m.next = "SHIFT"
 
-            with m.State("EXP_SHIFT"):
+            with m.State("SHIFT"):
                 has_field = field < pd.nfields
-                mask_bit = high_rd.data.bit_select(bit[:8], 1)
-                init_bit = low_rd.data.bit_select(bit[:8], 1)
+                mask_bit = tables.high.bit_select(bit[:8], 1)
+                init_bit = tables.low.bit_select(bit[:8], 1)
                 ev_bit = ereq.value.bit_select((_FIELD_BITS - taken)[:8], 1)
                 m.d.sync += [
                     image.eq(Cat(image[1:], has_field & Mux(mask_bit, ev_bit, init_bit))),
@@ -527,26 +708,95 @@ class EvExpander(wiring.Component):
                 with m.If(bit == fd.fmt_width - 1):
                     m.d.sync += [bit.eq(0), field.eq(field - 1)]
                     with m.If(field == 0):
-                        m.next = "EXP_REPLY"
+                        m.next = "REPLY"
                     with m.Else():
-                        m.next = "EXP_LOAD"
+                        m.next = "LOAD"
 
-            with m.State("EXP_REPLY"):
-                m.d.comb += self.exp_req.ready.eq(1)
-                m.d.sync += [exp_valid.eq(1), exp_tag.eq(ereq.tag), out_fmode.eq(pd.fmode),
+            with m.State("REPLY"):
+                m.d.comb += self.req.ready.eq(1)
+                m.d.sync += [valid.eq(1), tag.eq(ereq.tag), out_fmode.eq(pd.fmode),
                              out_srh.eq(pd.total > 128)]
                 m.next = "IDLE"
+        m.d.comb += self.busy.eq(~fsm.ongoing("IDLE"))
+        return m
 
-            # -- generate -------------------------------------------------------------------
-            # Fields last to first (the last field is the fastest odometer digit): the digit's
-            # offset from min_val is the index modulo the field's range, and the index goes on
-            # divided by it. Each digit (min_val + offset) is written least significant bit
-            # first into the top of `image`, shifting right, so the first field ends on top.
-            with m.State("GEN_LOAD"):       # field descriptor and min_val word are read
+
+class EvGenerate(wiring.Component):
+    """The ``gen_req`` service: makes EV number ``index`` of a GENERATED profile.
+
+    Starts on ``go`` as :class:`EvDefine`; ``busy`` likewise. Fields last to first (the last
+    field is the fastest odometer digit): the digit's offset from min_val is the index modulo
+    the field's range (a 9-cycle restoring division), and the index goes on divided by it; each
+    digit (min_val + offset) is written least significant bit first into the top of the value,
+    shifting right, so the first field ends on top. Cycles from ``go`` to the response:
+    ``11 * N + B + 4`` (``N`` profile fields, ``B`` EV bits the profile consumes).
+
+    Bad input: E2BIG (value 0) when the profile makes at most ``index`` distinct EVs; EINVAL
+    when it is not committed as GENERATED; ENOENT for a profile the build does not hold.
+
+    Members
+    -------
+    req : ``In(stream.Signature(generate_request_layout(config)))``
+    resp : ``Out(stream.Signature(generate_response_layout(config)))``
+    go : ``In(1)``
+    busy : ``Out(1)``
+    tables : ``Out(table_access_signature(config))``
+    """
+
+    def __init__(self, *, config):
+        self._config = config
+        super().__init__(_engine_members(config, generate_request_layout(config),
+                                         generate_response_layout(config)))
+
+    def elaborate(self, platform):
+        m = Module()
+        greq, tables = self.req.p, self.tables
+        pd, fd = tables.pd, tables.fd
+        prof_bad = greq.profile >= self._config.ev_profiles
+
+        field = Signal(5)
+        sel = Signal()
+        bit = Signal(9)
+        m.d.comb += [tables.slot.eq(greq.profile[:self._config.profile_bits]),
+                     tables.field.eq(field[:_FIELD_INDEX_BITS]), tables.sel.eq(sel)]
+
+        valid, errno = Signal(), Signal(P.Errno)
+        value = Signal(EV_VALUE_BITS)
+        m.d.comb += [self.resp.valid.eq(valid), self.resp.p.errno.eq(errno),
+                     self.resp.p.value.eq(value)]
+        with m.If(self.resp.ready):
+            m.d.sync += valid.eq(0)
+
+        quotient = Signal(_GEN_INDEX_BITS)  # index, divided by the ranges of later fields
+        remainder = Signal(10)          # this field's odometer digit (offset from min_val)
+        carry = Signal()
+
+        with m.FSM() as fsm:
+            with m.State("IDLE"):
+                with m.If(self.go):
+                    m.d.sync += [bit.eq(0), sel.eq(0), field.eq(0)]
+                    m.next = "START"
+
+            with m.State("START"):      # the descriptors of the chosen profile are read
+                m.next = "CHECK"
+
+            with m.State("CHECK"):
+                with m.If(prof_bad):
+                    m.d.sync += [errno.eq(P.Errno.ENOENT), value.eq(0)]
+                    m.next = "REPLY"
+                with m.Elif(~pd.committed | (pd.ev_mode != P.EvMode.GENERATED)):
+                    m.d.sync += [errno.eq(P.Errno.EINVAL), value.eq(0)]
+                    m.next = "REPLY"
+                with m.Else():
+                    m.d.sync += [value.eq(0), quotient.eq(greq.index), sel.eq(1),
+                                 field.eq(pd.nfields - 1)]
+                    m.next = "LOAD"
+
+            with m.State("LOAD"):       # field descriptor and min_val word are read
                 m.d.sync += [remainder.eq(0), bit.eq(0)]
-                m.next = "GEN_DIVIDE"
+                m.next = "DIVIDE"
 
-            with m.State("GEN_DIVIDE"):     # restoring division, one quotient bit per cycle
+            with m.State("DIVIDE"):     # restoring division, one quotient bit per cycle
                 trial = Cat(quotient[-1], remainder)
                 fits = trial >= fd.range
                 m.d.sync += [
@@ -556,70 +806,31 @@ class EvExpander(wiring.Component):
                 ]
                 with m.If(bit == _GEN_INDEX_BITS - 1):
                     m.d.sync += [bit.eq(0), carry.eq(0)]
-                    m.next = "GEN_EMIT"
+                    m.next = "EMIT"
 
-            with m.State("GEN_EMIT"):
+            with m.State("EMIT"):
                 with m.If(bit == fd.ev_bits):
                     with m.If(field == 0):
                         with m.If(quotient == 0):
-                            m.d.sync += gen_errno.eq(P.Errno.OK)
+                            m.d.sync += errno.eq(P.Errno.OK)
                         with m.Else():      # the index is past the last combination
-                            m.d.sync += [gen_errno.eq(P.Errno.E2BIG), image.eq(0)]
-                        m.next = "GEN_REPLY"
+                            m.d.sync += [errno.eq(P.Errno.E2BIG), value.eq(0)]
+                        m.next = "REPLY"
                     with m.Else():
                         m.d.sync += field.eq(field - 1)
-                        m.next = "GEN_LOAD"
+                        m.next = "LOAD"
                 with m.Else():
-                    min_bit = low_rd.data.bit_select(bit[:8], 1)
+                    min_bit = tables.low.bit_select(bit[:8], 1)
                     offset_bit = (remainder >> bit)[0]
                     m.d.sync += [
-                        image.eq(Cat(image[1:], min_bit ^ offset_bit ^ carry)),
+                        value.eq(Cat(value[1:], min_bit ^ offset_bit ^ carry)),
                         carry.eq((min_bit & offset_bit) | (carry & (min_bit | offset_bit))),
                         bit.eq(bit + 1),
                     ]
 
-            with m.State("GEN_REPLY"):
-                m.d.comb += self.gen_req.ready.eq(1)
-                m.d.sync += gen_valid.eq(1)
+            with m.State("REPLY"):
+                m.d.comb += self.req.ready.eq(1)
+                m.d.sync += valid.eq(1)
                 m.next = "IDLE"
-
+        m.d.comb += self.busy.eq(~fsm.ongoing("IDLE"))
         return m
-
-    @staticmethod
-    def _define_check(m, dreq, pd, prof_bad, locked, def_errno, pdesc_wr, field, scan_regs):
-        with m.If(prof_bad):
-            m.d.sync += def_errno.eq(P.Errno.ENOENT)
-            m.next = "DEF_REPLY"
-        with m.Elif(locked):
-            m.d.sync += def_errno.eq(P.Errno.EBUSY)
-            m.next = "DEF_REPLY"
-        with m.Else():
-            m.d.sync += [reg.eq(0) for reg in scan_regs]
-            with m.Switch(dreq.op):
-                with m.Case(DefineOp.CLEAR):
-                    m.d.comb += [pdesc_wr.en.eq(1), pdesc_wr.data.eq(0)]
-                    m.d.sync += def_errno.eq(P.Errno.OK)
-                    m.next = "DEF_REPLY"
-                with m.Case(DefineOp.SET_FORMAT):
-                    # EvFormat's order: the mode, no fields, too many fields, then the widths.
-                    with m.If((dreq.format_mode > P.EvFormatMode.SRV6) | (dreq.count == 0)):
-                        m.d.sync += def_errno.eq(P.Errno.EINVAL)
-                        m.next = "DEF_REPLY"
-                    with m.Elif(dreq.count > _MAX_FIELDS):
-                        m.d.sync += def_errno.eq(P.Errno.E2BIG)
-                        m.next = "DEF_REPLY"
-                    with m.Else():
-                        m.d.sync += field.eq(0)
-                        m.next = "FMT_SCAN"
-                with m.Case(DefineOp.SET_FIELD):
-                    m.next = "FIELD_SCAN"
-                with m.Case(DefineOp.COMMIT):
-                    with m.If((dreq.ev_mode > P.EvMode.AUTO) | (pd.fcount == 0)
-                              | (pd.nfields == 0)):
-                        m.d.sync += def_errno.eq(P.Errno.EINVAL)
-                    with m.Else():
-                        m.d.comb += [pdesc_wr.en.eq(1), pdesc_wr.data.eq(pd),
-                                     pdesc_wr.data.ev_mode.eq(dreq.ev_mode),
-                                     pdesc_wr.data.committed.eq(1)]
-                        m.d.sync += def_errno.eq(P.Errno.OK)
-                    m.next = "DEF_REPLY"
