@@ -59,8 +59,8 @@ from hdl.transport.nscc_defs import (  # noqa: F401 (the model's names, defined 
     NsccSetting,
 )
 
-__all__ = ["NsccSetting", "NsccParameters", "Nscc", "setting_for", "acks_share_planes", "CC_ALGORITHMS",
-           "REFERENCE_RATE_GBPS",
+__all__ = ["NsccSetting", "NsccParameters", "Nscc", "setting_for", "acks_share_planes",
+           "CC_ALGORITHMS", "REFERENCE_RATE_GBPS",
            "REFERENCE_RTT_NS", "TARGET_RTTS", "TARGET_RTTS_TRIMMING", "GAMMA",
            "DELAY_EWMA_WEIGHT", "QUICK_ADAPT_TARGETS", "QUICK_ADAPT_GATE", "ADJUST_MTUS",
            "FAST_INCREASE_DELAY_NS", "MAX_WINDOW_BDPS", "MD_FLOOR"]

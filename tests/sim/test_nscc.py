@@ -12,8 +12,8 @@ from hdl.config import NicConfig
 from hdl.packet.headers import PacketKind
 from hdl.transport.req_defs import RequesterCommand
 from sim.model.nscc import Nscc, NsccParameters, NsccSetting, setting_for
-from sim.scenario import nic_config_for, scenario
 from sim.model.requester import RequesterModel
+from sim.scenario import nic_config_for, scenario
 
 MTU = 4096
 #: The reference network itself: a = b = 1, so each parameter is its bare formula.
