@@ -59,8 +59,8 @@ from hdl.transport.nscc_defs import (  # noqa: F401 (the model's names, defined 
     NsccSetting,
 )
 
-__all__ = ["NsccSetting", "NsccParameters", "Nscc", "setting_for", "CC_ALGORITHMS",
-           "REFERENCE_RATE_GBPS",
+__all__ = ["NsccSetting", "NsccParameters", "Nscc", "setting_for", "acks_share_planes",
+           "CC_ALGORITHMS", "REFERENCE_RATE_GBPS",
            "REFERENCE_RTT_NS", "TARGET_RTTS", "TARGET_RTTS_TRIMMING", "GAMMA",
            "DELAY_EWMA_WEIGHT", "QUICK_ADAPT_TARGETS", "QUICK_ADAPT_GATE", "ADJUST_MTUS",
            "FAST_INCREASE_DELAY_NS", "MAX_WINDOW_BDPS", "MD_FLOOR"]
@@ -191,15 +191,28 @@ class Nscc:
 
 
 def setting_for(scn, config):
-    """The :class:`NsccSetting` of a scenario on a NIC build: the NIC's line rate, the idle
-    round trip of an MTU data packet and its ACK over the scenario's fabric (both latencies,
-    both serializations at the plane rate), trimming when the scenario's fabric trims."""
+    """The :class:`NsccSetting` of a scenario on a NIC build: the NIC's line rate, the round
+    trip of an MTU data packet and its ACK over the scenario's unloaded fabric (both
+    latencies, both serializations at the plane rate), trimming when the scenario's fabric
+    trims.
+
+    When the peers send to each other (:func:`acks_share_planes`), an ACK also waits behind
+    the peer's data frame in service on its plane, half a frame on average: the round trip
+    counts that wait (``docs/congestion.md``, "The round trip when ACKs share the planes")."""
     rate = config.data_width * config.clock_hz / 1e9
     plane_rate = rate / config.ports
     frame_bytes = config.mtu + _DATA_HEADER_BYTES
     rtt_ns = 2 * scn.latency_us * 1000 + (frame_bytes + _ACK_FRAME_BYTES) * 8 / plane_rate
+    if acks_share_planes(scn):
+        rtt_ns += frame_bytes * 8 / plane_rate / 2
     return NsccSetting(line_rate_gbps=rate, base_rtt_ns=rtt_ns, mtu=config.mtu,
                        trimming=scn.trim_threshold > 0)
+
+
+def acks_share_planes(scn):
+    """Whether a scenario's ACKs travel on planes that also carry data the other way: NICs
+    that send to each other (pairs both ways, all-to-all); in an incast only ACKs go back."""
+    return scn.pattern == "all-to-all" or (scn.pattern == "pairs" and scn.both_ways)
 
 
 # Frame sizes for the idle round trip (as sim.analysis.base_rtt_ns assumes): the headers of

@@ -11,8 +11,9 @@ from hdl import protocol as P
 from hdl.config import NicConfig
 from hdl.packet.headers import PacketKind
 from hdl.transport.req_defs import RequesterCommand
-from sim.model.nscc import Nscc, NsccParameters, NsccSetting
+from sim.model.nscc import Nscc, NsccParameters, NsccSetting, setting_for
 from sim.model.requester import RequesterModel
+from sim.scenario import nic_config_for, scenario
 
 MTU = 4096
 #: The reference network itself: a = b = 1, so each parameter is its bare formula.
@@ -237,3 +238,22 @@ def test_an_unknown_algorithm_is_refused():
         RequesterModel(CONFIG).set_cc_algorithm("bbr")
     with pytest.raises(ValueError, match="nscc needs an NsccSetting"):
         RequesterModel(CONFIG).set_cc_algorithm("nscc")
+
+
+# -- the setting of a scenario ------------------------------------------------------------------
+
+def _rtt_of(**overrides):
+    scn = scenario("clean", **overrides)
+    return setting_for(scn, nic_config_for(scn)).base_rtt_ns
+
+
+def test_the_setting_is_the_unloaded_round_trip_when_only_acks_come_back():
+    """8 planes of 1 Gb/s, 1 us each way: the data frame (1,024 + 110 B) and the ACK (110 B)."""
+    assert _rtt_of(both_ways=False) == pytest.approx(2_000 + (1_134 + 110) * 8)
+    assert _rtt_of(nics=4, pattern="incast") == _rtt_of(both_ways=False)
+
+
+@pytest.mark.parametrize("overrides", [{}, {"nics": 4, "pattern": "all-to-all"}])
+def test_the_setting_counts_half_a_peer_frame_when_acks_share_the_planes(overrides):
+    """Each ACK waits behind the peer's data frame in service on its plane: half, on average."""
+    assert _rtt_of(**overrides) == pytest.approx(_rtt_of(both_ways=False) + 1_134 * 8 / 2)
