@@ -58,7 +58,7 @@ def ack_observation_layout(config):
 
 class AckProcessor(wiring.Component):
     """Apply one MRC 1.0 SACK, NACK or AETH NAK per cycle (A0 take and read, A1 register,
-    A2 apply).
+    A2 apply, A3 outputs).
 
     A0 addresses the tables; in A1 their data lands in registers, beside the decoded packet
     and its SACK bitmap rotated to the window positions; A2 decides and writes the QP's
@@ -73,13 +73,18 @@ class AckProcessor(wiring.Component):
     counted (``bad_acks``). One packet per cycle, back to back on one QP: A0's read sees
     every write up to its own cycle (the ports are transparent); the write of the packet
     ahead, in A2 while this one is in A1, is forwarded from the write port into A1's
-    registers (``ack``, ``acked``, ``cc``, ``trig_set``: this engine is their only writer).
+    registers (``ack``, ``cc``, ``trig_set``; for ``acked`` the select and the written
+    bitmap are registered and A2 picks: this engine is their only writer). A2's compares
+    against una take registers directly, side by side, against both candidates for the new
+    una (the stored one and the SACK's cumulative PSN + 1), and are picked after.
     ``trig_seen`` is read in A1, so an ACK that finds a trigger queued writes no later than
     the cycle the completion engine reads the QP for it.
 
-    Outputs, all from A2, two cycles after the packet was taken: a completion trigger when
+    Outputs: from A2, two cycles after the packet was taken, a completion trigger when
     una advanced or the QP failed (at most one queued per QP: ``trig_set`` differs from
-    ``trig_seen`` while one waits), the PSN of a NACK TRIMMED still outstanding (``trim``),
+    ``trig_seen`` while one waits); registered at the end of A2 and offered from A3, three
+    cycles after, with the counter events: the PSN of a NACK TRIMMED still outstanding
+    (``trim``),
     the failed QP (``qp_error``), feedback for the EV the named PSN last went out on
     (``feedback``: ACKED, ECN, LOST for an ALWAYS_SKIP mark, TRIMMED; none for a probe
     answer or a PSN whose EV entry no longer holds it; dropped and counted when not ready),
@@ -89,10 +94,10 @@ class AckProcessor(wiring.Component):
     SACK bits, and its CC_STATE echo; a NACK TRIMMED); the consumer takes one every cycle.
 
     Hazards: A0 waits (``rx`` and ``exceed`` not ready) while the control holds and while
-    the trim or QP-error queue has no room for one more item beside those in A1 and A2; the
+    the trim or QP-error queue has no room for one more item beside those in A1 to A3; the
     trigger queue never fills. The control's QP reset and software flush go through this
     engine's write ports (``control.write``, ``control.flush``, the flush's trigger included:
-    A1 and A2 are idle then).
+    A1 to A3 are idle then).
 
     Parameters
     ----------

@@ -44,9 +44,9 @@ class InferenceUnit(wiring.Component):
     ``to`` (PSNs before it were already inferred) and the reorder window.
 
     Five stages (I0 count, I1 group, I2 bit and table read, I3 entry registered, I4 apply
-    and write), one ACK or poll per cycle, never stalls: 5 cycles from an ACK to its walk. A walk that finds its
-    queue full is dropped (counted) and the entry stays, so a later ACK infers the same holes
-    again.
+    and write), one ACK or poll per cycle, never stalls: 5 cycles from an ACK to its walk.
+    A walk that finds its queue full is dropped (counted) and the entry stays, so a later
+    ACK infers the same holes again.
 
     Hazards: the ``infer`` table is this unit's alone; I2 reads the entry through the
     transparent port, which sees every write up to that cycle; the write of the item ahead

@@ -39,19 +39,20 @@ def poll_layout(config):
 class TimerScanner(wiring.Component):
     """Per-QP retransmit timers in the ``tmr`` table, visited one QP per cycle.
 
-    V0 picks the QP (an arm event first, else the next QP of the scan) and reads its tables;
-    V1 decides and writes ``tmr``. One visit per cycle while the control does not hold; a
-    scan period is ``qps`` cycles plus the arm events. On each visit of a live QP with PSNs
-    outstanding: an arm event starts the timer at the event's time; an unarmed timer starts
-    now; una moved since the last visit restarts it at the time una last advanced
-    (``progress``); an expired timer asks ACK processing to fail the QP (retries exhausted)
-    or asks the walker to resend ``[una, next_psn)`` (a TIMEOUT walk) and counts a retry.
-    A request whose queue is full changes nothing: the next visit asks again. Other QPs are
-    disarmed.
+    V0 picks the QP (an arm event first, else the next QP of the scan) and reads its tables; V1
+    registers their data; V2 decides and writes ``tmr``. One visit per cycle while the control
+    does not hold; a scan period is ``qps`` cycles plus the arm events. On each visit of a live
+    QP with PSNs outstanding: an arm event starts the timer at the event's time; an unarmed
+    timer starts now; una moved since the last visit restarts it at the time una last advanced
+    (``progress``); an expired timer asks ACK processing to fail the QP (retries exhausted) or
+    asks the walker to resend ``[una, next_psn)`` (a TIMEOUT walk) and counts a retry. A request
+    whose queue is full changes nothing: the next visit asks again. Other QPs are disarmed.
 
     Hazards: reads ``cfg``, ``ack``, ``next_psn`` and ``progress`` of the other engines
-    through transparent ports, one cycle before deciding: a write in the decide cycle is
-    seen at the next visit. A QP_WRITE resets the QP's entry (``control.write``).
+    through transparent ports, two cycles before deciding: a write after the read is seen at
+    the next visit. The ``tmr`` write of the visit ahead (in V2 while this one is in V1) is
+    registered with its select and picked in V2, so visits of one QP on consecutive cycles
+    see each other. A QP_WRITE resets the QP's entry (``control.write``).
 
     Members
     -------
@@ -68,7 +69,7 @@ class TimerScanner(wiring.Component):
     exceed : ``Out(stream.Signature(config.qpn_bits))``
         QPs whose retries are exhausted, for ACK processing.
     busy : ``Out(1)``
-        A visit is being decided (V1).
+        A visit is in V1 or V2.
     events : ``Out(events_layout(COUNTERS))``
     """
 
