@@ -348,13 +348,13 @@ PROOFS = {
                                     300),
     "responder_induct_mutant": Proof(_responder_invariants, "placed_once_mutant", "prove", 6,
                                      300, 6, 300, expected="FAIL"),
-    "requester_window": Proof(_requester, "window", "bmc", 7, 300, 10, 1200),
-    "requester_cover": Proof(_requester, "cover", "cover", 8, 300, 8, 300),
+    "requester_window": Proof(_requester, "window", "bmc", 8, 300, 10, 1200),
+    "requester_cover": Proof(_requester, "cover", "cover", 9, 300, 9, 300),
     "requester_induct_window": Proof(_requester_invariants, "window", "prove", 2, 300, 4, 1200),
-    "requester_induct_cover": Proof(_requester_invariants, "cover", "cover", 12, 300, 12, 300),
+    "requester_induct_cover": Proof(_requester_invariants, "cover", "cover", 14, 300, 14, 300),
     # The mutant's failure is found from reset: BMC of the proof's assertions (its base case).
-    "requester_induct_mutant": Proof(_requester_invariants, "window_mutant", "bmc", 9, 600,
-                                     9, 600, expected="FAIL"),
+    "requester_induct_mutant": Proof(_requester_invariants, "window_mutant", "bmc", 10, 600,
+                                     10, 600, expected="FAIL"),
     "counter_prove": Proof(_counter, "good", "prove", 4, 120, 4, 120),
     "counter_mutant": Proof(_counter, "buggy", "bmc", 40, 120, 40, 120, expected="FAIL"),
 }

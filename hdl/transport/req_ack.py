@@ -58,7 +58,7 @@ def ack_observation_layout(config):
 
 class AckProcessor(wiring.Component):
     """Apply one MRC 1.0 SACK, NACK or AETH NAK per cycle (A0 take and read, A1 register,
-    A2 apply).
+    A2 apply, A3 outputs).
 
     A0 addresses the tables; in A1 their data lands in registers, beside the decoded packet
     and its SACK bitmap rotated to the window positions; A2 decides and writes the QP's
@@ -73,13 +73,18 @@ class AckProcessor(wiring.Component):
     counted (``bad_acks``). One packet per cycle, back to back on one QP: A0's read sees
     every write up to its own cycle (the ports are transparent); the write of the packet
     ahead, in A2 while this one is in A1, is forwarded from the write port into A1's
-    registers (``ack``, ``acked``, ``cc``, ``trig_set``: this engine is their only writer).
+    registers (``ack``, ``cc``, ``trig_set``; for ``acked`` the select and the written
+    bitmap are registered and A2 picks: this engine is their only writer). A2's compares
+    against una take registers directly, side by side, against both candidates for the new
+    una (the stored one and the SACK's cumulative PSN + 1), and are picked after.
     ``trig_seen`` is read in A1, so an ACK that finds a trigger queued writes no later than
     the cycle the completion engine reads the QP for it.
 
-    Outputs, all from A2, two cycles after the packet was taken: a completion trigger when
+    Outputs: from A2, two cycles after the packet was taken, a completion trigger when
     una advanced or the QP failed (at most one queued per QP: ``trig_set`` differs from
-    ``trig_seen`` while one waits), the PSN of a NACK TRIMMED still outstanding (``trim``),
+    ``trig_seen`` while one waits); registered at the end of A2 and offered from A3, three
+    cycles after, with the counter events: the PSN of a NACK TRIMMED still outstanding
+    (``trim``),
     the failed QP (``qp_error``), feedback for the EV the named PSN last went out on
     (``feedback``: ACKED, ECN, LOST for an ALWAYS_SKIP mark, TRIMMED; none for a probe
     answer or a PSN whose EV entry no longer holds it; dropped and counted when not ready),
@@ -89,10 +94,10 @@ class AckProcessor(wiring.Component):
     SACK bits, and its CC_STATE echo; a NACK TRIMMED); the consumer takes one every cycle.
 
     Hazards: A0 waits (``rx`` and ``exceed`` not ready) while the control holds and while
-    the trim or QP-error queue has no room for one more item beside those in A1 and A2; the
+    the trim or QP-error queue has no room for one more item beside those in A1 to A3; the
     trigger queue never fills. The control's QP reset and software flush go through this
     engine's write ports (``control.write``, ``control.flush``, the flush's trigger included:
-    A1 and A2 are idle then).
+    A1 to A3 are idle then).
 
     Parameters
     ----------
@@ -182,9 +187,12 @@ class AckProcessor(wiring.Component):
         # A2 may each push one, so A0 takes one only while each queue has room for them too.
         a1_valid = Signal()
         a2_valid = Signal()
+        a3_trim = Signal()              # A3 pushes a trim / a QP error
+        a3_qp_error = Signal()
         in_flight = a1_valid + a2_valid
-        a0_room = (~self.control.hold & (self.trim_level + in_flight < self._trim_depth)
-                   & (self.qp_error_level + in_flight < self._qp_error_depth))
+        a0_room = (~self.control.hold
+                   & (self.trim_level + in_flight + a3_trim < self._trim_depth)
+                   & (self.qp_error_level + in_flight + a3_qp_error < self._qp_error_depth))
         x_take = self.exceed.valid & a0_room
         m.d.comb += [
             self.rx.ready.eq(a0_room & ~self.exceed.valid),
@@ -251,7 +259,8 @@ class AckProcessor(wiring.Component):
         a2_sack_rot = Signal(window)   # the SACK bits at their window positions, unmasked
         a2_echo = Signal(P.TIMESTAMP_BITS)
         a3_valid = Signal()            # an NSCC event in A3
-        m.d.comb += self.busy.eq(a1_valid | a2_valid | a3_valid)
+        a3_item = Signal()             # A3 holds the outputs of an item A2 decided
+        m.d.comb += self.busy.eq(a1_valid | a2_valid | a3_valid | a3_item)
         m.d.sync += [
             a2_valid.eq(a1_valid), a2_exceed.eq(a1_exceed), a2_known.eq(a1_known),
             a2_qpn.eq(a1_qpn), a2_kind.eq(a1_kind), a2_syndrome.eq(a1_syndrome),
@@ -263,10 +272,19 @@ class AckProcessor(wiring.Component):
         ]
         writes = self.tables.write
         stored = {}
-        for name in ("ack", "acked", "cc", "trig_set"):
+        for name in ("ack", "cc", "trig_set"):
             port, wp = getattr(reads, name), getattr(writes, name)
             stored[name] = Signal.like(port.data, name=f"a2_{name}")
             m.d.sync += stored[name].eq(Mux(wp.en & (wp.addr == a1_qpn), wp.data, port.data))
+        # The acked bitmap's forwarding is a registered select and the written bitmap beside
+        # the table's read: A2 picks, so the wide write data of the ACK ahead ends in a
+        # register instead of running on through a multiplexer.
+        acked_read = Signal.like(reads.acked.data, name="a2_acked_read")
+        acked_prev = Signal.like(reads.acked.data, name="a2_acked_prev")
+        acked_from_prev = Signal(name="a2_acked_from_prev")
+        m.d.sync += [acked_read.eq(reads.acked.data), acked_prev.eq(writes.acked.data),
+                     acked_from_prev.eq(writes.acked.en & (writes.acked.addr == a1_qpn))]
+        stored["acked"] = Mux(acked_from_prev, acked_prev, acked_read)
         for name in ("cfg", "next_psn", "ev"):
             stored[name] = Signal.like(getattr(reads, name).data, name=f"a2_{name}")
             m.d.sync += stored[name].eq(getattr(reads, name).data)
@@ -292,12 +310,13 @@ class AckProcessor(wiring.Component):
         trim = sig(is_nack & (a2_reason == P.NackReason.TRIMMED), "a_trim")
         out_of_window = sig(is_nack & (a2_reason == P.NackReason.PSN_OOR_WINDOW),
                             "a_out_of_window")
-        # Only a SACK moves the cumulative PSN.
-        cand = sig(Mux(is_ack, a2_cum1, a_una), "a_cand")
+        # Only a SACK moves the cumulative PSN. Every compare takes registers directly, side
+        # by side: those against the new una are made against both candidates and picked.
         advance = sig(is_ack & psn_gt(a2_cum1, a_una), "a_advance")
-        beyond = sig(advance & ~psn_ge(a_next, cand), "a_beyond")
-        new_una = sig(Mux(advance, cand, a_una), "a_new_una")
-        outstanding = sig(psn_ge(a2_psn, new_una) & psn_gt(a_next, a2_psn), "a_outstanding")
+        beyond = sig(advance & ~psn_ge(a_next, a2_cum1), "a_beyond")
+        new_una = sig(Mux(advance, a2_cum1, a_una), "a_new_una")
+        outstanding = sig(Mux(advance, psn_ge(a2_psn, a2_cum1), psn_ge(a2_psn, a_una))
+                          & psn_gt(a_next, a2_psn), "a_outstanding")
         # The PSN the packet names was sent and its EV entry still holds it.
         psn_sent = sig(psn_gt(a_next, a2_psn) & (psn_sub(a_next, a2_psn) <= window),
                        "a_psn_sent")
@@ -309,26 +328,27 @@ class AckProcessor(wiring.Component):
         x_apply = sig(a2_valid & a2_exceed & a_live, "x_apply")
 
         # SACK bit i is PSN base + i (any sack_psn_offset); keep the bits for PSNs in
-        # [max(una, base), next_psn): a bitmap that does not overlap the window adds nothing.
-        # The bits kept form one run, [lo, hi), which lies at window positions from
-        # base + lo on: the mask is made there, beside the bits rotated in A1. Bits of
-        # PSNs below the new una are cleared with the ones una passed (`clear`).
-        lo = clamp(psn_sub(a_una, a2_base), bitmap_bits)
-        hi = clamp(psn_sub(a_next, a2_base), bitmap_bits)
+        # [max(new una, base), next_psn): a bitmap that does not overlap the window adds
+        # nothing. The bits kept form one run, [lo, hi), which lies at window positions from
+        # base + lo on: the mask is made there, beside the bits rotated in A1. `lo` is made
+        # from both una candidates and picked. The stored bits of PSNs una passes are
+        # cleared (`clear`); PSNs in [una, next_psn) span at most the window, so a kept bit
+        # never shares a position with a cleared one.
+        lo_una = clamp(psn_sub(a_una, a2_base), bitmap_bits)
+        lo_cum = clamp(psn_sub(a2_cum1, a2_base), bitmap_bits)
+        lo = sig(Mux(advance, lo_cum, lo_una), "a_lo")
+        hi = sig(clamp(psn_sub(a_next, a2_base), bitmap_bits), "a_hi")
         keep_len = Mux(hi > lo, hi - lo, 0)
         sack_rot = sig(a2_sack_rot & circular_ones((a2_base[:wb] + lo)[:wb], keep_len, window),
                        "a_sack_rot")
         clear_len = sig(Mux(advance, psn_sub(a2_cum1, a_una)[:wb + 1], 0), "a_clear_len")
         clear = sig(circular_ones(a_una[:wb], clear_len, window), "a_clear")
         new_bitmap = Signal(window)
-        m.d.comb += new_bitmap.eq((a_old_bitmap | sack_rot) & ~clear)
-        new_bits = (sack_rot & ~clear & ~a_old_bitmap).any()
+        m.d.comb += new_bitmap.eq((a_old_bitmap & ~clear) | sack_rot)
+        new_bits = (sack_rot & ~a_old_bitmap).any()
         # A NACK changes no bit: the bit the TRIM names is the stored one.
         trim_queued = (a_apply & trim & outstanding
                        & ~a_old_bitmap.bit_select(a2_psn[:wb], 1))
-        # The SACK bits for the inference unit: those of PSNs in [new una, next_psn).
-        sack_mask = (ones(clamp(psn_sub(a_next, a2_base), bitmap_bits), bitmap_bits)
-                     & ~ones(clamp(psn_sub(new_una, a2_base), bitmap_bits), bitmap_bits))
         err_status = Signal(P.CompletionStatus)
         with m.Switch(code):
             for nak_code, status in (
@@ -364,7 +384,7 @@ class AckProcessor(wiring.Component):
         a3_clear = Signal.like(v.clear_len)
         a3_new = Signal(window)
         marked = (v.a2_mark == P.SackMark.SKIP_ONCE) & ~v.a2_pr
-        new = v.sack_rot & ~v.clear & ~v.a_old_bitmap
+        new = v.sack_rot & ~v.a_old_bitmap
         sack_event = v.is_ack & ~v.a2_pr & (v.advance | new.any() | marked)
         m.d.sync += [
             a3_valid.eq(self.control.cc_nscc & v.a_apply & (sack_event | v.trim)),
@@ -468,7 +488,9 @@ class AckProcessor(wiring.Component):
                          wps["cc"].data.eq(cc_write)]
 
     def _outputs(self, m, v):
-        """A2's triggers, queue items, feedback, SACK bits for inference and events."""
+        """A2's completion trigger and ``progress`` write; the other outputs (queue items,
+        feedback, SACK bits for inference, events) are registered at the end of A2 and
+        leave from A3, so A2's decision ends in registers."""
         ctl = self.control
         reads = self.tables.read
         events = self.events
@@ -487,24 +509,30 @@ class AckProcessor(wiring.Component):
             self.trigger.valid.eq(trigger_push | ctl.flush_trigger),
             wps["trig_set"].addr.eq(trigger_qpn), wps["trig_set"].data.eq(trigger_value),
             wps["trig_set"].en.eq(trigger_push | ctl.flush_trigger),
-            self.trim.payload.qpn.eq(v.a2_qpn), self.trim.payload.psn.eq(v.a2_psn),
-            self.trim.valid.eq(v.trim_queued),
-        ]
-        m.d.comb += [
-            self.qp_error.payload.qpn.eq(v.a2_qpn),
-            self.qp_error.payload.status.eq(Mux(v.x_apply, P.CompletionStatus.RETRY_EXC_ERR,
-                                                v.err_status)),
-            self.qp_error.valid.eq((v.a_apply & v.fatal) | v.x_apply),
             # The timer restarts from the time una last advanced.
             wps["progress"].addr.eq(v.a2_qpn), wps["progress"].data.eq(self.now),
             wps["progress"].en.eq(v.a_apply & v.advance),
         ]
-        m.d.comb += events.retry_exceeded.eq(v.x_apply)
-        feedback_value = self.feedback.payload
+
+        # -- A3: the registered outputs ----------------------------------------------------
+        m.d.sync += v.a3_item.eq(v.a2_valid)
+        a3_qpn = Signal.like(v.a2_qpn, name="a3_qpn")
+        a3_psn = Signal.like(v.a2_psn, name="a3_psn")
+        m.d.sync += [a3_qpn.eq(v.a2_qpn), a3_psn.eq(v.a2_psn),
+                     v.a3_trim.eq(v.trim_queued),
+                     v.a3_qp_error.eq((v.a_apply & v.fatal) | v.x_apply)]
+        a3_status = Signal(P.CompletionStatus, name="a3_status")
+        m.d.sync += a3_status.eq(Mux(v.x_apply, P.CompletionStatus.RETRY_EXC_ERR,
+                                     v.err_status))
+        m.d.comb += [
+            self.trim.payload.qpn.eq(a3_qpn), self.trim.payload.psn.eq(a3_psn),
+            self.trim.valid.eq(v.a3_trim),
+            self.qp_error.payload.qpn.eq(a3_qpn), self.qp_error.payload.status.eq(a3_status),
+            self.qp_error.valid.eq(v.a3_qp_error),
+        ]
         # Feedback for the EV the named PSN went out on: SACK m NONE -> ACKED, SKIP_ONCE -> ECN,
         # ALWAYS_SKIP -> LOST (a bad path); NACK TRIMMED -> TRIMMED. A probe answer (pr = 1)
         # gives none, nor a PSN whose EV entry no longer holds it.
-        feedback_push = v.a_apply & v.psn_sent & ((v.is_ack & ~v.a2_pr) | v.trim)
         fb_kind = Signal(P.FeedbackKind)
         with m.If(v.trim):
             m.d.comb += fb_kind.eq(P.FeedbackKind.TRIMMED)
@@ -514,24 +542,39 @@ class AckProcessor(wiring.Component):
             m.d.comb += fb_kind.eq(P.FeedbackKind.LOST)
         with m.Else():
             m.d.comb += fb_kind.eq(P.FeedbackKind.ACKED)
-        m.d.comb += [
+        a3_feedback = Signal(name="a3_feedback")
+        feedback_value = self.feedback.payload
+        m.d.sync += [
+            a3_feedback.eq(v.a_apply & v.psn_sent & ((v.is_ack & ~v.a2_pr) | v.trim)),
             feedback_value.qpn.eq(v.a2_qpn), feedback_value.ev.eq(v.stored["ev"]),
             feedback_value.kind.eq(fb_kind),
-            self.feedback.valid.eq(feedback_push),
-            events.feedback_dropped.eq(feedback_push & ~self.feedback.ready),
-            events.bad_acks.eq(v.a2_valid & ~v.a2_exceed & v.a_drop),
-            events.acks.eq(v.a_apply & v.is_ack),
-            events.duplicate_acks.eq(v.a_apply & v.is_ack & ~v.advance & ~v.new_bits),
         ]
-        for nak_code, name in NAK_COUNTERS.items():
-            m.d.comb += events[name].eq(v.a_apply & v.is_nak & (v.code == nak_code))
-        for reason, name in NACK_COUNTERS.items():
-            m.d.comb += events[name].eq(v.a_apply & v.is_nack & (v.a2_reason == reason))
-        a_sack = v.a2_sack & v.sack_mask
+        m.d.comb += [self.feedback.valid.eq(a3_feedback),
+                     events.feedback_dropped.eq(a3_feedback & ~self.feedback.ready)]
+        a2_events = {
+            "retry_exceeded": v.x_apply,
+            "bad_acks": v.a2_valid & ~v.a2_exceed & v.a_drop,
+            "acks": v.a_apply & v.is_ack,
+            "duplicate_acks": v.a_apply & v.is_ack & ~v.advance & ~v.new_bits,
+            **{name: v.a_apply & v.is_nak & (v.code == nak_code)
+               for nak_code, name in NAK_COUNTERS.items()},
+            **{name: v.a_apply & v.is_nack & (v.a2_reason == reason)
+               for reason, name in NACK_COUNTERS.items()},
+        }
+        for name, value in a2_events.items():
+            m.d.sync += events[name].eq(value)
+        # SACK bits for the inference unit: masked in A3 from the registered window.
         request = self.infer.payload
-        m.d.comb += [
-            self.infer.valid.eq(v.a_apply & ~v.fatal
-                                & ((ctl.infer_k != 0) | (ctl.reo_wnd != 0)) & (a_sack != 0)),
+        a3_infer = Signal(name="a3_infer")
+        a3_hi = Signal.like(v.hi, name="a3_hi")
+        a3_lo = Signal.like(v.lo, name="a3_lo")
+        a3_sack = Signal.like(v.a2_sack, name="a3_sack")
+        bitmap_bits = len(v.a2_sack)
+        m.d.sync += [
+            a3_infer.eq(v.a_apply & ~v.fatal & ((ctl.infer_k != 0) | (ctl.reo_wnd != 0))),
+            a3_hi.eq(v.hi), a3_lo.eq(v.lo), a3_sack.eq(v.a2_sack),
             request.qpn.eq(v.a2_qpn), request.base.eq(v.a2_base), request.una.eq(v.new_una),
-            request.next.eq(v.a_next), request.sack.eq(a_sack),
+            request.next.eq(v.a_next),
         ]
+        a_sack = a3_sack & ones(a3_hi, bitmap_bits) & ~ones(a3_lo, bitmap_bits)
+        m.d.comb += [self.infer.valid.eq(a3_infer & (a_sack != 0)), request.sack.eq(a_sack)]

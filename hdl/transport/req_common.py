@@ -60,7 +60,13 @@ def circular_ones(start, count, width):
     ``count`` from 0 to ``width``. As ``rotate_left(ones(count, width), start, width)``, with
     one compare per bit instead of a shifter."""
     bits = (width - 1).bit_length()
-    return Cat(*((C(i, bits) - start)[:bits] < count for i in range(width)))
+    # The run ends at `start + count`; past `width` it wraps. Each bit compares its constant
+    # index with the two ends (no per-bit subtraction).
+    end = start + count
+    wraps = end >= width
+    end = end[:bits]
+    return Cat(*(Mux(wraps, (C(i, bits) >= start) | (C(i, bits) < end),
+                     (C(i, bits) >= start) & (C(i, bits) < end)) for i in range(width)))
 
 
 def rotate_left(value, amount, width):

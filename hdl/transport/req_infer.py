@@ -43,13 +43,15 @@ class InferenceUnit(wiring.Component):
     as one INFER (or REORDER, the time rule alone) walk; the ``infer`` table keeps, per QP,
     ``to`` (PSNs before it were already inferred) and the reorder window.
 
-    Four stages (I0 count, I1 group, I2 bit and table read, I3 apply and write), one ACK or
-    poll per cycle, never stalls: 4 cycles from an ACK to its walk. A walk that finds its
-    queue full is dropped (counted) and the entry stays, so a later ACK infers the same holes
-    again.
+    Five stages (I0 count, I1 group, I2 bit and table read, I3 entry registered, I4 apply
+    and write), one ACK or poll per cycle, never stalls: 5 cycles from an ACK to its walk.
+    A walk that finds its queue full is dropped (counted) and the entry stays, so a later
+    ACK infers the same holes again.
 
-    Hazards: the ``infer`` table is this unit's alone; I2 reads the entry I3 writes through
-    the transparent port, so back-to-back ACKs of one QP see each other. ``una`` and ``next``
+    Hazards: the ``infer`` table is this unit's alone; I2 reads the entry through the
+    transparent port, which sees every write up to that cycle; the write of the item ahead
+    (in I4 while this one is in I3) is forwarded into I3's registers, so back-to-back ACKs
+    of one QP see each other. ``una`` and ``next``
     come with the request (the values of the ACK's own cycle); ``to`` is trusted only inside
     ``[una, next]``. A QP_WRITE resets the QP's entry (``control.write``).
 
@@ -96,7 +98,8 @@ class InferenceUnit(wiring.Component):
         time_now = self.now[:TIME_BITS]
         groups = bitmap_bits // 8
         count_cap = 16                  # counts saturate: K is at most 15
-        i0_valid, i1_valid, i2_valid, i3_valid = (Signal(name=f"i{n}_valid") for n in range(4))
+        i0_valid, i1_valid, i2_valid, i3_valid, i4_valid = (Signal(name=f"i{n}_valid")
+                                                             for n in range(5))
 
         def carried(stage):
             return {"qpn": Signal(qb, name=f"i{stage}_qpn"),
@@ -105,7 +108,7 @@ class InferenceUnit(wiring.Component):
                     "next": Signal(PSN, name=f"i{stage}_next"),
                     "poll": Signal(name=f"i{stage}_poll")}
 
-        i0, i1, i2, i3 = (carried(n) for n in range(4))
+        i0, i1, i2, i3, i4 = (carried(n) for n in range(5))
         i0_sack = Signal(bitmap_bits)
         # An ACK and a poll in the same cycle: the ACK takes I0 and the poll is dropped (the
         # scanner comes back one scan period later).
@@ -162,70 +165,84 @@ class InferenceUnit(wiring.Component):
                      i3_end.eq((i2["cand"] + i2_bit)[:PSN]),
                      i3_top.eq((i2["cand"] + i2_top_bit + 1)[:PSN])]
         m.d.sync += [i3[k].eq(i2[k]) for k in i2]
-        # I3: the region [lower, end); `to` is trusted only inside [una, next_psn]. Every
+        # I3: the entry lands in a register. The write of the item ahead, in I4 now, is the
+        # one the read missed: its select and data are registered beside the read, I4 picks.
+        infer_wp = self.tables.write.infer
+        i4_end = Signal(PSN)
+        i4_top = Signal(PSN)
+        i4_found = Signal()
+        entry_read = Signal.like(infer_port.data, name="i4_entry_read")
+        entry_prev = Signal.like(infer_port.data, name="i4_entry_prev")
+        entry_from_prev = Signal(name="i4_entry_from_prev")
+        m.d.sync += [i4_valid.eq(i3_valid), i4_found.eq(i3_found), i4_end.eq(i3_end),
+                     i4_top.eq(i3_top), entry_read.eq(infer_port.data),
+                     entry_prev.eq(infer_wp.data),
+                     entry_from_prev.eq(infer_wp.en & (infer_wp.addr == i3["qpn"]))]
+        m.d.sync += [i4[k].eq(i3[k]) for k in i3]
+        # I4: the region [lower, end); `to` is trusted only inside [una, next_psn]. Every
         # comparison takes table and stage values directly (one level of comparators, then
         # muxes): comparisons with `lower` are made against both `to` and `una` and picked.
-        entry = infer_port.data
-        una3, next3 = i3["una"], i3["next"]
+        entry = Signal.like(infer_port.data, name="i4_entry")
+        m.d.comb += entry.eq(Mux(entry_from_prev, entry_prev, entry_read))
+        una4, next4 = i4["una"], i4["next"]
         use_to = Signal()
-        m.d.comb += use_to.eq(psn_ge(entry.to, una3) & psn_ge(next3, entry.to))
+        m.d.comb += use_to.eq(psn_ge(entry.to, una4) & psn_ge(next4, entry.to))
 
         def above_lower(value):
-            return Mux(use_to, psn_gt(value, entry.to), psn_gt(value, una3))
+            return Mux(use_to, psn_gt(value, entry.to), psn_gt(value, una4))
 
-        i3_lower = Mux(use_to, entry.to, una3)
+        i4_lower = Mux(use_to, entry.to, una4)
         # A SACK infers (and arms the reorder window) only when its bitmap starts at or below
         # `lower`: then every hole of the region is one the SACK itself reports. A bitmap
         # placed higher (the responder's block around a late trigger) says nothing about the
         # PSNs below its base, which may well have arrived.
-        base_ok = Mux(use_to, psn_ge(entry.to, i3["cand"]), psn_ge(una3, i3["cand"]))
+        base_ok = Mux(use_to, psn_ge(entry.to, i4["cand"]), psn_ge(una4, i4["cand"]))
         found = Signal()
-        m.d.comb += found.eq(i3_found & base_ok)
+        m.d.comb += found.eq(i4_found & base_ok)
         reo_running = Signal()
         reo_expired = Signal()
         m.d.comb += [
             reo_running.eq((reo_wnd != 0) & entry.reo_armed & above_lower(entry.reo_end)
-                           & psn_ge(next3, entry.reo_end)),
+                           & psn_ge(next4, entry.reo_end)),
             reo_expired.eq(reo_running & ((time_now - entry.reo_at)[:TIME_BITS] >= reo_wnd)),
         ]
         # The time rule's end wins when it lies beyond the count rule's (or there is none).
         use_reo = Signal()
-        m.d.comb += use_reo.eq(reo_expired & (~found | psn_gt(entry.reo_end, i3_end)))
+        m.d.comb += use_reo.eq(reo_expired & (~found | psn_gt(entry.reo_end, i4_end)))
         region_end = Signal(PSN)       # == lower when nothing is inferred
-        m.d.comb += region_end.eq(Mux(use_reo, entry.reo_end, Mux(found, i3_end, i3_lower)))
+        m.d.comb += region_end.eq(Mux(use_reo, entry.reo_end, Mux(found, i4_end, i4_lower)))
         count_push = Signal()           # the count rule alone finds holes
-        m.d.comb += count_push.eq(found & above_lower(i3_end))
-        i3_push = use_reo | count_push
+        m.d.comb += count_push.eq(found & above_lower(i4_end))
+        i4_push = use_reo | count_push
         # top > the region's end (== lower when nothing is pushed), picked the same way.
-        top_above_end = Mux(use_reo, psn_gt(i3_top, entry.reo_end),
-                            Mux(count_push, psn_gt(i3_top, i3_end), above_lower(i3_top)))
+        top_above_end = Mux(use_reo, psn_gt(i4_top, entry.reo_end),
+                            Mux(count_push, psn_gt(i4_top, i4_end), above_lower(i4_top)))
         reo_arm = ((reo_wnd != 0) & (reo_expired | ~reo_running) & top_above_end & base_ok
-                   & ~i3["poll"])          # a poll has no SACKed PSN to arm with
-        i3_write = i3_valid & (~i3_push | self.walk.ready)
+                   & ~i4["poll"])          # a poll has no SACKed PSN to arm with
+        i4_write = i4_valid & (~i4_push | self.walk.ready)
         infer_walk = self.walk.payload
         m.d.comb += [
-            infer_walk.qpn.eq(i3["qpn"]), infer_walk.psn.eq(i3_lower),
-            infer_walk.count.eq(psn_sub(region_end, i3_lower)),
+            infer_walk.qpn.eq(i4["qpn"]), infer_walk.psn.eq(i4_lower),
+            infer_walk.count.eq(psn_sub(region_end, i4_lower)),
             infer_walk.kind.eq(Mux(use_reo & ~count_push, WalkKind.REORDER, WalkKind.INFER)),
-            self.walk.valid.eq(i3_valid & i3_push),
+            self.walk.valid.eq(i4_valid & i4_push),
         ]
-        infer_wp = self.tables.write.infer
         with m.If(ctl.write):
             m.d.comb += [infer_wp.addr.eq(ctl.qpn), infer_wp.en.eq(1),
                          infer_wp.data.to.eq(ctl.psn)]
         with m.Else():
-            m.d.comb += [infer_wp.addr.eq(i3["qpn"]), infer_wp.en.eq(i3_write),
-                         infer_wp.data.to.eq(Mux(i3_push, region_end, entry.to))]
+            m.d.comb += [infer_wp.addr.eq(i4["qpn"]), infer_wp.en.eq(i4_write),
+                         infer_wp.data.to.eq(Mux(i4_push, region_end, entry.to))]
             with m.If(reo_arm):
-                m.d.comb += [infer_wp.data.reo_armed.eq(1), infer_wp.data.reo_end.eq(i3_top),
+                m.d.comb += [infer_wp.data.reo_armed.eq(1), infer_wp.data.reo_end.eq(i4_top),
                              infer_wp.data.reo_at.eq(time_now)]
             with m.Else():
                 m.d.comb += [infer_wp.data.reo_armed.eq(reo_running & ~reo_expired),
                              infer_wp.data.reo_end.eq(entry.reo_end),
                              infer_wp.data.reo_at.eq(entry.reo_at)]
         m.d.comb += [
-            self.events.infer_dropped.eq(i3_valid & i3_push & ~self.walk.ready),
-            self.events.reorder_expiries.eq(i3_write & reo_expired),
-            self.busy.eq(i0_valid | i1_valid | i2_valid | i3_valid),
+            self.events.infer_dropped.eq(i4_valid & i4_push & ~self.walk.ready),
+            self.events.reorder_expiries.eq(i4_write & reo_expired),
+            self.busy.eq(i0_valid | i1_valid | i2_valid | i3_valid | i4_valid),
         ]
         return m

@@ -201,7 +201,7 @@ def test_responder_proof_fails_without_the_prev2_forwarding(check):
 
 def test_requester_new_psns_consecutive_and_inside_window(check):
     """BMC: new PSNs of a QP are consecutive and inside una + mpr x 128 (the first packet
-    after a QP_WRITE and a WR leaves at step 6)."""
+    after a QP_WRITE and a WR leaves at step 7)."""
     check("requester_window")
 
 

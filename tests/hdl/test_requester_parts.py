@@ -6,10 +6,12 @@ pin down the rules of single engines that the whole only shows indirectly.
 """
 
 import pytest
+from amaranth import Module, Signal
 from amaranth.sim import Simulator
 
 from hdl.config import NicConfig
 from hdl.transport.req_ack import AckProcessor
+from hdl.transport.req_common import circular_ones
 from hdl.transport.req_defs import WalkKind
 from hdl.transport.req_retransmit import Walker
 from hdl.transport.req_send import FeedbackMerge, SendRegister
@@ -106,3 +108,26 @@ def test_engines_reject_a_bad_configuration_and_bad_queue_depths():
         AckProcessor(config=CONFIG, trim_depth=1, qp_error_depth=4)
     with pytest.raises(ValueError, match="LOST queue depth must be an integer of at least 2"):
         FeedbackMerge(config=CONFIG, feedback_depth=4, lost_depth="4")
+
+
+@pytest.mark.parametrize("width", [16, 128])
+def test_circular_ones_sets_count_bits_from_start_wrapping_at_width(width):
+    """Every start and count (0 to width), against the rotated run of ones."""
+    bits = (width - 1).bit_length()
+    start, count, out = Signal(bits), Signal(bits + 1), Signal(width)
+    m = Module()
+    m.d.comb += out.eq(circular_ones(start, count, width))
+    step = 1 if width <= 16 else 7
+
+    async def bench(ctx):
+        for s in range(0, width, step):
+            for c in range(width + 1):
+                ctx.set(start, s)
+                ctx.set(count, c)
+                run = (1 << c) - 1
+                expected = ((run << s) | (run >> (width - s))) & ((1 << width) - 1)
+                assert ctx.get(out) == expected, (s, c)
+
+    sim = Simulator(m)
+    sim.add_testbench(bench)
+    sim.run()
