@@ -75,7 +75,7 @@ FLAGS = [
      "probes answer, 0 = per EV only"),
     ("--cc", "cc", str, "congestion window: ecn = the RTL's ECN window (each QP takes 1/8 off "
      "the window it used per marked window and widens by one PSN per cwnd/4 PSNs "
-     "acknowledged), nscc = UET's NSCC (the model, or the RTL pair built with it), off = MPR only"),
+     "acknowledged), nscc = UET's NSCC (the model, or the RTL NICs built with it), off = MPR only"),
     ("--max-us", "max_us", float, "give up after this much simulated time"),
 ]
 
@@ -183,7 +183,7 @@ RTL_MAX_NICS = 5
 def backend_refusal(scn):
     """``(flag, message)`` when the scenario's backend cannot run it, else None: the RTL
     backend runs up to :data:`RTL_MAX_NICS` RTL NICs, more than two (or two in another
-    pattern than pairs) under Verilator only, and NSCC on the pair only."""
+    pattern than pairs) under Verilator only."""
     if scn.backend != "rtl":
         return None
     if scn.nics > RTL_MAX_NICS:
@@ -192,9 +192,6 @@ def backend_refusal(scn):
         return ("--sim" if scn.sim != "verilator" else "--waves",
                 "the RTL backend runs more than two NICs (or another pattern than pairs) "
                 "under Verilator without waves only")
-    if scn.cc and scn.cc_algorithm == "nscc" and _grouped(scn):
-        return "--cc", ("NSCC runs on the RTL pair only (two NICs, pattern pairs): "
-                        "add --backend model")
     return None
 
 
@@ -214,7 +211,8 @@ def _grouped(scn):
 
 
 def group_build_dir(scn):
-    """The Verilator build of a group of ``scn.nics`` RTL NICs: a folder per count."""
+    """The Verilator build of a group of ``scn.nics`` RTL NICs: a folder per count (and per
+    NSCC setting, which :func:`_build_dir`'s key includes)."""
     base = _build_dir(scn)
     return base.with_name(f"{base.name}-group{scn.nics}-dpi")
 
@@ -382,14 +380,19 @@ def _run_group(scn, out, *, log, build_dir, quick_build):
     from .tb.runner import run_cocotb, source_key
     config = nic_config_for(scn)
     names = nic_names(scn.nics)
+    nscc = rtl_nscc_setting(scn, config)
+    # As the pair's: an NSCC build's export is keyed by its setting too.
+    nscc_key = () if nscc is None else (dataclasses.asdict(nscc),)
     log(f"building {scn.nics} RTL NICs ({config.ports} ports, {config.data_width}-bit, "
-        f"{scn.sim}), {scn.pattern}, over a switch per plane; a cached build is reused")
+        f"{scn.sim}{', NSCC' if nscc else ''}), {scn.pattern}, over a switch per plane; "
+        f"a cached build is reused")
     env = {"SCENARIO": json.dumps(scn.to_dict()), "OUT": out.resolve(),
            "MRC_SIMULATOR": scn.sim, "MRC_DPI": "1"}
-    run_cocotb(lambda: DpiGroup(config, names), toplevel=GROUP_DPI_TOP,
+    run_cocotb(lambda: DpiGroup(config, names, nscc=nscc), toplevel=GROUP_DPI_TOP,
                test_module="sim.tb.cocotb_group", build_dir=build_dir or group_build_dir(scn),
                sim=scn.sim, waves=False, log=log, reuse=True, quick_build=quick_build,
-               export_key=source_key("nic_group-dpi", names, config.to_dict(), dpi_key()),
+               export_key=source_key("nic_group-dpi", names, config.to_dict(), dpi_key(),
+                                     *nscc_key),
                verilator_args=verilator_args(), extra_env=env)
     return json.loads((out / "result.json").read_text())
 

@@ -298,7 +298,7 @@ JOIN = {}
 LONGEST_FIRST = [
     "test_nic_rtl.py",              # builds the pair with the C++ agents
     "test_waves.py",                # builds the traceable pair (Python agents)
-    "test_incast_rtl.py",           # builds three NICs (the group, with the C++ agents)
+    "test_incast_rtl.py",           # builds three NICs twice (ECN, NSCC; the C++ agents)
     "test_path_select.py",          # four Verilator models of path select (on_verilator)
     "test_replay.py",               # exports and builds the replay NIC
     "test_parser.py",

@@ -102,7 +102,8 @@ class GroupSide:
                                coalesce_gaps=bool(SCENARIO.coalesce_gaps),
                                gap_depth=SCENARIO.gap_depth)
         await d.configure_requester(infer_k=SCENARIO.infer_k, cc=bool(SCENARIO.cc),
-                                    reo_wnd=SCENARIO.reo_wnd)
+                                    reo_wnd=SCENARIO.reo_wnd,
+                                    cc_nscc=SCENARIO.cc_algorithm == "nscc")
         await d.set_port_watch(SCENARIO.port_wnd, SCENARIO.port_quiet)
         mode = P.EvMode.AUTO if SCENARIO.baseline == "ecmp" else None
         await d.ev_profile_online(0, profile, num_evs=SCENARIO.evs,

@@ -443,17 +443,19 @@ class DpiPair:
 
 class DpiGroup:
     """A group of NICs (:class:`sim.tb.pair.NicGroup`) with the wrapper ``top`` (default
-    :data:`GROUP_DPI_TOP`), for :func:`sim.tb.runner.run_cocotb`."""
+    :data:`GROUP_DPI_TOP`), for :func:`sim.tb.runner.run_cocotb`. ``nscc``: the NICs' NSCC
+    setting (``None``: none), as for :class:`DpiPair`."""
 
-    def __init__(self, config, names, top=None):
+    def __init__(self, config, names, top=None, *, nscc=None):
         self.config = config
         self.names = tuple(names)
         self.top = top or GROUP_DPI_TOP
+        self.nscc = nscc
 
     def export_sv(self, path):
         from ..export import write_if_changed
         from .pair import GROUP_MODULE, NicGroup
-        text = NicGroup(self.config, self.names).export_sv(path)
+        text = NicGroup(self.config, self.names, nscc=self.nscc).export_sv(path)
         text = text + "\n" + wrapper_sv(text, self.config, pair_module=GROUP_MODULE,
                                         names=self.names, top=self.top)
         write_if_changed(path, text)

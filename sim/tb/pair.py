@@ -111,14 +111,16 @@ class NicGroup(wiring.Component):
     Only one NIC is elaborated: :meth:`export_sv` writes it once, as :data:`NIC_MODULE`, and
     the top :data:`GROUP_MODULE` with one instance of it per name, so Verilator compiles one
     NIC's C++ whatever the count. There is no flat elaboration (the Amaranth simulator has no
-    bench of several NICs)."""
+    bench of several NICs). ``nscc``: every NIC's requester gets the NSCC congestion engine
+    with this :class:`~sim.model.nscc.NsccSetting` (``None``: the ECN window only), as in
+    :class:`NicPair`."""
 
-    def __init__(self, config, names):
+    def __init__(self, config, names, *, nscc=None):
         if len(names) < 2 or len(set(names)) != len(names):
             raise ValueError(f"names: two or more distinct NIC names, not {names!r}")
         self._config = config
         self.names = tuple(names)
-        self._nic = MrcNic(config)
+        self._nic = MrcNic(config, nscc=nscc)
         members = {}
         for prefix in self.names:
             for name, member in self._nic.signature.members.items():

@@ -10,7 +10,7 @@ import pytest
 from sim import mainjob
 from sim.cli import main
 from sim.model.multi import flows_of
-from sim.scenario import SCENARIOS, scenario
+from sim.scenario import SCENARIOS, nic_config_for, scenario
 from sim.schema import validate_report
 
 # Short transfers on a quiet fabric; the seed is drawn so each run sees other bytes and EVs.
@@ -103,8 +103,6 @@ def mainjob_args(argv):
     (["--nics", "4", "--pattern", "incast", "--backend", "rtl", "--sim", "icarus"],
      "--sim: the RTL backend runs more than two NICs (or another pattern than pairs) under "
      "Verilator without waves only"),
-    (["--cc", "nscc", "--nics", "5", "--pattern", "incast", "--backend", "rtl"],
-     "--cc: NSCC runs on the RTL pair only (two NICs, pattern pairs): add --backend model"),
 ])
 def test_bad_nics_pattern_and_cc_name_the_flag(capsys, tmp_path, argv, message):
     status = main(["sim", *argv, "--out", str(tmp_path / "run")])
@@ -112,3 +110,17 @@ def test_bad_nics_pattern_and_cc_name_the_flag(capsys, tmp_path, argv, message):
     assert status == 2
     assert err == f"mrc-nic sim: {message}\n"
     assert not (tmp_path / "run").exists()
+
+
+def test_the_rtl_group_runs_nscc_in_a_build_of_its_own():
+    """NSCC on more than two RTL NICs is not refused, and its group build (the Verilator
+    folder) is not the ECN build's: a build has the NSCC engine and its setting built in."""
+    ecn, nscc, off = (scenario("default", backend="rtl", sim="verilator", nics=5,
+                               pattern="incast", cc=cc, cc_algorithm=algorithm)
+                      for cc, algorithm in ((1, "ecn"), (1, "nscc"), (0, "nscc")))
+    assert mainjob.backend_refusal(nscc) is None
+    assert mainjob.rtl_nscc_setting(nscc, nic_config_for(nscc)) is not None
+    assert mainjob.group_build_dir(nscc) != mainjob.group_build_dir(ecn)
+    # NSCC asked for with the window off builds no engine: the ECN build serves it.
+    assert mainjob.group_build_dir(off) == mainjob.group_build_dir(ecn)
+    assert mainjob.group_build_dir(nscc).name.endswith("-group5-dpi")

@@ -3,7 +3,8 @@ two RTL NICs send into a third over a switch per plane, every stream port with r
 bubbles and output backpressure; every flow completes with its bytes in place, and the
 report's N-NIC fields follow the model run's definitions. Three NICs, not the five of the
 benchmark, and a build without optimisation: the same bench and group top, built in a
-fraction of the time."""
+fraction of the time. Once with the ECN window and once with NSCC (``--cc nscc``: the NICs
+built with the NSCC engine, a build of its own)."""
 
 import random
 
@@ -18,15 +19,17 @@ from sim.schema import validate_report
 SEED = random.Random().randrange(1 << 16)
 
 
-def test_incast_two_to_one_on_rtl_delivers_every_flow(tmp_path):
+@pytest.mark.parametrize("cc", ["ecn", "nscc"])
+def test_incast_two_to_one_on_rtl_delivers_every_flow(tmp_path, cc):
     scn = scenario("default", backend="rtl", sim="verilator", nics=3, pattern="incast",
                    bytes=16 * 1024, msg_size=8 * 1024, qps=2, fail_plane=-1, seed=SEED,
-                   cc=1, cc_algorithm="ecn", ecn_threshold=2048, queue_bytes=8192,
+                   cc=1, cc_algorithm=cc, ecn_threshold=2048, queue_bytes=8192,
                    max_us=2_000.0, extra={"bubbles": 0.2, "backpressure": 0.2})
     lines = []
     # Kept in build/ (ignored by git): reused while the gateware is unchanged.
+    build = BUILD / "tests" / ("nic_group3-dpi" if cc == "ecn" else "nic_group3-nscc-dpi")
     report = mainjob.run_scenario(scn, tmp_path, log=lines.append, quick_build=True,
-                                  build_dir=BUILD / "tests" / "nic_group3-dpi")
+                                  build_dir=build)
     validate_report(report)
     assert report["sim"]["backend"] == "rtl" and report["sim"]["agents"] == "dpi"
     assert report["scenario"]["extra"] == {"bubbles": 0.2, "backpressure": 0.2}
@@ -56,6 +59,15 @@ def test_incast_two_to_one_on_rtl_delivers_every_flow(tmp_path):
     assert 0 <= delays["p50"] <= delays["p99"] <= delays["max"]
     assert delays["max"] > 0            # two senders into one receiver's egress ports
     assert report["fabric_data_drops"] >= 0
-    assert report["cc"] == {"algorithm": "ecn", "target_qdelay_us": None}
+    assert report["cc"]["algorithm"] == cc
+    assert (report["cc"]["target_qdelay_us"] is None) == (cc == "ecn")
     assert set(report["counters"]) == set("abc")
     assert any(line.startswith("building 3 RTL NICs") for line in lines)
+
+    # NSCC's run is on NICs built with the engine (the requester's ``nscc`` submodule in the
+    # exported Verilog), told to gate on its window (CONFIG ``cc_nscc``, by the bench); the
+    # ECN build has no engine.
+    built = any(line.startswith("building 3 RTL NICs") and "NSCC" in line for line in lines)
+    assert built == (cc == "nscc")
+    exported = (build / "nic_group_dpi.sv").read_text()
+    assert ("requester.nscc" in exported) == (cc == "nscc")
