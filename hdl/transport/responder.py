@@ -60,6 +60,9 @@ def _layouts(config, mr_slots):
         "msn": 24, "ack_count": 8, "nak_armed": 1, "last_nak": 32,
         "above": range(window + 1),  # PSNs received above the expected one (set rcv bits)
         "rcvd_bytes": RCVD_BYTES_BITS,  # payload bytes placed, modulo 2**24 (CC_STATE)
+        # WRITE_IMMs pending (valid `wimm_table` entries), kept here so that the WIMM_OVERFLOW
+        # check is a compare of the entry, not a count of the entries' valid bits.
+        "wimm_count": range(config.max_wimm + 1),
     })
     # Bit i of each bitmap is PSN epsn + i: an advance shifts them, a placement sets one bit.
     bitmaps = data.StructLayout({"rcv": window, "last": window, "wimm": window})
@@ -177,23 +180,63 @@ CHUNK = 16
 def _reply_layout(config):
     """A reply on its way to the reply stage: the decision (its kind and the few fields the
     execute stage computes), the packet it answers, and what the SACK bitmap is cut from (the
-    receive bitmap after this packet's bit is set, and the shift). The reply stage builds the
-    header from these registers, so the verdict drives a few bits here, not a whole header."""
+    receive bitmap after this packet's bit is set). The reply stage builds the header from
+    these registers, so the verdict drives a few bits here, not a whole header.
+
+    The fields that depend on the step's advance (the cumulative PSN, the offsets, where the
+    bitmap starts) are not computed in the execute stage: it registers the expected PSN before
+    the step (``epsn``), the ``advance``, and what it can compute without the advance from the
+    trigger's distance ``dist`` = trigger PSN - ``epsn`` (``_reply_fields`` finishes them)."""
     _qp, _bitmaps, _wimm_row, _mr, template, _timer = _layouts(config, 1)
     return data.StructLayout({
         "kind": PacketKind,         # SACK, NACK or AETH
         "tmpl": template,           # the trigger
         "dqpn": 24,
         "nack_reason": 8, "nak_code": 5, "msn": 24,
-        "probe": 1, "cack": 24, "ack_psn_offset": 16, "sack_psn_offset": 16, "mpr": 4,
+        "probe": 1, "probe_id": 16, "mpr": 4,
         "ooo_count": 15, "rcvd_bytes": RCVD_BYTES_BITS,
+        "epsn": 24, "advance": range(CHUNK + 1), "dist": 24,
+        "block_shift": 16,          # the trigger's 64-aligned block - epsn (low bits)
+        # Whether the bitmap starts at the trigger's block (trigger - cack_psn in 65 ..
+        # 2**23 - 1): at once (`far`), or by a compare of the advance with a small bound
+        # (`near_lo`: advance <= `lo_max`; `near_hi`: advance >= `hi_min`).
+        "far": 1, "near_lo": 1, "lo_max": range(CHUNK + 1), "near_hi": 1, "hi_min": 5,
         "rcv": config.window_psns,
-        "shift": range(config.window_psns + 1),
     })
 
 
-def _reply_beat(m, config, reply, *, name):
-    """The reply packet (SACK bitmap 0) that the registered decision ``reply`` stands for."""
+def _reply_fields(m, config, reply, *, name):
+    """The fields of a registered ``reply`` that depend on its step's advance: ``cack``
+    (expected PSN after the step - 1), ``ack_psn_offset``, ``sack_psn_offset`` and the
+    ``shift`` of the receive bitmap its SACK bitmap starts at. Adders of the advance (at most
+    CHUNK) and compares of 5 bits, nothing wider."""
+    advance = reply.advance
+    shift_bits = ceil_log2(config.window_psns + 1)
+    fields = SimpleNamespace(
+        cack=Signal(24, name=f"{name}_cack"),
+        ack_psn_offset=Signal(16, name=f"{name}_ack_psn_offset"),
+        sack_psn_offset=Signal(16, name=f"{name}_sack_psn_offset"),
+        shift=Signal(shift_bits, name=f"{name}_shift"),
+    )
+    aligned = Signal(name=f"{name}_aligned")
+    m.d.comb += [
+        fields.cack.eq(reply.epsn + advance - 1),
+        aligned.eq(~reply.probe & (reply.far | (reply.near_lo & (advance <= reply.lo_max)) |
+                                   (reply.near_hi & (advance >= reply.hi_min)))),
+        # trigger - cack_psn = dist + 1 - advance
+        fields.ack_psn_offset.eq(Mux(reply.probe, reply.probe_id,
+                                     (reply.dist[:16] + 1 - advance)[:16])),
+        fields.sack_psn_offset.eq(Mux(aligned, (reply.block_shift + 1 - advance)[:16], 1)),
+        fields.shift.eq(Mux(aligned, reply.block_shift[:shift_bits], advance)),
+    ]
+    return fields
+
+
+def _reply_beat(m, config, reply, *, name, fields=None):
+    """The reply packet (SACK bitmap 0) that the registered decision ``reply`` stands for
+    (``fields``: its ``_reply_fields``, made here if not given)."""
+    if fields is None:
+        fields = _reply_fields(m, config, reply, name=f"{name}_f")
     beat = Signal(packet_beat_layout(config), name=name)
     tmpl, r = reply.tmpl, beat.header
     seth, cc_state, neth = r.ctl.sack.seth, r.ctl.sack.cc_state, r.ctl.neth
@@ -227,14 +270,14 @@ def _reply_beat(m, config, reply, *, name):
     with m.Else():
         m.d.comb += [
             r.bth.opcode.eq(int(P.Opcode.RELIABILITY_SACK)),
-            r.bth.psn.eq(reply.cack),
+            r.bth.psn.eq(fields.cack),
             seth.m.eq(Mux(tmpl.ce, P.SackMark.SKIP_ONCE, P.SackMark.NONE)),
             seth.pr.eq(reply.probe),
-            seth.ack_psn_offset.eq(reply.ack_psn_offset),
+            seth.ack_psn_offset.eq(fields.ack_psn_offset),
             seth.entropy.eq(entropy),
-            seth.cack_psn.eq(reply.cack),
+            seth.cack_psn.eq(fields.cack),
             seth.mpr.eq(reply.mpr),
-            seth.sack_psn_offset.eq(reply.sack_psn_offset),
+            seth.sack_psn_offset.eq(fields.sack_psn_offset),
             cc_state.tx_timestamp.eq(tmpl.tx_ts),
             cc_state.ooo_count.eq(reply.ooo_count),
             cc_state.rcvd_bytes.eq(reply.rcvd_bytes),
@@ -319,8 +362,10 @@ class SackStage(wiring.Component):
             m.d.sync += [held_valid.eq(self.i.valid), held.eq(self.i.payload)]
 
         reply = Signal(packet_beat_layout(self._config))
-        bitmap = shift_right(m, held.rcv, held.shift, name="sack")
-        m.d.comb += reply.eq(_reply_beat(m, self._config, held, name="held_beat"))
+        fields = _reply_fields(m, self._config, held, name="held")
+        bitmap = shift_right(m, held.rcv, fields.shift, name="sack")
+        m.d.comb += reply.eq(_reply_beat(m, self._config, held, name="held_beat",
+                                         fields=fields))
         with m.If(held.kind == PacketKind.SACK):
             m.d.comb += reply.header.ctl.sack.seth.sack_bitmap.eq(bitmap[:P.SACK_BITMAP_BITS])
         with m.If(self.o.ready):
@@ -639,7 +684,7 @@ class Responder(wiring.Component):
 
     def _classify(self, m, s):
         config = self._config
-        e, qp, bm, wt, mr = s.e, s.st.qp, s.st.bm, s.st.wt, s.mr
+        e, qp, bm, mr = s.e, s.st.qp, s.st.bm, s.mr
         s.is_packet = s.e_valid & (e.kind == s.FIRST)
         # A reliability probe (PETH) is a one-beat packet that consumes no PSN: it is answered
         # with a pr = 1 SACK and changes nothing.
@@ -668,8 +713,7 @@ class Responder(wiring.Component):
         marked = as_signal(m, bm.rcv.bit_select(s.offset, 1), "marked")
         mr_ok = checks.mr_hit & (mr.pd == qp.pd)
         in_bounds = checks.in_bounds
-        s.wimm_used = _popcount(Cat(wt[k].valid for k in range(config.max_wimm)))
-        wimm_full = s.is_imm_op & (s.wimm_used >= qp.max_wimm)
+        wimm_full = s.is_imm_op & (qp.wimm_count >= qp.max_wimm)
 
         verdict = s.verdict = Signal(ResponderVerdict)
         V = ResponderVerdict
@@ -791,8 +835,10 @@ class Responder(wiring.Component):
         s.new_wt = Signal(s.layouts[2])
         s.completed_imm = Signal(32)
         hit_imms = [Mux(done_at_once, h.immdt.imm, 0)]
+        hits = []
         for k in range(config.max_wimm):
             hit = as_signal(m, wt[k].valid & (wt[k].pos == wimm_pos) & s.stop, f"wimm_hit{k}")
+            hits.append(hit)
             hit_imms.append(Mux(hit, wt[k].imm, 0))
             m.d.comb += s.new_wt[k].eq(wt[k])
             with m.If(insert & (free_slot == k)):
@@ -802,6 +848,8 @@ class Responder(wiring.Component):
                 m.d.comb += s.new_wt[k].valid.eq(0)
         # One entry at most completes; OR is the cheapest select.
         m.d.comb += s.completed_imm.eq(_or_all(hit_imms))
+        s.new_wimm_count = Signal.like(qp.wimm_count)
+        m.d.comb += s.new_wimm_count.eq(qp.wimm_count + insert - _or_all(hits))
 
     @staticmethod
     def _run_flags(m, rcv, wimm, chunk, name):
@@ -873,13 +921,13 @@ class Responder(wiring.Component):
         m.d.comb += s.new_above.eq(Mux(s.placed | s.is_cont, qp.above + s.placed - s.advance,
                                        qp.above))
         s.new_rcvd = Signal(RCVD_BYTES_BITS)
-        m.d.comb += s.new_rcvd.eq(qp.rcvd_bytes + Mux(s.placed, h.reth.dma_len, 0))
+        # The sum is made before the verdict, which only selects it.
+        m.d.comb += s.new_rcvd.eq(Mux(s.placed, qp.rcvd_bytes + h.reth.dma_len, qp.rcvd_bytes))
 
     # --- S2: the reply (its SACK bitmap is cut in S3) -----------------------------------------
 
     def _reply(self, m, s):
         config = self._config
-        window = config.window_psns
         qp, h = s.st.qp, s.h
         # The packet the reply answers: this one, or for a timer the one that started it.
         s.tmpl = tmpl = Signal(s.layouts[4])
@@ -899,22 +947,20 @@ class Responder(wiring.Component):
         # SACK bitmap: 64 PSNs from cack_psn + 1, or, when the trigger lies more than 64 PSNs
         # above cack_psn, from the start of the trigger's 64-aligned block (so a SACK reports
         # the holes around a late arrival anywhere in the window). Bit i of `rcv1` is PSN
-        # epsn + i (before this step's advance).
+        # epsn + i (before this step's advance). What needs the advance is finished in the
+        # reply stage (`_reply_fields`); here only what the entry and the trigger decide:
+        # with dist = trigger - epsn and cack_psn = epsn + advance - 1, the trigger lies
+        # dist + 1 - advance above cack_psn, and advance is at most CHUNK.
         bitmap_bits = P.SACK_BITMAP_BITS
-        cack = Signal(24)
-        trig_dist = Signal(24)          # trigger - cack_psn
-        aligned = Signal()
-        aligned_base = Signal(24)
-        m.d.comb += [
-            cack.eq(s.new_epsn - 1),
-            trig_dist.eq(tmpl.psn - cack),
-            aligned.eq(~s.is_probe & ~trig_dist[23] & (trig_dist > bitmap_bits)),
-            aligned_base.eq(Cat(C(0, 6), tmpl.psn[6:])),
-        ]
-        shift_bits = ceil_log2(window + 1)
-        sack_shift = Signal(shift_bits)
-        m.d.comb += sack_shift.eq(Mux(aligned, (aligned_base - qp.epsn)[:shift_bits],
-                                      s.advance))
+        sign = 1 << (P.PSN_BITS - 1)
+        dist = Signal(24)
+        m.d.comb += dist.eq(tmpl.psn - qp.epsn)
+        far = (dist >= bitmap_bits + CHUNK + 1) & (dist <= sign - 2)
+        near_lo = (dist >= bitmap_bits) & (dist <= bitmap_bits + CHUNK)
+        near_hi = (dist >= sign - 1) & (dist <= sign + CHUNK - 1)
+        lo_max = (dist - bitmap_bits)[:ceil_log2(CHUNK + 1)]
+        hi_min = (dist + 2 - sign)[:5]
+        block_shift = (Cat(C(0, 6), tmpl.psn[6:16]) - qp.epsn[:16])[:16]
 
         bad_qp = s.is_first & ~s.known
         s.reply = reply = Signal(_reply_layout(config))
@@ -931,13 +977,15 @@ class Responder(wiring.Component):
             reply.dqpn.eq(Mux(bad_qp, h.bth.dqpn, qp.remote_qpn)),
             reply.nack_reason.eq(s.nack_reason), reply.nak_code.eq(s.nak_code),
             reply.msn.eq(Mux(bad_qp, 0, s.new_msn)),
-            reply.probe.eq(s.is_probe), reply.cack.eq(cack),
-            reply.ack_psn_offset.eq(Mux(s.is_probe, h.ctl.peth.probe_id, trig_dist[:16])),
-            reply.sack_psn_offset.eq(Mux(aligned, (aligned_base - cack)[:16], 1)),
+            reply.probe.eq(s.is_probe), reply.probe_id.eq(h.ctl.peth.probe_id),
+            reply.epsn.eq(qp.epsn), reply.advance.eq(s.advance), reply.dist.eq(dist),
+            reply.block_shift.eq(block_shift),
+            reply.far.eq(far), reply.near_lo.eq(near_lo), reply.lo_max.eq(lo_max),
+            reply.near_hi.eq(near_hi), reply.hi_min.eq(hi_min),
             reply.mpr.eq(qp.mpr),
             reply.ooo_count.eq(Mux(s.new_above > OOO_COUNT_MAX, OOO_COUNT_MAX, s.new_above)),
             reply.rcvd_bytes.eq(s.new_rcvd),
-            reply.rcv.eq(s.rcv1), reply.shift.eq(sack_shift),
+            reply.rcv.eq(s.rcv1),
         ]
 
     # --- S2: control commands --------------------------------------------------------------
@@ -966,7 +1014,7 @@ class Responder(wiring.Component):
                     m.d.comb += resp.errno.eq(P.Errno.ENOENT)
                 with m.Else():
                     m.d.comb += resp.data.eq(Cat(qp.state, C(0, 5), qp.epsn, qp.msn,
-                                                 s.wimm_used))
+                                                 qp.wimm_count))
             with m.Case(C_.MR_WRITE):
                 with m.If(cmd.slot >= self._mr_slots):
                     m.d.comb += resp.errno.eq(P.Errno.ENOENT)
@@ -1094,7 +1142,7 @@ class Responder(wiring.Component):
         m.d.comb += [
             new_qp.eq(qp), new_qp.epsn.eq(s.new_epsn), new_qp.epos.eq(s.new_epos),
             new_qp.msn.eq(s.new_msn), new_qp.rcvd_bytes.eq(s.new_rcvd),
-            new_qp.above.eq(s.new_above),
+            new_qp.above.eq(s.new_above), new_qp.wimm_count.eq(s.new_wimm_count),
         ]
         with m.If(s.placed):
             m.d.comb += new_qp.ack_count.eq(Mux(s.ack_now, 0, s.count_next))
@@ -1113,7 +1161,7 @@ class Responder(wiring.Component):
                 m.d.comb += [
                     new_qp.epsn.eq(cmd.psn), new_qp.epos.eq(0), new_qp.msn.eq(0),
                     new_qp.ack_count.eq(0), new_qp.nak_armed.eq(0), new_qp.last_nak.eq(0),
-                    new_qp.above.eq(0), new_qp.rcvd_bytes.eq(0),
+                    new_qp.above.eq(0), new_qp.rcvd_bytes.eq(0), new_qp.wimm_count.eq(0),
                 ]
         m.d.comb += [
             s.new_state.bm.eq(Mux(s.set_rx, 0, s.new_bm)),
