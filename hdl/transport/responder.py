@@ -310,6 +310,10 @@ def _observation_layout(config, mr_slots):
         "held_valid": 1, "held": packet_beat_layout(config),
         "e_cont": 1, "ack_want": 1, "ack_every": 8, "s1_restart": 1, "e_restart": 1,
         "s1_issued": 1,             # S1 is empty or holds an operation S0 issues (not CONT)
+        # An operation on a row (not a payload beat) waits in S1 since last cycle, of this
+        # QP, with the entry and MR entry it captured.
+        "s1_held_row": 1, "s1_qpn": config.qpn_bits, "s1_held": 1, "s1_st": state,
+        "s1_mr": mr,
         # The registered checks and S1's va + dma_len agree with the packets they belong to.
         "checks_ok": 1,
     })
@@ -605,13 +609,12 @@ class Responder(wiring.Component):
         with m.Else():
             m.d.comb += issue_qpn.eq(in_hdr.bth.dqpn[:config.qpn_bits])
 
-        # The tables are read every cycle: for the operation issued, or again for the one that
-        # waits in S1 (so that its data misses only the writes of the last two cycles).
-        read_qpn = Mux(s1_free, issue_qpn, s1.qpn)
+        # The tables are addressed for the operation an issue would take, whether or not S1
+        # is free: S1's stall (which waits on S2's decision) steers no read address. An
+        # operation that waits in S1 keeps its row in a register instead (`s1_row`, below).
         for rp in (s.qp_rp, s.bm_rp, s.wt_rp):
-            m.d.comb += rp.addr.eq(read_qpn)
-        m.d.comb += s.mr_rp.addr.eq(Mux(s1_free, in_hdr.reth.rkey[:mr_bits],
-                                        s1.beat.header.reth.rkey[:mr_bits]))
+            m.d.comb += rp.addr.eq(issue_qpn)
+        m.d.comb += s.mr_rp.addr.eq(in_hdr.reth.rkey[:mr_bits])
 
         with m.If(s1_move):
             m.d.sync += s1_valid.eq(0)
@@ -632,7 +635,9 @@ class Responder(wiring.Component):
         # logic sits in front of the block RAM's write port. S1 -> S2: the entry S2 starts
         # from is this cycle's write-back of the same QP, else the last cycle's (`prev`, not
         # in the table yet), else the one before (`prev2`, written while the table was
-        # read), else the table's data.
+        # read), else the table's data. An operation that waits in S1 captures that entry
+        # every cycle it waits (`s1_row`, with S2's write of the cycle if it fires), and
+        # from its second cycle on starts from it: only S2's write of the cycle is newer.
         # Only the valid bits are reset: the rest means nothing while they are low.
         written = data.StructLayout({"qpn": config.qpn_bits, "state": s.state_layout})
         prev = Signal(written, reset_less=True)
@@ -647,10 +652,21 @@ class Responder(wiring.Component):
         stored = Signal(s.state_layout)
         m.d.comb += [stored.qp.eq(s.qp_rp.data), stored.bm.eq(s.bm_rp.data),
                      stored.wt.eq(s.wt_rp.data)]
+        # S1 waited last cycle: its entry and MR entry are the captured ones, not the tables'.
+        s1_held = s.s1_held = Signal()
+        s1_row = s.s1_row = Signal(s.state_layout, reset_less=True)
+        s1_mr = s.s1_mr = Signal(s.layouts[3], reset_less=True)
+        m.d.sync += s1_held.eq(s1_valid & ~s1_move)
         # S1 moves on only when S2 executes (or is empty): the match need not wait on e_fire.
-        same_now = s.row_write & (e.qpn == s1.qpn)
+        same_qpn = e.qpn == s1.qpn
+        same_now = s.row_write & same_qpn
         same_prev = prev_valid & (prev.qpn == s1.qpn)
         same_prev2 = prev2_valid & (prev2.qpn == s1.qpn)
+        older = Signal(s.state_layout)      # the entry before S2's write of this cycle
+        m.d.comb += older.eq(Mux(s1_held, s1_row,
+                                 Mux(same_prev, prev.state, Mux(same_prev2, prev2.state,
+                                                                stored))))
+        m.d.sync += s1_row.eq(Mux(s.table_write & same_qpn, s.new_state, older))
         # The MR table likewise (written by MR_WRITE commands).
         mr_prev = Signal(data.StructLayout({"valid": 1, "slot": max(1, mr_bits),
                                             "entry": s.layouts[3]}))
@@ -663,7 +679,9 @@ class Responder(wiring.Component):
         # its header; S2 finds the results in `checks`.
         mr_entry = Signal(s.layouts[3])
         m.d.comb += mr_entry.eq(Mux(mr_now, s.mr_wp.data,
-                                    Mux(mr_same_prev, mr_prev.entry, s.mr_rp.data)))
+                                    Mux(s1_held, s1_mr,
+                                        Mux(mr_same_prev, mr_prev.entry, s.mr_rp.data))))
+        m.d.sync += s1_mr.eq(mr_entry)
         s1_checks = _header_checks(config, s1.beat.header, mr_entry, s1_va_end)
         s.s1_va_end = s1_va_end
         with m.If(s.e_fire & s.e_cont):
@@ -674,8 +692,7 @@ class Responder(wiring.Component):
                 s.mr.eq(mr_entry), s.va_end.eq(s1_va_end),
                 s.cmd_limit.eq(s1.cmd.base + s1.cmd.length),
                 *(s.checks[name].eq(value) for name, value in s1_checks.items()),
-                s.st.eq(Mux(same_now, s.new_state,
-                            Mux(same_prev, prev.state, Mux(same_prev2, prev2.state, stored)))),
+                s.st.eq(Mux(same_now, s.new_state, older)),
             ]
         with m.Elif(s.e_fire):
             m.d.sync += e_valid.eq(0)
@@ -1219,6 +1236,10 @@ class Responder(wiring.Component):
             obs.ack_every.eq(s.ack_every),
             obs.s1_issued.eq(~s.s1_valid | Cat(s.s1.kind == k
                                                for k in (s.FIRST, s.BEAT, s.TIMER, s.CTL)).any()),
+            obs.s1_held_row.eq(s.s1_valid & s.s1_held &
+                               Cat(s.s1.kind == k for k in (s.FIRST, s.TIMER, s.CTL)).any()),
+            obs.s1_qpn.eq(s.s1.qpn), obs.s1_held.eq(s.s1_held), obs.s1_st.eq(s.s1_row),
+            obs.s1_mr.eq(s.s1_mr),
         ]
         s1_hdr = s.s1.beat.header
         e_checks = _header_checks(self._config, s.e.beat.header, s.mr, s.va_end)
