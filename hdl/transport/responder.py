@@ -21,17 +21,14 @@ from amaranth.utils import ceil_log2
 from .. import protocol as P
 from ..config import NicConfig
 from ..interfaces import CompletionSide, completion_layout, place_beat_layout
-from ..packet.headers import PORT_BITS, PacketKind, packet_beat_layout
+from ..packet.headers import PacketKind, packet_beat_layout
 from ..util import as_signal, below_mask, onehot, shift_right, validating
 from .resp_defs import (
-    ACK_HOP_LIMIT,
-    ACK_TCLASS,
     DEFAULT_ACK_DELAY,
     DEFAULT_ACK_EVERY,
     DEFAULT_NAK_INTERVAL,
     GAP_DEPTH_BITS,
     OOO_COUNT_MAX,
-    PD_BITS,
     RCVD_BYTES_BITS,
     RESPONDER_COUNTERS,
     VERDICT_NACK,
@@ -41,6 +38,8 @@ from .resp_defs import (
     responder_command_layout,
     responder_response_layout,
 )
+from .resp_layouts import CHUNK, reply_layout, responder_layouts
+from .resp_reply import ReplyStage, reply_beat
 
 __all__ = ["Responder", "ResponderVerdict", "ResponderCommand", "responder_command_layout",
            "responder_response_layout", "responder_counters_layout", "responder_tables"]
@@ -50,45 +49,16 @@ def responder_counters_layout():
     return data.StructLayout({name: unsigned(32) for name in RESPONDER_COUNTERS})
 
 
-def _layouts(config, mr_slots):
-    window = config.window_psns
-    pos_bits = max(1, ceil_log2(window))
-    qp = data.StructLayout({
-        "state": 3, "remote_qpn": 24, "pd": PD_BITS, "mpr": 4, "caps": 3, "max_wimm": 8,
-        "epsn": 24,                 # expected PSN: cumulative PSN + 1
-        "epos": pos_bits,           # epsn modulo the window: WRITE_IMM entries' positions
-        "msn": 24, "ack_count": 8, "nak_armed": 1, "last_nak": 32,
-        "above": range(window + 1),  # PSNs received above the expected one (set rcv bits)
-        "rcvd_bytes": RCVD_BYTES_BITS,  # payload bytes placed, modulo 2**24 (CC_STATE)
-        # WRITE_IMMs pending (valid `wimm_table` entries), kept here so that the WIMM_OVERFLOW
-        # check is a compare of the entry, not a count of the entries' valid bits.
-        "wimm_count": range(config.max_wimm + 1),
-    })
-    # Bit i of each bitmap is PSN epsn + i: an advance shifts them, a placement sets one bit.
-    bitmaps = data.StructLayout({"rcv": window, "last": window, "wimm": window})
-    wimm_entry = data.StructLayout({"valid": 1, "pos": pos_bits, "imm": 32})
-    wimm_row = data.ArrayLayout(wimm_entry, config.max_wimm)
-    # `limit` = base + length, summed when the MR is written (no adder behind the read).
-    mr = data.StructLayout({"valid": 1, "rkey": 32, "pd": PD_BITS, "base": 64, "limit": 65})
-    template = data.StructLayout({
-        "port": PORT_BITS, "eth_src": 48, "eth_dst": 48, "vlan_valid": 1, "vlan_tci": 16,
-        "ipv6": 1, "ip_src": 128, "ip_dst": 128, "flow_label": 20, "udp_sport": 16,
-        "psn": 24, "tx_ts": P.TIMESTAMP_BITS, "ce": 1,
-    })
-    timer = data.StructLayout({"deadline": 32, "qpn": config.qpn_bits, "template": template})
-    return qp, bitmaps, wimm_row, mr, template, timer
-
-
 def responder_tables(config, *, mr_slots=16, timers=16, completions=8):
     """``{name: (width_bits, depth)}`` of every RAM and FIFO of a :class:`Responder`, for the
     block RAM budget (``docs/responder.md``)."""
-    qp, bitmaps, wimm_row, mr, _template, timer = _layouts(config, mr_slots)
+    layouts = responder_layouts(config)
     return {
-        "qp_table": (qp.size, config.qps),
-        "bitmaps": (bitmaps.size, config.qps),
-        "wimm_table": (wimm_row.size, config.qps),
-        "mr_table": (mr.size, mr_slots),
-        "ack_timers": (timer.size, timers + 1),
+        "qp_table": (layouts.qp.size, config.qps),
+        "bitmaps": (layouts.bitmaps.size, config.qps),
+        "wimm_table": (layouts.wimm_row.size, config.qps),
+        "mr_table": (layouts.mr.size, mr_slots),
+        "ack_timers": (layouts.timer.size, timers + 1),
         "completion_fifo": (completion_layout(config).size, completions),
     }
 
@@ -171,124 +141,10 @@ def _lowest_set(m, bits, name):
     return index
 
 
-#: PSNs the cumulative PSN advances by at most in one execute step. A longer run of received
-#: PSNs (a hole filled under many out-of-order arrivals) takes one more step per CHUNK PSNs,
-#: so the advance logic searches and shifts CHUNK + 1 bits, never the whole window.
-CHUNK = 16
-
-
-def _reply_layout(config):
-    """A reply on its way to the reply stage: the decision (its kind and the few fields the
-    execute stage computes), the packet it answers, and what the SACK bitmap is cut from (the
-    receive bitmap after this packet's bit is set). The reply stage builds the header from
-    these registers, so the verdict drives a few bits here, not a whole header.
-
-    The fields that depend on the step's advance (the cumulative PSN, the offsets, where the
-    bitmap starts) are not computed in the execute stage: it registers the expected PSN before
-    the step (``epsn``), the ``advance``, and what it can compute without the advance from the
-    trigger's distance ``dist`` = trigger PSN - ``epsn`` (``_reply_fields`` finishes them)."""
-    _qp, _bitmaps, _wimm_row, _mr, template, _timer = _layouts(config, 1)
-    return data.StructLayout({
-        "kind": PacketKind,         # SACK, NACK or AETH
-        "tmpl": template,           # the trigger
-        "dqpn": 24,
-        "nack_reason": 8, "nak_code": 5, "msn": 24,
-        "probe": 1, "probe_id": 16, "mpr": 4,
-        "ooo_count": 15, "rcvd_bytes": RCVD_BYTES_BITS,
-        "epsn": 24, "advance": range(CHUNK + 1), "dist": 24,
-        "block_shift": 16,          # the trigger's 64-aligned block - epsn (low bits)
-        # Whether the bitmap starts at the trigger's block (trigger - cack_psn in 65 ..
-        # 2**23 - 1): at once (`far`), or by a compare of the advance with a small bound
-        # (`near_lo`: advance <= `lo_max`; `near_hi`: advance >= `hi_min`).
-        "far": 1, "near_lo": 1, "lo_max": range(CHUNK + 1), "near_hi": 1, "hi_min": 5,
-        "rcv": config.window_psns,
-    })
-
-
-def _reply_fields(m, config, reply, *, name):
-    """The fields of a registered ``reply`` that depend on its step's advance: ``cack``
-    (expected PSN after the step - 1), ``ack_psn_offset``, ``sack_psn_offset`` and the
-    ``shift`` of the receive bitmap its SACK bitmap starts at. Adders of the advance (at most
-    CHUNK) and compares of 5 bits, nothing wider."""
-    advance = reply.advance
-    shift_bits = ceil_log2(config.window_psns + 1)
-    fields = SimpleNamespace(
-        cack=Signal(24, name=f"{name}_cack"),
-        ack_psn_offset=Signal(16, name=f"{name}_ack_psn_offset"),
-        sack_psn_offset=Signal(16, name=f"{name}_sack_psn_offset"),
-        shift=Signal(shift_bits, name=f"{name}_shift"),
-    )
-    aligned = Signal(name=f"{name}_aligned")
-    m.d.comb += [
-        fields.cack.eq(reply.epsn + advance - 1),
-        aligned.eq(~reply.probe & (reply.far | (reply.near_lo & (advance <= reply.lo_max)) |
-                                   (reply.near_hi & (advance >= reply.hi_min)))),
-        # trigger - cack_psn = dist + 1 - advance
-        fields.ack_psn_offset.eq(Mux(reply.probe, reply.probe_id,
-                                     (reply.dist[:16] + 1 - advance)[:16])),
-        fields.sack_psn_offset.eq(Mux(aligned, (reply.block_shift + 1 - advance)[:16], 1)),
-        fields.shift.eq(Mux(aligned, reply.block_shift[:shift_bits], advance)),
-    ]
-    return fields
-
-
-def _reply_beat(m, config, reply, *, name, fields=None):
-    """The reply packet (SACK bitmap 0) that the registered decision ``reply`` stands for
-    (``fields``: its ``_reply_fields``, made here if not given)."""
-    if fields is None:
-        fields = _reply_fields(m, config, reply, name=f"{name}_f")
-    beat = Signal(packet_beat_layout(config), name=name)
-    tmpl, r = reply.tmpl, beat.header
-    seth, cc_state, neth = r.ctl.sack.seth, r.ctl.sack.cc_state, r.ctl.neth
-    # The EV the trigger arrived with: UDP source port, IPv6 flow label (low 16 bits).
-    entropy = Cat(tmpl.udp_sport, Mux(tmpl.ipv6, tmpl.flow_label[:16], 0))
-    m.d.comb += [
-        beat.first.eq(1), beat.last.eq(1),
-        r.kind.eq(reply.kind),
-        r.port.eq(tmpl.port),
-        r.eth_dst.eq(tmpl.eth_src), r.eth_src.eq(tmpl.eth_dst),
-        r.vlan_valid.eq(tmpl.vlan_valid), r.vlan_tci.eq(tmpl.vlan_tci),
-        r.ipv6.eq(tmpl.ipv6), r.ip_src.eq(tmpl.ip_dst), r.ip_dst.eq(tmpl.ip_src),
-        r.tclass.eq(ACK_TCLASS), r.flow_label.eq(tmpl.flow_label),
-        r.hop_limit.eq(ACK_HOP_LIMIT), r.udp_sport.eq(tmpl.udp_sport),
-        r.bth.pkey.eq(P.BTH_DEFAULT_PKEY), r.bth.dqpn.eq(reply.dqpn),
-    ]
-    with m.If(reply.kind == PacketKind.NACK):
-        m.d.comb += [
-            r.bth.opcode.eq(int(P.Opcode.RELIABILITY_NACK)),
-            r.bth.psn.eq(tmpl.psn),
-            neth.nack_reason.eq(reply.nack_reason), neth.entropy.eq(entropy),
-            neth.nack_psn.eq(tmpl.psn), neth.tx_timestamp.eq(tmpl.tx_ts),
-        ]
-    with m.Elif(reply.kind == PacketKind.AETH):
-        m.d.comb += [
-            r.bth.opcode.eq(int(P.Opcode.ACKNOWLEDGE)),
-            r.bth.psn.eq(tmpl.psn),
-            r.aeth.syndrome.eq(P.AETH_NAK_BASE | reply.nak_code),
-            r.aeth.msn.eq(reply.msn),
-        ]
-    with m.Else():
-        m.d.comb += [
-            r.bth.opcode.eq(int(P.Opcode.RELIABILITY_SACK)),
-            r.bth.psn.eq(fields.cack),
-            seth.m.eq(Mux(tmpl.ce, P.SackMark.SKIP_ONCE, P.SackMark.NONE)),
-            seth.pr.eq(reply.probe),
-            seth.ack_psn_offset.eq(fields.ack_psn_offset),
-            seth.entropy.eq(entropy),
-            seth.cack_psn.eq(fields.cack),
-            seth.mpr.eq(reply.mpr),
-            seth.sack_psn_offset.eq(fields.sack_psn_offset),
-            cc_state.tx_timestamp.eq(tmpl.tx_ts),
-            cc_state.ooo_count.eq(reply.ooo_count),
-            cc_state.rcvd_bytes.eq(reply.rcvd_bytes),
-        ]
-    return beat
-
-
 def _observation_layout(config, mr_slots):
     """What ``Responder(observe=True)`` shows on ``obs`` (for the formal proofs)."""
-    qp, bitmaps, wimm_row, mr, _template, _timer = _layouts(config, mr_slots)
-    state = data.StructLayout({"qp": qp, "bm": bitmaps, "wt": wimm_row})
+    layouts = responder_layouts(config)
+    state, mr = layouts.state, layouts.mr
     return data.StructLayout({
         "row": state,               # the tables' row of `obs_qpn` (asynchronous read)
         "mr_row": mr,               # the MR table's entry of `obs_slot` (asynchronous read)
@@ -317,70 +173,6 @@ def _observation_layout(config, mr_slots):
         # The registered checks and S1's va + dma_len agree with the packets they belong to.
         "checks_ok": 1,
     })
-
-
-class SackStage(wiring.Component):
-    """The reply stage: builds the reply header from the execute stage's registered decision,
-    cuts a SACK's 64-bit bitmap out of the receive bitmap and registers the reply for the
-    header builder.
-
-    One reply per cycle; latency two cycles (``i`` taken -> ``o.valid``): the decision is
-    registered (its kind, the trigger and a few fields, not a whole header), then the header
-    is built, the bitmap cut and the reply registered again, so only a window-wide shift and
-    a select by kind sit between two registers, out of the execute stage's loop. The bitmap is
-    the low 64 bits of ``rcv >> shift`` for a SACK; NACKs and NAKs carry none.
-
-    Parameters
-    ----------
-    config : :class:`~hdl.config.NicConfig`
-
-    Members
-    -------
-    i : ``In(stream.Signature(_reply_layout(config)))``
-    o : ``Out(stream.Signature(packet_beat_layout(config)))``
-    busy : ``Out(1)``
-        A reply is held (in either register).
-    """
-
-    def __init__(self, *, config):
-        with validating(self):
-            if not isinstance(config, NicConfig):
-                raise TypeError(f"Configuration must be a NicConfig, not {config!r}")
-        self._config = config
-        # The held decision, made here so that Responder(observe=True) can read it.
-        self._held = Signal(_reply_layout(config), name="held", reset_less=True)
-        self._held_valid = Signal(name="held_valid")
-        super().__init__({
-            "i": In(stream.Signature(_reply_layout(config))),
-            "o": Out(stream.Signature(packet_beat_layout(config))),
-            "busy": Out(1),
-        })
-
-    def elaborate(self, platform):
-        m = Module()
-        held, held_valid = self._held, self._held_valid
-        o_room = ~self.o.valid | self.o.ready
-        m.d.comb += [self.i.ready.eq(~held_valid | o_room),
-                     self.busy.eq(held_valid | self.o.valid)]
-        with m.If(self.i.ready):
-            m.d.sync += [held_valid.eq(self.i.valid), held.eq(self.i.payload)]
-
-        reply = Signal(packet_beat_layout(self._config))
-        fields = _reply_fields(m, self._config, held, name="held")
-        bitmap = shift_right(m, held.rcv, fields.shift, name="sack")
-        m.d.comb += reply.eq(_reply_beat(m, self._config, held, name="held_beat",
-                                         fields=fields))
-        with m.If(held.kind == PacketKind.SACK):
-            m.d.comb += reply.header.ctl.sack.seth.sack_bitmap.eq(bitmap[:P.SACK_BITMAP_BITS])
-        with m.If(self.o.ready):
-            m.d.sync += self.o.valid.eq(0)
-        # The payload is loaded whenever the register may change, whether or not a reply
-        # comes: its enable does not wait on the decision.
-        with m.If(o_room):
-            m.d.sync += self.o.payload.eq(reply)
-        with m.If(held_valid & o_room):
-            m.d.sync += self.o.valid.eq(1)
-        return m
 
 
 class Responder(wiring.Component):
@@ -498,9 +290,10 @@ class Responder(wiring.Component):
         m = Module()
         config = self._config
         s = SimpleNamespace()
-        s.layouts = _layouts(config, self._mr_slots)
-        qp_layout, bm_layout, wt_layout, mr_layout, _tmpl, timer_layout = s.layouts
-        s.state_layout = data.StructLayout({"qp": qp_layout, "bm": bm_layout, "wt": wt_layout})
+        s.layouts = layouts = responder_layouts(config)
+        qp_layout, bm_layout, wt_layout = layouts.qp, layouts.bitmaps, layouts.wimm_row
+        mr_layout, timer_layout = layouts.mr, layouts.timer
+        s.state_layout = layouts.state
         s.op_layout = data.StructLayout({
             "kind": range(5), "beat": packet_beat_layout(config), "qpn": config.qpn_bits,
             "cmd": responder_command_layout(config), "timer": timer_layout,
@@ -525,7 +318,7 @@ class Responder(wiring.Component):
         s.timers_used = Signal(range(self._timers + 1))
         m.submodules.completion_fifo = s.cfifo = SyncFIFOBuffered(
             width=completion_layout(config).size, depth=self._completions)
-        m.submodules.sack_stage = s.sack_stage = SackStage(config=config)
+        m.submodules.sack_stage = s.sack_stage = ReplyStage(config=config)
         wiring.connect(m, s.sack_stage.o, wiring.flipped(self.ack))
 
         s.cycles = Signal(32)
@@ -557,7 +350,7 @@ class Responder(wiring.Component):
         e = s.e = Signal(s.op_layout, reset_less=True)
         e_valid = s.e_valid = Signal()
         s.st = Signal(s.state_layout, reset_less=True)  # S2's QP entry, forwarded
-        s.mr = Signal(s.layouts[3], reset_less=True)    # S2's MR entry
+        s.mr = Signal(s.layouts.mr, reset_less=True)    # S2's MR entry
         s.va_end = Signal(65, reset_less=True)      # S2's va + dma_len
         s.checks = Signal(_checks_layout(), reset_less=True)    # S2's header and MR checks
         s.cmd_limit = Signal(65, reset_less=True)   # S2's command's base + length
@@ -583,7 +376,7 @@ class Responder(wiring.Component):
         # operations: what they write reaches later packets by the forwarding below.
         empty = ~s1_valid & ~e_valid & ~s.sack_stage.busy
         restart = (self.ctl.payload.cmd == ResponderCommand.QP_WRITE) & self.ctl.payload.set_psn
-        timer_head = s.layouts[5](s.tfifo.r_data)
+        timer_head = s.layouts.timer(s.tfifo.r_data)
         timer_due = Signal()
         m.d.comb += timer_due.eq(s.tfifo.r_rdy & ~(s.cycles - timer_head.deadline)[31])
         can_issue = s1_free
@@ -655,7 +448,7 @@ class Responder(wiring.Component):
         # S1 waited last cycle: its entry and MR entry are the captured ones, not the tables'.
         s1_held = s.s1_held = Signal()
         s1_row = s.s1_row = Signal(s.state_layout, reset_less=True)
-        s1_mr = s.s1_mr = Signal(s.layouts[3], reset_less=True)
+        s1_mr = s.s1_mr = Signal(s.layouts.mr, reset_less=True)
         m.d.sync += s1_held.eq(s1_valid & ~s1_move)
         # S1 moves on only when S2 executes (or is empty): the match need not wait on e_fire.
         same_qpn = e.qpn == s1.qpn
@@ -669,7 +462,7 @@ class Responder(wiring.Component):
         m.d.sync += s1_row.eq(Mux(s.table_write & same_qpn, s.new_state, older))
         # The MR table likewise (written by MR_WRITE commands).
         mr_prev = Signal(data.StructLayout({"valid": 1, "slot": max(1, mr_bits),
-                                            "entry": s.layouts[3]}))
+                                            "entry": s.layouts.mr}))
         m.d.sync += [mr_prev.valid.eq(s.mr_wp.en), mr_prev.slot.eq(s.mr_wp.addr),
                      mr_prev.entry.eq(s.mr_wp.data)]
         s1_slot = s1.beat.header.reth.rkey[:mr_bits]
@@ -677,7 +470,7 @@ class Responder(wiring.Component):
         mr_same_prev = mr_prev.valid & (mr_prev.slot == s1_slot)
         # S1 checks the packet against its MR entry (forwarded like the QP entry) and decodes
         # its header; S2 finds the results in `checks`.
-        mr_entry = Signal(s.layouts[3])
+        mr_entry = Signal(s.layouts.mr)
         m.d.comb += mr_entry.eq(Mux(mr_now, s.mr_wp.data,
                                     Mux(s1_held, s1_mr,
                                         Mux(mr_same_prev, mr_prev.entry, s.mr_rp.data))))
@@ -811,7 +604,7 @@ class Responder(wiring.Component):
         set_bit = Signal(window)
         m.d.comb += set_bit.eq(Mux(s.placed, onehot(m, s.offset, window, name="set_bit"), 0))
         s.rcv1 = as_signal(m, bm.rcv | set_bit, "rcv1")      # for the SACK bitmap
-        s.new_bm = Signal(s.layouts[1])
+        s.new_bm = Signal(s.layouts.bitmaps)
         for name, advanced, placed in (
                 ("rcv", rcv_x, s.rcv1),
                 ("last", last_x, bm.last | Mux(s.is_last_op, set_bit, 0)),
@@ -849,7 +642,7 @@ class Responder(wiring.Component):
                                 "free_slot")
         done_at_once = s.placed_d0 & s.is_imm_op
         insert = as_signal(m, s.placed & s.is_imm_op & ~done_at_once, "wimm_insert")
-        s.new_wt = Signal(s.layouts[2])
+        s.new_wt = Signal(s.layouts.wimm_row)
         s.completed_imm = Signal(32)
         hit_imms = [Mux(done_at_once, h.immdt.imm, 0)]
         hits = []
@@ -947,7 +740,7 @@ class Responder(wiring.Component):
         config = self._config
         qp, h = s.st.qp, s.h
         # The packet the reply answers: this one, or for a timer the one that started it.
-        s.tmpl = tmpl = Signal(s.layouts[4])
+        s.tmpl = tmpl = Signal(s.layouts.template)
         with m.If(s.is_timer):
             m.d.comb += tmpl.eq(s.e.timer.template)
         with m.Else():
@@ -980,7 +773,7 @@ class Responder(wiring.Component):
         block_shift = (Cat(C(0, 6), tmpl.psn[6:16]) - qp.epsn[:16])[:16]
 
         bad_qp = s.is_first & ~s.known
-        s.reply = reply = Signal(_reply_layout(config))
+        s.reply = reply = Signal(reply_layout(config))
         # Only `kind`, `nack_reason` and `nak_code` wait on the verdict; the header is built
         # from these registers in the reply stage.
         with m.If(s.send_nak & s.is_nack):
@@ -1139,12 +932,12 @@ class Responder(wiring.Component):
             self.completion.valid.eq(s.cfifo.r_rdy), self.completion.payload.eq(s.cfifo.r_data),
             s.cfifo.r_en.eq(self.completion.ready),
         ]
-        timer_entry = Signal(s.layouts[5])
+        timer_entry = Signal(s.layouts.timer)
         m.d.comb += [
             timer_entry.deadline.eq(s.cycles + s.ack_delay), timer_entry.qpn.eq(e.qpn),
             timer_entry.template.eq(s.tmpl),
         ]
-        timer_req = Signal(s.layouts[5], reset_less=True)
+        timer_req = Signal(s.layouts.timer, reset_less=True)
         timer_pending = Signal()
         timer_start = s.e_fire & s.start_timer
         m.d.sync += [
@@ -1229,9 +1022,9 @@ class Responder(wiring.Component):
             obs.mr.eq(s.mr), obs.va_end.eq(s.va_end), obs.pkt_place.eq(s.pkt_place),
             obs.pkt_addr.eq(s.pkt_addr), obs.in_packet.eq(s.in_packet),
             obs.reply_taken.eq(s.sack_stage.i.valid & s.sack_stage.i.ready),
-            obs.reply.eq(_reply_beat(m, self._config, s.sack_stage.i.payload, name="obs_reply")),
-            obs.held_valid.eq(s.sack_stage._held_valid),
-            obs.held.eq(_reply_beat(m, self._config, s.sack_stage._held, name="obs_held")),
+            obs.reply.eq(reply_beat(m, self._config, s.sack_stage.i.payload, name="obs_reply")),
+            obs.held_valid.eq(s.sack_stage.held_valid),
+            obs.held.eq(reply_beat(m, self._config, s.sack_stage.held, name="obs_held")),
             obs.e_cont.eq(s.is_cont), obs.ack_want.eq(s.e_ack_want),
             obs.ack_every.eq(s.ack_every),
             obs.s1_issued.eq(~s.s1_valid | Cat(s.s1.kind == k
