@@ -166,10 +166,10 @@ def _observation_layout(config, mr_slots):
         "held_valid": 1, "held": packet_beat_layout(config),
         "e_cont": 1, "ack_want": 1, "ack_every": 8, "s1_restart": 1, "e_restart": 1,
         "s1_issued": 1,             # S1 is empty or holds an operation S0 issues (not CONT)
-        # An operation on a row (not a payload beat) waits in S1 since last cycle, of this
-        # QP, with the entry and MR entry it captured.
-        "s1_held_row": 1, "s1_qpn": config.qpn_bits, "s1_held": 1, "s1_st": state,
-        "s1_mr": mr,
+        # S1 holds an operation on a row (not a payload beat) of this QP; the entry and the
+        # MR entry it starts from before S2's write of this cycle (the tables' data with
+        # `prev` and `prev2`, or what it captured while it waited).
+        "s1_row_op": 1, "s1_qpn": config.qpn_bits, "s1_older": state, "s1_mr_older": mr,
         # The registered checks and S1's va + dma_len agree with the packets they belong to.
         "checks_ok": 1,
     })
@@ -353,6 +353,8 @@ class Responder(wiring.Component):
         s.mr = Signal(s.layouts.mr, reset_less=True)    # S2's MR entry
         s.va_end = Signal(65, reset_less=True)      # S2's va + dma_len
         s.checks = Signal(_checks_layout(), reset_less=True)    # S2's header and MR checks
+        s.nak_since = Signal(32, reset_less=True)   # S2: cycles - its row's last_nak
+        s.nak_set = Signal()                        # S2 sends an out-of-window NACK
         s.cmd_limit = Signal(65, reset_less=True)   # S2's command's base + length
         s.e_fire = Signal()                         # S2 executes this cycle
         s.e_cont = Signal()                         # ... and its operation takes another step
@@ -455,11 +457,16 @@ class Responder(wiring.Component):
         same_now = s.row_write & same_qpn
         same_prev = prev_valid & (prev.qpn == s1.qpn)
         same_prev2 = prev2_valid & (prev2.qpn == s1.qpn)
-        older = Signal(s.state_layout)      # the entry before S2's write of this cycle
+        older = s.older = Signal(s.state_layout)    # the entry before S2's write of this cycle
         m.d.comb += older.eq(Mux(s1_held, s1_row,
                                  Mux(same_prev, prev.state, Mux(same_prev2, prev2.state,
                                                                 stored))))
         m.d.sync += s1_row.eq(Mux(s.table_write & same_qpn, s.new_state, older))
+        # S2's `nak_since` = cycles - its row's last_nak, kept up to date by counting, so the
+        # out-of-window NACK rate limit compares a register (no subtract in S2's loop). S2
+        # writes last_nak = cycles only for a NACK it sends (`nak_set`): 1 cycle ago next.
+        since_older = (s.cycles + 1 - older.qp.last_nak)[:32]
+        since_now = Mux(s.nak_set, 1, s.nak_since + 1)
         # The MR table likewise (written by MR_WRITE commands).
         mr_prev = Signal(data.StructLayout({"valid": 1, "slot": max(1, mr_bits),
                                             "entry": s.layouts.mr}))
@@ -471,16 +478,20 @@ class Responder(wiring.Component):
         # S1 checks the packet against its MR entry (forwarded like the QP entry) and decodes
         # its header; S2 finds the results in `checks`.
         mr_entry = Signal(s.layouts.mr)
-        m.d.comb += mr_entry.eq(Mux(mr_now, s.mr_wp.data,
-                                    Mux(s1_held, s1_mr,
-                                        Mux(mr_same_prev, mr_prev.entry, s.mr_rp.data))))
+        s.mr_older = Signal(s.layouts.mr)
+        m.d.comb += [
+            s.mr_older.eq(Mux(s1_held, s1_mr, Mux(mr_same_prev, mr_prev.entry, s.mr_rp.data))),
+            mr_entry.eq(Mux(mr_now, s.mr_wp.data, s.mr_older)),
+        ]
         m.d.sync += s1_mr.eq(mr_entry)
         s1_checks = _header_checks(config, s1.beat.header, mr_entry, s1_va_end)
         s.s1_va_end = s1_va_end
+        m.d.sync += s.nak_since.eq(s.nak_since + 1)
         with m.If(s.e_fire & s.e_cont):
-            m.d.sync += [e.kind.eq(s.CONT), s.st.eq(s.new_state)]
+            m.d.sync += [e.kind.eq(s.CONT), s.st.eq(s.new_state), s.nak_since.eq(since_now)]
         with m.Elif(s1_move):
             m.d.sync += [
+                s.nak_since.eq(Mux(same_now, since_now, since_older)),
                 e_valid.eq(1), e.eq(s1),
                 s.mr.eq(mr_entry), s.va_end.eq(s1_va_end),
                 s.cmd_limit.eq(s1.cmd.base + s1.cmd.length),
@@ -702,8 +713,7 @@ class Responder(wiring.Component):
                                  ((qp.ack_count == 0) & ~timer_room))
         s.start_timer = s.placed & ~s.ack_now & (qp.ack_count == 0)
 
-        nak_quiet = (s.nak_interval != 0) & qp.nak_armed & \
-            ((s.cycles - qp.last_nak)[:32] < s.nak_interval)
+        nak_quiet = (s.nak_interval != 0) & qp.nak_armed & (s.nak_since < s.nak_interval)
         s.nak_code = Signal(5)
         with m.Switch(verdict):
             for v, code in VERDICT_NAK.items():
@@ -716,6 +726,7 @@ class Responder(wiring.Component):
                 with m.Case(v):
                     m.d.comb += [s.nack_reason.eq(int(reason)), s.is_nack.eq(1)]
         s.suppressed = s.is_first & (verdict == V.OUT_OF_WINDOW) & nak_quiet
+        m.d.comb += s.nak_set.eq(s.is_first & (verdict == V.OUT_OF_WINDOW) & ~nak_quiet)
         s.send_nak = s.is_first & (verdict != V.PLACED) & (verdict != V.DUPLICATE) & \
             ~s.suppressed & \
             ((verdict != V.TRIMMED) | (qp.caps & int(P.QpCapability.TRIM_NACK)).any())
@@ -853,7 +864,6 @@ class Responder(wiring.Component):
         config = self._config
         lanes = config.bytes_per_beat
         e, h, qp = s.e, s.h, s.st.qp
-        V = ResponderVerdict
 
         # An operation executes when every output its kind can use has room (not only the
         # ones it turns out to need: the decision stays out of the ready path).
@@ -958,7 +968,7 @@ class Responder(wiring.Component):
             m.d.comb += new_qp.ack_count.eq(Mux(s.ack_now, 0, s.count_next))
         with m.If(s.send_ack):
             m.d.comb += new_qp.ack_count.eq(0)
-        with m.If(s.is_first & (s.verdict == V.OUT_OF_WINDOW) & ~s.suppressed):
+        with m.If(s.nak_set):
             m.d.comb += [new_qp.nak_armed.eq(1), new_qp.last_nak.eq(s.cycles)]
         cmd = e.cmd
         with m.If(s.is_ctl):
@@ -1029,10 +1039,8 @@ class Responder(wiring.Component):
             obs.ack_every.eq(s.ack_every),
             obs.s1_issued.eq(~s.s1_valid | Cat(s.s1.kind == k
                                                for k in (s.FIRST, s.BEAT, s.TIMER, s.CTL)).any()),
-            obs.s1_held_row.eq(s.s1_valid & s.s1_held &
-                               Cat(s.s1.kind == k for k in (s.FIRST, s.TIMER, s.CTL)).any()),
-            obs.s1_qpn.eq(s.s1.qpn), obs.s1_held.eq(s.s1_held), obs.s1_st.eq(s.s1_row),
-            obs.s1_mr.eq(s.s1_mr),
+            obs.s1_row_op.eq(s.s1_valid & (s.s1.kind != s.BEAT)),
+            obs.s1_qpn.eq(s.s1.qpn), obs.s1_older.eq(s.older), obs.s1_mr_older.eq(s.mr_older),
         ]
         s1_hdr = s.s1.beat.header
         e_checks = _header_checks(self._config, s.e.beat.header, s.mr, s.va_end)
