@@ -8,10 +8,15 @@ from amaranth.lib import data
 from amaranth.utils import ceil_log2
 
 from .. import protocol as P
-from ..packet.headers import PORT_BITS, PacketKind
-from .resp_defs import PD_BITS, RCVD_BYTES_BITS
+from ..packet.headers import PORT_BITS, PacketKind, packet_beat_layout
+from .resp_defs import PD_BITS, RCVD_BYTES_BITS, responder_command_layout
 
-__all__ = ["CHUNK", "ResponderLayouts", "responder_layouts", "reply_layout"]
+__all__ = ["CHUNK", "ResponderLayouts", "responder_layouts", "reply_layout", "op_layout",
+           "OP_FIRST", "OP_BEAT", "OP_CONT", "OP_TIMER", "OP_CTL"]
+
+#: What an operation in the pipeline is: a packet's first beat (or a reliability probe), a
+#: further payload beat, a continued advance step, an ACK-delay timer, a control command.
+OP_FIRST, OP_BEAT, OP_CONT, OP_TIMER, OP_CTL = range(5)
 
 #: PSNs the cumulative PSN advances by at most in one execute step. A longer run of received
 #: PSNs (a hole filled under many out-of-order arrivals) takes one more step per CHUNK PSNs,
@@ -63,6 +68,15 @@ class ResponderLayouts:
                                         "template": self.template})
         self.state = data.StructLayout({"qp": self.qp, "bm": self.bitmaps,
                                         "wt": self.wimm_row})
+
+
+def op_layout(config):
+    """An operation in S1 or S2: its kind (``OP_*``), the beat (a packet's), the QP it
+    addresses, the command or the timer entry."""
+    return data.StructLayout({
+        "kind": range(5), "beat": packet_beat_layout(config), "qpn": config.qpn_bits,
+        "cmd": responder_command_layout(config), "timer": responder_layouts(config).timer,
+    })
 
 
 def responder_layouts(config):

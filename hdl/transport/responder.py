@@ -14,7 +14,6 @@ from types import SimpleNamespace
 from amaranth import *
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
-from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
@@ -23,6 +22,7 @@ from ..config import NicConfig
 from ..interfaces import CompletionSide, completion_layout, place_beat_layout
 from ..packet.headers import PacketKind, packet_beat_layout
 from ..util import as_signal, below_mask, onehot, shift_right, validating
+from .resp_admit import Admission, checks_layout, header_checks
 from .resp_defs import (
     DEFAULT_ACK_DELAY,
     DEFAULT_ACK_EVERY,
@@ -38,7 +38,17 @@ from .resp_defs import (
     responder_command_layout,
     responder_response_layout,
 )
-from .resp_layouts import CHUNK, reply_layout, responder_layouts
+from .resp_layouts import (
+    CHUNK,
+    OP_BEAT,
+    OP_CONT,
+    OP_CTL,
+    OP_FIRST,
+    OP_TIMER,
+    op_layout,
+    reply_layout,
+    responder_layouts,
+)
 from .resp_reply import ReplyStage, reply_beat
 
 __all__ = ["Responder", "ResponderVerdict", "ResponderCommand", "responder_command_layout",
@@ -76,36 +86,6 @@ def _or_all(values):
     for value in values[1:]:
         result = result | value
     return result
-
-
-def _checks_layout():
-    """The checks that depend only on a packet's header and its MR entry, made in S1 and
-    registered for S2 (out of S2's loop on the QP entry)."""
-    return data.StructLayout({"known": 1, "bad_seq": 1, "last_op": 1, "imm_op": 1,
-                              "mr_hit": 1, "in_bounds": 1, "probe": 1, "static_ok": 1})
-
-
-def _header_checks(config, header, mr, va_end):
-    """``_checks_layout`` values of a packet ``header`` against ``mr``, its MR entry, with
-    ``va_end`` = va + dma_len."""
-    opcode, dma_len = header.bth.opcode, header.reth.dma_len
-
-    def opcode_in(opcodes):
-        return Cat(opcode == int(op) for op in sorted(opcodes)).any()
-
-    last_op = opcode_in(P.LAST_OPCODES)
-    known = header.bth.dqpn < config.qps
-    bad_seq = ~opcode_in(P.DATA_OPCODES) | (dma_len > config.mtu) | \
-        (~last_op & (dma_len != config.mtu))
-    mr_hit = mr.valid & (mr.rkey == header.reth.rkey)
-    in_bounds = (header.reth.va >= mr.base) & (va_end <= mr.limit)
-    return {
-        "known": known, "bad_seq": bad_seq, "last_op": last_op,
-        "imm_op": opcode_in(P.IMMEDIATE_OPCODES), "mr_hit": mr_hit, "in_bounds": in_bounds,
-        "probe": header.kind == PacketKind.RPROBE,
-        # Every check of a PLACED verdict that needs neither the QP entry nor the MR's PD.
-        "static_ok": known & ~bad_seq & ~header.trimmed & mr_hit & in_bounds,
-    }
 
 
 def _lowest_set(m, bits, name):
@@ -291,25 +271,14 @@ class Responder(wiring.Component):
         config = self._config
         s = SimpleNamespace()
         s.layouts = layouts = responder_layouts(config)
-        qp_layout, bm_layout, wt_layout = layouts.qp, layouts.bitmaps, layouts.wimm_row
-        mr_layout, timer_layout = layouts.mr, layouts.timer
+        timer_layout = layouts.timer
         s.state_layout = layouts.state
-        s.op_layout = data.StructLayout({
-            "kind": range(5), "beat": packet_beat_layout(config), "qpn": config.qpn_bits,
-            "cmd": responder_command_layout(config), "timer": timer_layout,
-        })
-
-        # Tables: one write port each (S2) and one read port (S0 addresses, S1 data), not
-        # transparent: the forwarding in S1 covers what a read cannot see yet.
-        def table(name, layout, depth):
-            mem = Memory(shape=layout, depth=depth, init=[])
-            m.submodules[name] = mem
-            return mem.read_port(), mem.write_port()
-
-        s.qp_rp, s.qp_wp = table("qp_table", qp_layout, config.qps)
-        s.bm_rp, s.bm_wp = table("bitmaps", bm_layout, config.qps)
-        s.wt_rp, s.wt_wp = table("wimm_table", wt_layout, config.qps)
-        s.mr_rp, s.mr_wp = table("mr_table", mr_layout, self._mr_slots)
+        s.op_layout = op_layout(config)
+        # S0 issue and S1 read, with the tables.
+        m.submodules.admission = s.admit = Admission(config=config, mr_slots=self._mr_slots,
+                                                     observe=self._observe)
+        wiring.connect(m, wiring.flipped(self.i), s.admit.i)
+        wiring.connect(m, wiring.flipped(self.ctl), s.admit.ctl)
 
         # One spare entry: `timers_used` (exact, unlike the FIFO's inner level while an entry
         # moves to its output register) decides whether a timer can start.
@@ -343,16 +312,15 @@ class Responder(wiring.Component):
     # --- S0 issue and S1 read --------------------------------------------------------------
 
     def _stages(self, m, s):
-        config = self._config
-        mr_bits = ceil_log2(self._mr_slots)
-        s1 = s.s1 = Signal(s.op_layout, reset_less=True)
-        s1_valid = s.s1_valid = Signal()
+        # The execute stage's registers, loaded from admission (S1) or, for a continued
+        # step, from S2's own write-back.
+        admit = s.admit
         e = s.e = Signal(s.op_layout, reset_less=True)
         e_valid = s.e_valid = Signal()
         s.st = Signal(s.state_layout, reset_less=True)  # S2's QP entry, forwarded
         s.mr = Signal(s.layouts.mr, reset_less=True)    # S2's MR entry
         s.va_end = Signal(65, reset_less=True)      # S2's va + dma_len
-        s.checks = Signal(_checks_layout(), reset_less=True)    # S2's header and MR checks
+        s.checks = Signal(checks_layout(), reset_less=True)     # S2's header and MR checks
         s.nak_since = Signal(32, reset_less=True)   # S2: cycles - its row's last_nak
         s.nak_set = Signal()                        # S2 sends an out-of-window NACK
         s.cmd_limit = Signal(65, reset_less=True)   # S2's command's base + length
@@ -362,141 +330,36 @@ class Responder(wiring.Component):
         s.new_state = Signal(s.state_layout)        # the entry S2 writes back
         s.table_write = Signal()
         s.row_write = Signal()                      # S2's operation writes its row if it fires
-        s.in_packet = Signal()                      # between a packet's first and last beat
-        s.FIRST, s.BEAT, s.CONT, s.TIMER, s.CTL = range(5)
+        s.mr_write = admit.mr_write                 # S2's MR table write (MR_WRITE)
+        s.FIRST, s.BEAT, s.CONT, s.TIMER, s.CTL = OP_FIRST, OP_BEAT, OP_CONT, OP_TIMER, OP_CTL
 
-        s2_free = Signal()
-        s1_move = Signal()
-        s1_free = Signal()
-        m.d.comb += [
-            s2_free.eq(~e_valid | (s.e_fire & ~s.may_cont)),
-            s1_move.eq(s1_valid & s2_free),
-            s1_free.eq(~s1_valid | s1_move),
-        ]
-        # A restart (QP_WRITE with set_psn) waits for an empty pipeline and reply stage: every
-        # reply of the old epoch has left before it executes. Other commands are ordinary
-        # operations: what they write reaches later packets by the forwarding below.
-        empty = ~s1_valid & ~e_valid & ~s.sack_stage.busy
-        restart = (self.ctl.payload.cmd == ResponderCommand.QP_WRITE) & self.ctl.payload.set_psn
         timer_head = s.layouts.timer(s.tfifo.r_data)
-        timer_due = Signal()
-        m.d.comb += timer_due.eq(s.tfifo.r_rdy & ~(s.cycles - timer_head.deadline)[31])
-        can_issue = s1_free
-        in_packet = s.in_packet
-        take_beat = can_issue & in_packet & self.i.valid
-        take_ctl = can_issue & ~in_packet & self.ctl.valid & (~restart | empty)
-        take_timer = can_issue & ~in_packet & ~self.ctl.valid & timer_due
-        take_first = can_issue & ~in_packet & ~self.ctl.valid & ~timer_due & self.i.valid
-        s.take_timer = take_timer
+        s.take_timer = admit.timer.ready
         m.d.comb += [
-            self.i.ready.eq(can_issue & (in_packet | (~self.ctl.valid & ~timer_due))),
-            self.ctl.ready.eq(take_ctl),
-            s.tfifo.r_en.eq(take_timer),
+            admit.o.ready.eq(~e_valid | (s.e_fire & ~s.may_cont)),
+            # A restart waits until S2 and the reply stage are empty (and S1, in admission).
+            admit.drained.eq(~e_valid & ~s.sack_stage.busy),
+            admit.cycles.eq(s.cycles),
+            admit.timer.valid.eq(s.tfifo.r_rdy & ~(s.cycles - timer_head.deadline)[31]),
+            admit.timer.payload.eq(timer_head),
+            s.tfifo.r_en.eq(admit.timer.ready),
+            admit.wb.row_write.eq(s.row_write), admit.wb.fire.eq(s.table_write),
+            admit.wb.qpn.eq(e.qpn), admit.wb.state.eq(s.new_state),
         ]
-        in_hdr = self.i.payload.header
-        # The QP an issue would address, chosen without waiting on whether S1 is free (the
-        # stall comes late, from S2's decision): it matters only when S1 is.
-        issue_qpn = Signal(config.qpn_bits)
-        with m.If(~in_packet & self.ctl.valid & (~restart | empty)):
-            m.d.comb += issue_qpn.eq(self.ctl.payload.qpn[:config.qpn_bits])
-        with m.Elif(~in_packet & ~self.ctl.valid & timer_due):
-            m.d.comb += issue_qpn.eq(timer_head.qpn)
-        with m.Else():
-            m.d.comb += issue_qpn.eq(in_hdr.bth.dqpn[:config.qpn_bits])
-
-        # The tables are addressed for the operation an issue would take, whether or not S1
-        # is free: S1's stall (which waits on S2's decision) steers no read address. An
-        # operation that waits in S1 keeps its row in a register instead (`s1_row`, below).
-        for rp in (s.qp_rp, s.bm_rp, s.wt_rp):
-            m.d.comb += rp.addr.eq(issue_qpn)
-        m.d.comb += s.mr_rp.addr.eq(in_hdr.reth.rkey[:mr_bits])
-
-        with m.If(s1_move):
-            m.d.sync += s1_valid.eq(0)
-        s1_va_end = Signal(65, reset_less=True)     # S1's va + dma_len
-        with m.If(take_beat | take_first):
-            m.d.sync += [s1_valid.eq(1), s1.kind.eq(Mux(take_first, s.FIRST, s.BEAT)),
-                         s1.beat.eq(self.i.payload), in_packet.eq(~self.i.payload.last),
-                         s1_va_end.eq(in_hdr.reth.va + in_hdr.reth.dma_len)]
-        with m.If(take_first):
-            m.d.sync += s1.qpn.eq(issue_qpn)
-        with m.If(take_ctl):
-            m.d.sync += [s1_valid.eq(1), s1.kind.eq(s.CTL), s1.cmd.eq(self.ctl.payload),
-                         s1.qpn.eq(issue_qpn)]
-        with m.If(take_timer):
-            m.d.sync += [s1_valid.eq(1), s1.kind.eq(s.TIMER), s1.timer.eq(timer_head),
-                         s1.qpn.eq(issue_qpn)]
-        # S2's write-backs reach the tables a cycle later, from a register (`prev`), so no
-        # logic sits in front of the block RAM's write port. S1 -> S2: the entry S2 starts
-        # from is this cycle's write-back of the same QP, else the last cycle's (`prev`, not
-        # in the table yet), else the one before (`prev2`, written while the table was
-        # read), else the table's data. An operation that waits in S1 captures that entry
-        # every cycle it waits (`s1_row`, with S2's write of the cycle if it fires), and
-        # from its second cycle on starts from it: only S2's write of the cycle is newer.
-        # Only the valid bits are reset: the rest means nothing while they are low.
-        written = data.StructLayout({"qpn": config.qpn_bits, "state": s.state_layout})
-        prev = Signal(written, reset_less=True)
-        prev2 = Signal(written, reset_less=True)
-        prev_valid = Signal()
-        prev2_valid = Signal()
-        m.d.sync += [prev_valid.eq(s.table_write), prev.qpn.eq(e.qpn),
-                     prev.state.eq(s.new_state), prev2_valid.eq(prev_valid), prev2.eq(prev)]
-        for wp, part in ((s.qp_wp, prev.state.qp), (s.bm_wp, prev.state.bm),
-                         (s.wt_wp, prev.state.wt)):
-            m.d.comb += [wp.addr.eq(prev.qpn), wp.data.eq(part), wp.en.eq(prev_valid)]
-        stored = Signal(s.state_layout)
-        m.d.comb += [stored.qp.eq(s.qp_rp.data), stored.bm.eq(s.bm_rp.data),
-                     stored.wt.eq(s.wt_rp.data)]
-        # S1 waited last cycle: its entry and MR entry are the captured ones, not the tables'.
-        s1_held = s.s1_held = Signal()
-        s1_row = s.s1_row = Signal(s.state_layout, reset_less=True)
-        s1_mr = s.s1_mr = Signal(s.layouts.mr, reset_less=True)
-        m.d.sync += s1_held.eq(s1_valid & ~s1_move)
-        # S1 moves on only when S2 executes (or is empty): the match need not wait on e_fire.
-        same_qpn = e.qpn == s1.qpn
-        same_now = s.row_write & same_qpn
-        same_prev = prev_valid & (prev.qpn == s1.qpn)
-        same_prev2 = prev2_valid & (prev2.qpn == s1.qpn)
-        older = s.older = Signal(s.state_layout)    # the entry before S2's write of this cycle
-        m.d.comb += older.eq(Mux(s1_held, s1_row,
-                                 Mux(same_prev, prev.state, Mux(same_prev2, prev2.state,
-                                                                stored))))
-        m.d.sync += s1_row.eq(Mux(s.table_write & same_qpn, s.new_state, older))
         # S2's `nak_since` = cycles - its row's last_nak, kept up to date by counting, so the
         # out-of-window NACK rate limit compares a register (no subtract in S2's loop). S2
         # writes last_nak = cycles only for a NACK it sends (`nak_set`): 1 cycle ago next.
-        since_older = (s.cycles + 1 - older.qp.last_nak)[:32]
         since_now = Mux(s.nak_set, 1, s.nak_since + 1)
-        # The MR table likewise (written by MR_WRITE commands).
-        mr_prev = Signal(data.StructLayout({"valid": 1, "slot": max(1, mr_bits),
-                                            "entry": s.layouts.mr}))
-        m.d.sync += [mr_prev.valid.eq(s.mr_wp.en), mr_prev.slot.eq(s.mr_wp.addr),
-                     mr_prev.entry.eq(s.mr_wp.data)]
-        s1_slot = s1.beat.header.reth.rkey[:mr_bits]
-        mr_now = s.mr_wp.en & (s.mr_wp.addr == s1_slot)
-        mr_same_prev = mr_prev.valid & (mr_prev.slot == s1_slot)
-        # S1 checks the packet against its MR entry (forwarded like the QP entry) and decodes
-        # its header; S2 finds the results in `checks`.
-        mr_entry = Signal(s.layouts.mr)
-        s.mr_older = Signal(s.layouts.mr)
-        m.d.comb += [
-            s.mr_older.eq(Mux(s1_held, s1_mr, Mux(mr_same_prev, mr_prev.entry, s.mr_rp.data))),
-            mr_entry.eq(Mux(mr_now, s.mr_wp.data, s.mr_older)),
-        ]
-        m.d.sync += s1_mr.eq(mr_entry)
-        s1_checks = _header_checks(config, s1.beat.header, mr_entry, s1_va_end)
-        s.s1_va_end = s1_va_end
+        a = admit.o.payload
         m.d.sync += s.nak_since.eq(s.nak_since + 1)
         with m.If(s.e_fire & s.e_cont):
             m.d.sync += [e.kind.eq(s.CONT), s.st.eq(s.new_state), s.nak_since.eq(since_now)]
-        with m.Elif(s1_move):
+        with m.Elif(admit.o.valid & admit.o.ready):
             m.d.sync += [
-                s.nak_since.eq(Mux(same_now, since_now, since_older)),
-                e_valid.eq(1), e.eq(s1),
-                s.mr.eq(mr_entry), s.va_end.eq(s1_va_end),
-                s.cmd_limit.eq(s1.cmd.base + s1.cmd.length),
-                *(s.checks[name].eq(value) for name, value in s1_checks.items()),
-                s.st.eq(Mux(same_now, s.new_state, older)),
+                s.nak_since.eq(Mux(a.same_now, since_now, a.since_older)),
+                e_valid.eq(1), e.eq(a.op),
+                s.mr.eq(a.mr), s.va_end.eq(a.va_end), s.cmd_limit.eq(a.cmd_limit),
+                s.checks.eq(a.checks), s.st.eq(a.row),
             ]
         with m.Elif(s.e_fire):
             m.d.sync += e_valid.eq(0)
@@ -842,7 +705,7 @@ class Responder(wiring.Component):
                 with m.Elif(cmd.valid & (cmd.rkey[:mr_bits] != cmd.slot[:mr_bits])):
                     m.d.comb += resp.errno.eq(P.Errno.EINVAL)
                 with m.Else():
-                    m.d.comb += s.mr_wp.en.eq(is_ctl & s.e_fire)
+                    m.d.comb += s.mr_write.en.eq(is_ctl & s.e_fire)
             with m.Case(C_.CONFIG):
                 with m.If(cmd.ack_every == 0):
                     m.d.comb += resp.errno.eq(P.Errno.EINVAL)
@@ -852,10 +715,10 @@ class Responder(wiring.Component):
                                  s.coalesce_gaps.eq(cmd.coalesce_gaps),
                                  s.gap_depth.eq(cmd.gap_depth)]
         m.d.comb += [
-            s.mr_wp.addr.eq(cmd.slot[:mr_bits]),
-            s.mr_wp.data.valid.eq(cmd.valid), s.mr_wp.data.rkey.eq(cmd.rkey),
-            s.mr_wp.data.pd.eq(cmd.pd), s.mr_wp.data.base.eq(cmd.base),
-            s.mr_wp.data.limit.eq(s.cmd_limit),
+            s.mr_write.slot.eq(cmd.slot[:mr_bits]),
+            s.mr_write.entry.valid.eq(cmd.valid), s.mr_write.entry.rkey.eq(cmd.rkey),
+            s.mr_write.entry.pd.eq(cmd.pd), s.mr_write.entry.base.eq(cmd.base),
+            s.mr_write.entry.limit.eq(s.cmd_limit),
         ]
 
     # --- S2: outputs and table writes ----------------------------------------------------------
@@ -1013,42 +876,37 @@ class Responder(wiring.Component):
         }
 
     def _observation(self, m, s):
-        obs = self.obs
-        mr_bits = ceil_log2(self._mr_slots)
-        for table, part in (("qp_table", obs.row.qp), ("bitmaps", obs.row.bm),
-                            ("wimm_table", obs.row.wt)):
-            port = m.submodules[table].read_port(domain="comb")
-            m.d.comb += [port.addr.eq(self.obs_qpn), part.eq(port.data)]
-        mr_port = m.submodules.mr_table.read_port(domain="comb")
-        m.d.comb += [mr_port.addr.eq(self.obs_slot[:mr_bits]), obs.mr_row.eq(mr_port.data)]
+        obs, a_obs = self.obs, s.admit.obs
+        s1, s1_valid = a_obs.s1, a_obs.s1_valid
         m.d.comb += [
+            s.admit.obs_qpn.eq(self.obs_qpn), s.admit.obs_slot.eq(self.obs_slot),
+            obs.row.eq(a_obs.row), obs.mr_row.eq(a_obs.mr_row),
             obs.e_row.eq(s.is_packet | s.is_cont | s.is_timer | s.is_ctl), obs.e_qpn.eq(s.e.qpn),
             obs.e_psn.eq(s.h.bth.psn), obs.e_fire.eq(s.e_fire),
             obs.st.eq(s.st), obs.new_state.eq(s.new_state), obs.table_write.eq(s.table_write),
             obs.placed.eq(s.placed), obs.set_rx.eq(s.set_rx),
-            obs.s1_first.eq(s.s1_valid & (s.s1.kind == s.FIRST)),
-            obs.s1_more.eq(s.s1_valid & (s.s1.kind == s.BEAT)), obs.s1_beat.eq(s.s1.beat),
+            obs.s1_first.eq(s1_valid & (s1.kind == s.FIRST)),
+            obs.s1_more.eq(s1_valid & (s1.kind == s.BEAT)), obs.s1_beat.eq(s1.beat),
             obs.e_first.eq(s.is_packet), obs.e_more.eq(s.is_beat), obs.e_beat.eq(s.e.beat),
             obs.mr.eq(s.mr), obs.va_end.eq(s.va_end), obs.pkt_place.eq(s.pkt_place),
-            obs.pkt_addr.eq(s.pkt_addr), obs.in_packet.eq(s.in_packet),
+            obs.pkt_addr.eq(s.pkt_addr), obs.in_packet.eq(a_obs.in_packet),
             obs.reply_taken.eq(s.sack_stage.i.valid & s.sack_stage.i.ready),
             obs.reply.eq(reply_beat(m, self._config, s.sack_stage.i.payload, name="obs_reply")),
             obs.held_valid.eq(s.sack_stage.held_valid),
             obs.held.eq(reply_beat(m, self._config, s.sack_stage.held, name="obs_held")),
             obs.e_cont.eq(s.is_cont), obs.ack_want.eq(s.e_ack_want),
             obs.ack_every.eq(s.ack_every),
-            obs.s1_issued.eq(~s.s1_valid | Cat(s.s1.kind == k
-                                               for k in (s.FIRST, s.BEAT, s.TIMER, s.CTL)).any()),
-            obs.s1_row_op.eq(s.s1_valid & (s.s1.kind != s.BEAT)),
-            obs.s1_qpn.eq(s.s1.qpn), obs.s1_older.eq(s.older), obs.s1_mr_older.eq(s.mr_older),
+            obs.s1_issued.eq(~s1_valid | Cat(s1.kind == k
+                                             for k in (s.FIRST, s.BEAT, s.TIMER, s.CTL)).any()),
+            obs.s1_row_op.eq(s1_valid & (s1.kind != s.BEAT)),
+            obs.s1_qpn.eq(s1.qpn), obs.s1_older.eq(a_obs.s1_older),
+            obs.s1_mr_older.eq(a_obs.s1_mr_older),
         ]
-        s1_hdr = s.s1.beat.header
-        e_checks = _header_checks(self._config, s.e.beat.header, s.mr, s.va_end)
+        e_checks = header_checks(self._config, s.e.beat.header, s.mr, s.va_end)
         m.d.comb += obs.checks_ok.eq(
             (~s.e_valid | (s.checks.as_value() ==
-                           Cat(e_checks[name] for name in _checks_layout().members))) &
-            (~(s.s1_valid & ((s.s1.kind == s.FIRST) | (s.s1.kind == s.BEAT))) |
-             (s.s1_va_end == s1_hdr.reth.va + s1_hdr.reth.dma_len)))
-        for op, valid, name in ((s.s1, s.s1_valid, "s1_restart"), (s.e, s.e_valid, "e_restart")):
+                           Cat(e_checks[name] for name in checks_layout().members))) &
+            a_obs.s1_va_end_ok)
+        for op, valid, name in ((s1, s1_valid, "s1_restart"), (s.e, s.e_valid, "e_restart")):
             m.d.comb += obs[name].eq(valid & (op.kind == s.CTL) &
                                      (op.cmd.cmd == ResponderCommand.QP_WRITE) & op.cmd.set_psn)
