@@ -5,8 +5,10 @@ indexed by the QP number. A pipeline (issue: the tables are addressed; read: the
 registered; execute: the packet is classified and the QP's entry written back; reply: the SACK
 bitmap is cut and the reply registered) takes one packet per cycle, including packets of the
 same QP back to back: the two writes a read cannot see yet are forwarded (the write of the
-previous cycle from a register, the write of this cycle from the execute stage).
-``docs/responder.md`` explains the rules, the tables and their cost.
+previous cycle from a register, the write of this cycle from the execute stage). This module
+is the execute stage and the top; the other stages are components of their own
+(``resp_admit``, ``resp_complete``, ``resp_reply``). ``docs/responder.md`` explains the
+rules, the tables and their cost.
 """
 
 from types import SimpleNamespace
@@ -19,10 +21,12 @@ from amaranth.utils import ceil_log2
 
 from .. import protocol as P
 from ..config import NicConfig
-from ..interfaces import CompletionSide, completion_layout, place_beat_layout
+from ..interfaces import completion_layout, place_beat_layout
 from ..packet.headers import PacketKind, packet_beat_layout
 from ..util import as_signal, below_mask, onehot, shift_right, validating
 from .resp_admit import Admission, checks_layout, header_checks
+from .resp_bits import lowest_set, popcount
+from .resp_complete import CompletionReorder
 from .resp_defs import (
     DEFAULT_ACK_DELAY,
     DEFAULT_ACK_EVERY,
@@ -73,54 +77,6 @@ def responder_tables(config, *, mr_slots=16, timers=16, completions=8):
     }
 
 
-def _popcount(bits):
-    values = [bits[i] for i in range(len(bits))]
-    while len(values) > 1:
-        values = [values[i] + values[i + 1] if i + 1 < len(values) else values[i]
-                  for i in range(0, len(values), 2)]
-    return values[0]
-
-
-def _or_all(values):
-    result = values[0]
-    for value in values[1:]:
-        result = result | value
-    return result
-
-
-def _lowest_set(m, bits, name):
-    """Index of the lowest set bit of ``bits``, or ``len(bits)`` when none is.
-
-    A log-depth tree of (found, index) pairs: no carry chain (``x & -x`` would be one wide
-    adder, slow to place and slow to elaborate)."""
-    width = len(bits)
-    index_bits = max(1, ceil_log2(width + 1))
-    if not isinstance(bits, Signal):
-        bits = as_signal(m, bits, f"{name}_bits")       # each bit is read below
-    nodes = [(bits[i], C(0, index_bits)) for i in range(width)]
-    span = 1
-    while len(nodes) > 1:
-        merged = []
-        for k in range(0, len(nodes), 2):
-            if k + 1 == len(nodes):
-                merged.append(nodes[k])
-                continue
-            (found_lo, index_lo), (found_hi, index_hi) = nodes[k], nodes[k + 1]
-            # Signals, not expressions: each is read twice by the next level, and an
-            # expression would be lowered once per read (doubling per level).
-            found = Signal(name=f"{name}_f{span}_{k}")
-            index = Signal(index_bits, name=f"{name}_i{span}_{k}")
-            m.d.comb += [found.eq(found_lo | found_hi),
-                         index.eq(Mux(found_lo, index_lo, index_hi | C(span, index_bits)))]
-            merged.append((found, index))
-        nodes = merged
-        span *= 2
-    found, lowest = nodes[0]
-    index = Signal(range(width + 1), name=name)
-    m.d.comb += index.eq(Mux(found, lowest, width))
-    return index
-
-
 def _observation_layout(config, mr_slots):
     """What ``Responder(observe=True)`` shows on ``obs`` (for the formal proofs)."""
     layouts = responder_layouts(config)
@@ -161,11 +117,14 @@ class Responder(wiring.Component):
     out of the window) and AETH NAKs (fatal errors), answers reliability probes (PETH) with
     pr = 1 SACKs, and releases WRITE WITH IMMEDIATE completions in message order.
 
-    Pipeline: S0 issue (choose the operation, address the tables), S1 read (the tables' data
-    lands), S2 execute (forward, classify, write back, emit), S3 reply (the SACK bitmap). A
-    table read misses the writes of the two operations ahead of it; S1 takes the write of the
-    previous cycle from a register and the write of the current cycle from S2, so the only loop
-    left in one cycle is S2's decision on its own QP entry.
+    Pipeline: S0 issue and S1 read (:class:`~hdl.transport.resp_admit.Admission`: choose the
+    operation, read and forward the tables, check the header and MR entry), S2 execute (this
+    component: classify, advance, write back, emit; the WRITE_IMM entries and completions in
+    :class:`~hdl.transport.resp_complete.CompletionReorder`), S3 reply
+    (:class:`~hdl.transport.resp_reply.ReplyStage`: the header and the SACK bitmap). A table
+    read misses the writes of the two operations ahead of it; S1 takes them from registers of
+    S2's write-backs and the write of the current cycle from S2, so the only loop left in one
+    cycle is S2's decision on its own QP entry.
 
     Throughput: one packet per cycle (II = 1) in the steady state, back-to-back packets of the
     same QP included, and one beat per cycle for payload. Latency: first beat in -> first place
@@ -285,8 +244,9 @@ class Responder(wiring.Component):
         m.submodules.timer_fifo = s.tfifo = SyncFIFOBuffered(width=timer_layout.size,
                                                              depth=self._timers + 1)
         s.timers_used = Signal(range(self._timers + 1))
-        m.submodules.completion_fifo = s.cfifo = SyncFIFOBuffered(
-            width=completion_layout(config).size, depth=self._completions)
+        m.submodules.completions = s.reorder = CompletionReorder(
+            config=config, completions=self._completions)
+        wiring.connect(m, s.reorder.completion, wiring.flipped(self.completion))
         m.submodules.sack_stage = s.sack_stage = ReplyStage(config=config)
         wiring.connect(m, s.sack_stage.o, wiring.flipped(self.ack))
 
@@ -449,12 +409,12 @@ class Responder(wiring.Component):
         rcv_x = as_signal(m, bm.rcv | adding, "rcv_x")
         last_x = as_signal(m, bm.last | (adding & s.is_last_op), "last_x")
         wimm_x = as_signal(m, bm.wimm | (adding & s.is_imm_op), "wimm_x")
-        run_end = _lowest_set(m, ~rcv_x[:chunk + 1], "run_end")   # first PSN not received
+        run_end = lowest_set(m, ~rcv_x[:chunk + 1], "run_end")   # first PSN not received
         run = Signal(range(chunk + 1))
         m.d.comb += run.eq(Mux(run_end > chunk, chunk, run_end))
-        wimm_at = _lowest_set(m, wimm_x[:chunk], "wimm_at")
+        wimm_at = lowest_set(m, wimm_x[:chunk], "wimm_at")
         wimm_at_bit = onehot(m, wimm_at, chunk, name="wimm_at_bit")
-        wimm_next = _lowest_set(m, wimm_x[:chunk] & ~wimm_at_bit, "wimm_next")
+        wimm_next = lowest_set(m, wimm_x[:chunk] & ~wimm_at_bit, "wimm_next")
         # Whether a WRITE_IMM completes in this step (stop: wimm_at < run), another one after
         # it too (more: wimm_next < run) and whether the step continues, from masks rather
         # than from the indices: S1's stall waits on `may_cont`, so it must come early. For
@@ -495,45 +455,23 @@ class Responder(wiring.Component):
         m.d.comb += [
             s.new_epsn.eq(qp.epsn + s.advance),
             s.new_epos.eq(Mux(epos_sum >= window, epos_sum - window, epos_sum)),
-            s.new_msn.eq(qp.msn + _popcount(last_x[:chunk] & passed)),
-            s.wimm_msn.eq(qp.msn + _popcount(
+            s.new_msn.eq(qp.msn + popcount(last_x[:chunk] & passed)),
+            s.wimm_msn.eq(qp.msn + popcount(
                 last_x[:chunk] & below_mask(m, wimm_at + 1, chunk, name="upto_wimm"))),
         ]
 
-        # WRITE_IMM entries: a placed one takes the first free slot, unless it completes at
-        # once (an in-order WRITE_IMM: the step stops at it, bit 0); the one a step passes
-        # leaves with its completion. Which entry a step passes is decided from the entry
-        # alone, so the verdict reaches only the insertion.
-        pkt_pos = Signal.like(qp.epos)
-        wimm_pos = Signal.like(qp.epos)
-        pkt_pos_sum = qp.epos + s.offset
-        wimm_pos_sum = qp.epos + wimm_at
+        # WRITE_IMM entries (`CompletionReorder`): a placed one takes the first free slot,
+        # unless it completes at once (an in-order WRITE_IMM: the step stops at it, bit 0); the
+        # one a step passes leaves with its completion.
+        reorder = s.reorder
         m.d.comb += [
-            pkt_pos.eq(Mux(pkt_pos_sum >= window, pkt_pos_sum - window, pkt_pos_sum)),
-            wimm_pos.eq(Mux(wimm_pos_sum >= window, wimm_pos_sum - window, wimm_pos_sum)),
+            reorder.entries.eq(wt), reorder.count.eq(qp.wimm_count), reorder.epos.eq(qp.epos),
+            reorder.offset.eq(s.offset), reorder.wimm_at.eq(wimm_at), reorder.stop.eq(s.stop),
+            reorder.placed.eq(s.placed), reorder.placed_d0.eq(s.placed_d0),
+            reorder.imm_op.eq(s.is_imm_op), reorder.imm.eq(h.immdt.imm),
         ]
-        free_slot = _lowest_set(m, ~Cat(wt[k].valid for k in range(config.max_wimm)),
-                                "free_slot")
-        done_at_once = s.placed_d0 & s.is_imm_op
-        insert = as_signal(m, s.placed & s.is_imm_op & ~done_at_once, "wimm_insert")
-        s.new_wt = Signal(s.layouts.wimm_row)
-        s.completed_imm = Signal(32)
-        hit_imms = [Mux(done_at_once, h.immdt.imm, 0)]
-        hits = []
-        for k in range(config.max_wimm):
-            hit = as_signal(m, wt[k].valid & (wt[k].pos == wimm_pos) & s.stop, f"wimm_hit{k}")
-            hits.append(hit)
-            hit_imms.append(Mux(hit, wt[k].imm, 0))
-            m.d.comb += s.new_wt[k].eq(wt[k])
-            with m.If(insert & (free_slot == k)):
-                m.d.comb += [s.new_wt[k].valid.eq(1), s.new_wt[k].pos.eq(pkt_pos),
-                             s.new_wt[k].imm.eq(h.immdt.imm)]
-            with m.Elif(hit):
-                m.d.comb += s.new_wt[k].valid.eq(0)
-        # One entry at most completes; OR is the cheapest select.
-        m.d.comb += s.completed_imm.eq(_or_all(hit_imms))
-        s.new_wimm_count = Signal.like(qp.wimm_count)
-        m.d.comb += s.new_wimm_count.eq(qp.wimm_count + insert - _or_all(hits))
+        s.new_wt = reorder.new_entries
+        s.new_wimm_count = reorder.new_count
 
     @staticmethod
     def _run_flags(m, rcv, wimm, chunk, name):
@@ -737,12 +675,7 @@ class Responder(wiring.Component):
         resp_room = ~resp_valid | self.ctl_resp.ready
         # Completions and timers reach their FIFOs a cycle later, from a register (no decision
         # logic in front of a FIFO); the completion FIFO's room counts the one on its way.
-        completion_req = Signal(completion_layout(config), reset_less=True)
-        completion_pending = Signal()
-        completion_room = Signal()
-        m.d.comb += completion_room.eq(Mux(completion_pending,
-                                           s.cfifo.level < self._completions - 1,
-                                           s.cfifo.level < self._completions))
+        completion_room = s.reorder.room
         room = Signal()
         with m.Switch(e.kind):
             with m.Case(s.FIRST):
@@ -795,16 +728,8 @@ class Responder(wiring.Component):
         with m.If(s.e_fire & s.is_ctl):
             m.d.sync += resp_valid.eq(1)
 
-        completion = Signal(completion_layout(config))
-        m.d.comb += [
-            completion.qpn.eq(e.qpn), completion.side.eq(CompletionSide.RESPONDER),
-            completion.wr_id.eq(s.wimm_msn), completion.status.eq(P.CompletionStatus.SUCCESS),
-            completion.opcode.eq(P.WcOpcode.RECV_RDMA_WITH_IMM), completion.imm_valid.eq(1),
-            completion.imm.eq(s.completed_imm),
-            s.cfifo.w_en.eq(completion_pending), s.cfifo.w_data.eq(completion_req),
-            self.completion.valid.eq(s.cfifo.r_rdy), self.completion.payload.eq(s.cfifo.r_data),
-            s.cfifo.r_en.eq(self.completion.ready),
-        ]
+        m.d.comb += [s.reorder.push.eq(s.e_fire & need_completion), s.reorder.qpn.eq(e.qpn),
+                     s.reorder.wr_id.eq(s.wimm_msn)]
         timer_entry = Signal(s.layouts.timer)
         m.d.comb += [
             timer_entry.deadline.eq(s.cycles + s.ack_delay), timer_entry.qpn.eq(e.qpn),
@@ -814,7 +739,6 @@ class Responder(wiring.Component):
         timer_pending = Signal()
         timer_start = s.e_fire & s.start_timer
         m.d.sync += [
-            completion_pending.eq(s.e_fire & need_completion), completion_req.eq(completion),
             timer_pending.eq(timer_start), timer_req.eq(timer_entry),
             s.timers_used.eq(s.timers_used + timer_start - s.take_timer),
         ]
