@@ -333,7 +333,7 @@ class ResponderInvariants(Elaboratable):
         def ahead(a, b):            # a - b in 24-bit serial arithmetic
             return (a - b)[:P.PSN_BITS]
 
-        # The ghost flags follow S3's own moves (SackStage: held <- i when i.ready; ack <-
+        # The ghost flags follow S3's own moves (ReplyStage: held <- i when i.ready; ack <-
         # held when held is valid and ack has room).
         ack = dut.ack
         ack_room = ~ack.valid | ack.ready
