@@ -145,6 +145,9 @@ class ResponderInvariants(Elaboratable):
                    "the table's row is the latest write-back"),
             Assert(~mine | (_decided(obs.st) == _decided(latest)),
                    "S2 decides on the latest row"),
+            Assert(~(obs.s1_row_op & (obs.s1_qpn == watch_qpn)) |
+                   (_decided(obs.s1_older) == _decided(latest)),
+                   "S1 starts from the latest row"),
             Assert(latest.qp.mpr <= config.mpr_units, "MPR within the configuration"),
             Assert(obs.checks_ok, "the checks registered for S2 are its packet's"),
         ]
@@ -266,6 +269,9 @@ class ResponderInvariants(Elaboratable):
             Assert(~(obs.e_first & (slot_of(e) == watch_slot)) |
                    (_decided_mr(obs.mr) == _decided_mr(obs.mr_row)),
                    "S2 checks a packet against the MR table's entry at its rkey"),
+            Assert(~(obs.s1_first & (slot_of(s1) == watch_slot)) |
+                   (_decided_mr(obs.s1_mr_older) == _decided_mr(obs.mr_row)),
+                   "S1 checks a packet against the MR table's entry at its rkey"),
             Assert(~obs.e_first | (obs.va_end == e.header.reth.va + e.header.reth.dma_len),
                    "va_end of the packet in S2"),
             Assert(obs.pkt_addr == (x_va + x_next)[:64], "address of the next beat"),
@@ -327,7 +333,7 @@ class ResponderInvariants(Elaboratable):
         def ahead(a, b):            # a - b in 24-bit serial arithmetic
             return (a - b)[:P.PSN_BITS]
 
-        # The ghost flags follow S3's own moves (SackStage: held <- i when i.ready; ack <-
+        # The ghost flags follow S3's own moves (ReplyStage: held <- i when i.ready; ack <-
         # held when held is valid and ack has room).
         ack = dut.ack
         ack_room = ~ack.valid | ack.ready

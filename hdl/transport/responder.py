@@ -5,8 +5,10 @@ indexed by the QP number. A pipeline (issue: the tables are addressed; read: the
 registered; execute: the packet is classified and the QP's entry written back; reply: the SACK
 bitmap is cut and the reply registered) takes one packet per cycle, including packets of the
 same QP back to back: the two writes a read cannot see yet are forwarded (the write of the
-previous cycle from a register, the write of this cycle from the execute stage).
-``docs/responder.md`` explains the rules, the tables and their cost.
+previous cycle from a register, the write of this cycle from the execute stage). This module
+is the execute stage and the top; the other stages are components of their own
+(``resp_admit``, ``resp_complete``, ``resp_reply``). ``docs/responder.md`` explains the
+rules, the tables and their cost.
 """
 
 from types import SimpleNamespace
@@ -14,24 +16,23 @@ from types import SimpleNamespace
 from amaranth import *
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
-from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
 from .. import protocol as P
 from ..config import NicConfig
-from ..interfaces import CompletionSide, completion_layout, place_beat_layout
-from ..packet.headers import PORT_BITS, PacketKind, packet_beat_layout
+from ..interfaces import completion_layout, place_beat_layout
+from ..packet.headers import PacketKind, packet_beat_layout
 from ..util import as_signal, below_mask, onehot, shift_right, validating
+from .resp_admit import Admission, checks_layout, header_checks
+from .resp_bits import lowest_set, popcount
+from .resp_complete import CompletionReorder
 from .resp_defs import (
-    ACK_HOP_LIMIT,
-    ACK_TCLASS,
     DEFAULT_ACK_DELAY,
     DEFAULT_ACK_EVERY,
     DEFAULT_NAK_INTERVAL,
     GAP_DEPTH_BITS,
     OOO_COUNT_MAX,
-    PD_BITS,
     RCVD_BYTES_BITS,
     RESPONDER_COUNTERS,
     VERDICT_NACK,
@@ -41,6 +42,18 @@ from .resp_defs import (
     responder_command_layout,
     responder_response_layout,
 )
+from .resp_layouts import (
+    CHUNK,
+    OP_BEAT,
+    OP_CONT,
+    OP_CTL,
+    OP_FIRST,
+    OP_TIMER,
+    op_layout,
+    reply_layout,
+    responder_layouts,
+)
+from .resp_reply import ReplyStage, reply_beat
 
 __all__ = ["Responder", "ResponderVerdict", "ResponderCommand", "responder_command_layout",
            "responder_response_layout", "responder_counters_layout", "responder_tables"]
@@ -50,202 +63,24 @@ def responder_counters_layout():
     return data.StructLayout({name: unsigned(32) for name in RESPONDER_COUNTERS})
 
 
-def _layouts(config, mr_slots):
-    window = config.window_psns
-    pos_bits = max(1, ceil_log2(window))
-    qp = data.StructLayout({
-        "state": 3, "remote_qpn": 24, "pd": PD_BITS, "mpr": 4, "caps": 3, "max_wimm": 8,
-        "epsn": 24,                 # expected PSN: cumulative PSN + 1
-        "epos": pos_bits,           # epsn modulo the window: WRITE_IMM entries' positions
-        "msn": 24, "ack_count": 8, "nak_armed": 1, "last_nak": 32,
-        "above": range(window + 1),  # PSNs received above the expected one (set rcv bits)
-        "rcvd_bytes": RCVD_BYTES_BITS,  # payload bytes placed, modulo 2**24 (CC_STATE)
-    })
-    # Bit i of each bitmap is PSN epsn + i: an advance shifts them, a placement sets one bit.
-    bitmaps = data.StructLayout({"rcv": window, "last": window, "wimm": window})
-    wimm_entry = data.StructLayout({"valid": 1, "pos": pos_bits, "imm": 32})
-    wimm_row = data.ArrayLayout(wimm_entry, config.max_wimm)
-    # `limit` = base + length, summed when the MR is written (no adder behind the read).
-    mr = data.StructLayout({"valid": 1, "rkey": 32, "pd": PD_BITS, "base": 64, "limit": 65})
-    template = data.StructLayout({
-        "port": PORT_BITS, "eth_src": 48, "eth_dst": 48, "vlan_valid": 1, "vlan_tci": 16,
-        "ipv6": 1, "ip_src": 128, "ip_dst": 128, "flow_label": 20, "udp_sport": 16,
-        "psn": 24, "tx_ts": P.TIMESTAMP_BITS, "ce": 1,
-    })
-    timer = data.StructLayout({"deadline": 32, "qpn": config.qpn_bits, "template": template})
-    return qp, bitmaps, wimm_row, mr, template, timer
-
-
 def responder_tables(config, *, mr_slots=16, timers=16, completions=8):
     """``{name: (width_bits, depth)}`` of every RAM and FIFO of a :class:`Responder`, for the
     block RAM budget (``docs/responder.md``)."""
-    qp, bitmaps, wimm_row, mr, _template, timer = _layouts(config, mr_slots)
+    layouts = responder_layouts(config)
     return {
-        "qp_table": (qp.size, config.qps),
-        "bitmaps": (bitmaps.size, config.qps),
-        "wimm_table": (wimm_row.size, config.qps),
-        "mr_table": (mr.size, mr_slots),
-        "ack_timers": (timer.size, timers + 1),
+        "qp_table": (layouts.qp.size, config.qps),
+        "bitmaps": (layouts.bitmaps.size, config.qps),
+        "wimm_table": (layouts.wimm_row.size, config.qps),
+        "mr_table": (layouts.mr.size, mr_slots),
+        "ack_timers": (layouts.timer.size, timers + 1),
         "completion_fifo": (completion_layout(config).size, completions),
     }
 
 
-def _popcount(bits):
-    values = [bits[i] for i in range(len(bits))]
-    while len(values) > 1:
-        values = [values[i] + values[i + 1] if i + 1 < len(values) else values[i]
-                  for i in range(0, len(values), 2)]
-    return values[0]
-
-
-def _or_all(values):
-    result = values[0]
-    for value in values[1:]:
-        result = result | value
-    return result
-
-
-def _checks_layout():
-    """The checks that depend only on a packet's header and its MR entry, made in S1 and
-    registered for S2 (out of S2's loop on the QP entry)."""
-    return data.StructLayout({"known": 1, "bad_seq": 1, "last_op": 1, "imm_op": 1,
-                              "mr_hit": 1, "in_bounds": 1, "probe": 1, "static_ok": 1})
-
-
-def _header_checks(config, header, mr, va_end):
-    """``_checks_layout`` values of a packet ``header`` against ``mr``, its MR entry, with
-    ``va_end`` = va + dma_len."""
-    opcode, dma_len = header.bth.opcode, header.reth.dma_len
-
-    def opcode_in(opcodes):
-        return Cat(opcode == int(op) for op in sorted(opcodes)).any()
-
-    last_op = opcode_in(P.LAST_OPCODES)
-    known = header.bth.dqpn < config.qps
-    bad_seq = ~opcode_in(P.DATA_OPCODES) | (dma_len > config.mtu) | \
-        (~last_op & (dma_len != config.mtu))
-    mr_hit = mr.valid & (mr.rkey == header.reth.rkey)
-    in_bounds = (header.reth.va >= mr.base) & (va_end <= mr.limit)
-    return {
-        "known": known, "bad_seq": bad_seq, "last_op": last_op,
-        "imm_op": opcode_in(P.IMMEDIATE_OPCODES), "mr_hit": mr_hit, "in_bounds": in_bounds,
-        "probe": header.kind == PacketKind.RPROBE,
-        # Every check of a PLACED verdict that needs neither the QP entry nor the MR's PD.
-        "static_ok": known & ~bad_seq & ~header.trimmed & mr_hit & in_bounds,
-    }
-
-
-def _lowest_set(m, bits, name):
-    """Index of the lowest set bit of ``bits``, or ``len(bits)`` when none is.
-
-    A log-depth tree of (found, index) pairs: no carry chain (``x & -x`` would be one wide
-    adder, slow to place and slow to elaborate)."""
-    width = len(bits)
-    index_bits = max(1, ceil_log2(width + 1))
-    if not isinstance(bits, Signal):
-        bits = as_signal(m, bits, f"{name}_bits")       # each bit is read below
-    nodes = [(bits[i], C(0, index_bits)) for i in range(width)]
-    span = 1
-    while len(nodes) > 1:
-        merged = []
-        for k in range(0, len(nodes), 2):
-            if k + 1 == len(nodes):
-                merged.append(nodes[k])
-                continue
-            (found_lo, index_lo), (found_hi, index_hi) = nodes[k], nodes[k + 1]
-            # Signals, not expressions: each is read twice by the next level, and an
-            # expression would be lowered once per read (doubling per level).
-            found = Signal(name=f"{name}_f{span}_{k}")
-            index = Signal(index_bits, name=f"{name}_i{span}_{k}")
-            m.d.comb += [found.eq(found_lo | found_hi),
-                         index.eq(Mux(found_lo, index_lo, index_hi | C(span, index_bits)))]
-            merged.append((found, index))
-        nodes = merged
-        span *= 2
-    found, lowest = nodes[0]
-    index = Signal(range(width + 1), name=name)
-    m.d.comb += index.eq(Mux(found, lowest, width))
-    return index
-
-
-#: PSNs the cumulative PSN advances by at most in one execute step. A longer run of received
-#: PSNs (a hole filled under many out-of-order arrivals) takes one more step per CHUNK PSNs,
-#: so the advance logic searches and shifts CHUNK + 1 bits, never the whole window.
-CHUNK = 16
-
-
-def _reply_layout(config):
-    """A reply on its way to the reply stage: the decision (its kind and the few fields the
-    execute stage computes), the packet it answers, and what the SACK bitmap is cut from (the
-    receive bitmap after this packet's bit is set, and the shift). The reply stage builds the
-    header from these registers, so the verdict drives a few bits here, not a whole header."""
-    _qp, _bitmaps, _wimm_row, _mr, template, _timer = _layouts(config, 1)
-    return data.StructLayout({
-        "kind": PacketKind,         # SACK, NACK or AETH
-        "tmpl": template,           # the trigger
-        "dqpn": 24,
-        "nack_reason": 8, "nak_code": 5, "msn": 24,
-        "probe": 1, "cack": 24, "ack_psn_offset": 16, "sack_psn_offset": 16, "mpr": 4,
-        "ooo_count": 15, "rcvd_bytes": RCVD_BYTES_BITS,
-        "rcv": config.window_psns,
-        "shift": range(config.window_psns + 1),
-    })
-
-
-def _reply_beat(m, config, reply, *, name):
-    """The reply packet (SACK bitmap 0) that the registered decision ``reply`` stands for."""
-    beat = Signal(packet_beat_layout(config), name=name)
-    tmpl, r = reply.tmpl, beat.header
-    seth, cc_state, neth = r.ctl.sack.seth, r.ctl.sack.cc_state, r.ctl.neth
-    # The EV the trigger arrived with: UDP source port, IPv6 flow label (low 16 bits).
-    entropy = Cat(tmpl.udp_sport, Mux(tmpl.ipv6, tmpl.flow_label[:16], 0))
-    m.d.comb += [
-        beat.first.eq(1), beat.last.eq(1),
-        r.kind.eq(reply.kind),
-        r.port.eq(tmpl.port),
-        r.eth_dst.eq(tmpl.eth_src), r.eth_src.eq(tmpl.eth_dst),
-        r.vlan_valid.eq(tmpl.vlan_valid), r.vlan_tci.eq(tmpl.vlan_tci),
-        r.ipv6.eq(tmpl.ipv6), r.ip_src.eq(tmpl.ip_dst), r.ip_dst.eq(tmpl.ip_src),
-        r.tclass.eq(ACK_TCLASS), r.flow_label.eq(tmpl.flow_label),
-        r.hop_limit.eq(ACK_HOP_LIMIT), r.udp_sport.eq(tmpl.udp_sport),
-        r.bth.pkey.eq(P.BTH_DEFAULT_PKEY), r.bth.dqpn.eq(reply.dqpn),
-    ]
-    with m.If(reply.kind == PacketKind.NACK):
-        m.d.comb += [
-            r.bth.opcode.eq(int(P.Opcode.RELIABILITY_NACK)),
-            r.bth.psn.eq(tmpl.psn),
-            neth.nack_reason.eq(reply.nack_reason), neth.entropy.eq(entropy),
-            neth.nack_psn.eq(tmpl.psn), neth.tx_timestamp.eq(tmpl.tx_ts),
-        ]
-    with m.Elif(reply.kind == PacketKind.AETH):
-        m.d.comb += [
-            r.bth.opcode.eq(int(P.Opcode.ACKNOWLEDGE)),
-            r.bth.psn.eq(tmpl.psn),
-            r.aeth.syndrome.eq(P.AETH_NAK_BASE | reply.nak_code),
-            r.aeth.msn.eq(reply.msn),
-        ]
-    with m.Else():
-        m.d.comb += [
-            r.bth.opcode.eq(int(P.Opcode.RELIABILITY_SACK)),
-            r.bth.psn.eq(reply.cack),
-            seth.m.eq(Mux(tmpl.ce, P.SackMark.SKIP_ONCE, P.SackMark.NONE)),
-            seth.pr.eq(reply.probe),
-            seth.ack_psn_offset.eq(reply.ack_psn_offset),
-            seth.entropy.eq(entropy),
-            seth.cack_psn.eq(reply.cack),
-            seth.mpr.eq(reply.mpr),
-            seth.sack_psn_offset.eq(reply.sack_psn_offset),
-            cc_state.tx_timestamp.eq(tmpl.tx_ts),
-            cc_state.ooo_count.eq(reply.ooo_count),
-            cc_state.rcvd_bytes.eq(reply.rcvd_bytes),
-        ]
-    return beat
-
-
 def _observation_layout(config, mr_slots):
     """What ``Responder(observe=True)`` shows on ``obs`` (for the formal proofs)."""
-    qp, bitmaps, wimm_row, mr, _template, _timer = _layouts(config, mr_slots)
-    state = data.StructLayout({"qp": qp, "bm": bitmaps, "wt": wimm_row})
+    layouts = responder_layouts(config)
+    state, mr = layouts.state, layouts.mr
     return data.StructLayout({
         "row": state,               # the tables' row of `obs_qpn` (asynchronous read)
         "mr_row": mr,               # the MR table's entry of `obs_slot` (asynchronous read)
@@ -267,71 +102,13 @@ def _observation_layout(config, mr_slots):
         "held_valid": 1, "held": packet_beat_layout(config),
         "e_cont": 1, "ack_want": 1, "ack_every": 8, "s1_restart": 1, "e_restart": 1,
         "s1_issued": 1,             # S1 is empty or holds an operation S0 issues (not CONT)
+        # S1 holds an operation on a row (not a payload beat) of this QP; the entry and the
+        # MR entry it starts from before S2's write of this cycle (the tables' data with
+        # `prev` and `prev2`, or what it captured while it waited).
+        "s1_row_op": 1, "s1_qpn": config.qpn_bits, "s1_older": state, "s1_mr_older": mr,
         # The registered checks and S1's va + dma_len agree with the packets they belong to.
         "checks_ok": 1,
     })
-
-
-class SackStage(wiring.Component):
-    """The reply stage: builds the reply header from the execute stage's registered decision,
-    cuts a SACK's 64-bit bitmap out of the receive bitmap and registers the reply for the
-    header builder.
-
-    One reply per cycle; latency two cycles (``i`` taken -> ``o.valid``): the decision is
-    registered (its kind, the trigger and a few fields, not a whole header), then the header
-    is built, the bitmap cut and the reply registered again, so only a window-wide shift and
-    a select by kind sit between two registers, out of the execute stage's loop. The bitmap is
-    the low 64 bits of ``rcv >> shift`` for a SACK; NACKs and NAKs carry none.
-
-    Parameters
-    ----------
-    config : :class:`~hdl.config.NicConfig`
-
-    Members
-    -------
-    i : ``In(stream.Signature(_reply_layout(config)))``
-    o : ``Out(stream.Signature(packet_beat_layout(config)))``
-    busy : ``Out(1)``
-        A reply is held (in either register).
-    """
-
-    def __init__(self, *, config):
-        with validating(self):
-            if not isinstance(config, NicConfig):
-                raise TypeError(f"Configuration must be a NicConfig, not {config!r}")
-        self._config = config
-        # The held decision, made here so that Responder(observe=True) can read it.
-        self._held = Signal(_reply_layout(config), name="held", reset_less=True)
-        self._held_valid = Signal(name="held_valid")
-        super().__init__({
-            "i": In(stream.Signature(_reply_layout(config))),
-            "o": Out(stream.Signature(packet_beat_layout(config))),
-            "busy": Out(1),
-        })
-
-    def elaborate(self, platform):
-        m = Module()
-        held, held_valid = self._held, self._held_valid
-        o_room = ~self.o.valid | self.o.ready
-        m.d.comb += [self.i.ready.eq(~held_valid | o_room),
-                     self.busy.eq(held_valid | self.o.valid)]
-        with m.If(self.i.ready):
-            m.d.sync += [held_valid.eq(self.i.valid), held.eq(self.i.payload)]
-
-        reply = Signal(packet_beat_layout(self._config))
-        bitmap = shift_right(m, held.rcv, held.shift, name="sack")
-        m.d.comb += reply.eq(_reply_beat(m, self._config, held, name="held_beat"))
-        with m.If(held.kind == PacketKind.SACK):
-            m.d.comb += reply.header.ctl.sack.seth.sack_bitmap.eq(bitmap[:P.SACK_BITMAP_BITS])
-        with m.If(self.o.ready):
-            m.d.sync += self.o.valid.eq(0)
-        # The payload is loaded whenever the register may change, whether or not a reply
-        # comes: its enable does not wait on the decision.
-        with m.If(o_room):
-            m.d.sync += self.o.payload.eq(reply)
-        with m.If(held_valid & o_room):
-            m.d.sync += self.o.valid.eq(1)
-        return m
 
 
 class Responder(wiring.Component):
@@ -340,11 +117,14 @@ class Responder(wiring.Component):
     out of the window) and AETH NAKs (fatal errors), answers reliability probes (PETH) with
     pr = 1 SACKs, and releases WRITE WITH IMMEDIATE completions in message order.
 
-    Pipeline: S0 issue (choose the operation, address the tables), S1 read (the tables' data
-    lands), S2 execute (forward, classify, write back, emit), S3 reply (the SACK bitmap). A
-    table read misses the writes of the two operations ahead of it; S1 takes the write of the
-    previous cycle from a register and the write of the current cycle from S2, so the only loop
-    left in one cycle is S2's decision on its own QP entry.
+    Pipeline: S0 issue and S1 read (:class:`~hdl.transport.resp_admit.Admission`: choose the
+    operation, read and forward the tables, check the header and MR entry), S2 execute (this
+    component: classify, advance, write back, emit; the WRITE_IMM entries and completions in
+    :class:`~hdl.transport.resp_complete.CompletionReorder`), S3 reply
+    (:class:`~hdl.transport.resp_reply.ReplyStage`: the header and the SACK bitmap). A table
+    read misses the writes of the two operations ahead of it; S1 takes them from registers of
+    S2's write-backs and the write of the current cycle from S2, so the only loop left in one
+    cycle is S2's decision on its own QP entry.
 
     Throughput: one packet per cycle (II = 1) in the steady state, back-to-back packets of the
     same QP included, and one beat per cycle for payload. Latency: first beat in -> first place
@@ -449,34 +229,25 @@ class Responder(wiring.Component):
         m = Module()
         config = self._config
         s = SimpleNamespace()
-        s.layouts = _layouts(config, self._mr_slots)
-        qp_layout, bm_layout, wt_layout, mr_layout, _tmpl, timer_layout = s.layouts
-        s.state_layout = data.StructLayout({"qp": qp_layout, "bm": bm_layout, "wt": wt_layout})
-        s.op_layout = data.StructLayout({
-            "kind": range(5), "beat": packet_beat_layout(config), "qpn": config.qpn_bits,
-            "cmd": responder_command_layout(config), "timer": timer_layout,
-        })
-
-        # Tables: one write port each (S2) and one read port (S0 addresses, S1 data), not
-        # transparent: the forwarding in S1 covers what a read cannot see yet.
-        def table(name, layout, depth):
-            mem = Memory(shape=layout, depth=depth, init=[])
-            m.submodules[name] = mem
-            return mem.read_port(), mem.write_port()
-
-        s.qp_rp, s.qp_wp = table("qp_table", qp_layout, config.qps)
-        s.bm_rp, s.bm_wp = table("bitmaps", bm_layout, config.qps)
-        s.wt_rp, s.wt_wp = table("wimm_table", wt_layout, config.qps)
-        s.mr_rp, s.mr_wp = table("mr_table", mr_layout, self._mr_slots)
+        s.layouts = layouts = responder_layouts(config)
+        timer_layout = layouts.timer
+        s.state_layout = layouts.state
+        s.op_layout = op_layout(config)
+        # S0 issue and S1 read, with the tables.
+        m.submodules.admission = s.admit = Admission(config=config, mr_slots=self._mr_slots,
+                                                     observe=self._observe)
+        wiring.connect(m, wiring.flipped(self.i), s.admit.i)
+        wiring.connect(m, wiring.flipped(self.ctl), s.admit.ctl)
 
         # One spare entry: `timers_used` (exact, unlike the FIFO's inner level while an entry
         # moves to its output register) decides whether a timer can start.
         m.submodules.timer_fifo = s.tfifo = SyncFIFOBuffered(width=timer_layout.size,
                                                              depth=self._timers + 1)
         s.timers_used = Signal(range(self._timers + 1))
-        m.submodules.completion_fifo = s.cfifo = SyncFIFOBuffered(
-            width=completion_layout(config).size, depth=self._completions)
-        m.submodules.sack_stage = s.sack_stage = SackStage(config=config)
+        m.submodules.completions = s.reorder = CompletionReorder(
+            config=config, completions=self._completions)
+        wiring.connect(m, s.reorder.completion, wiring.flipped(self.completion))
+        m.submodules.sack_stage = s.sack_stage = ReplyStage(config=config)
         wiring.connect(m, s.sack_stage.o, wiring.flipped(self.ack))
 
         s.cycles = Signal(32)
@@ -501,16 +272,17 @@ class Responder(wiring.Component):
     # --- S0 issue and S1 read --------------------------------------------------------------
 
     def _stages(self, m, s):
-        config = self._config
-        mr_bits = ceil_log2(self._mr_slots)
-        s1 = s.s1 = Signal(s.op_layout, reset_less=True)
-        s1_valid = s.s1_valid = Signal()
+        # The execute stage's registers, loaded from admission (S1) or, for a continued
+        # step, from S2's own write-back.
+        admit = s.admit
         e = s.e = Signal(s.op_layout, reset_less=True)
         e_valid = s.e_valid = Signal()
         s.st = Signal(s.state_layout, reset_less=True)  # S2's QP entry, forwarded
-        s.mr = Signal(s.layouts[3], reset_less=True)    # S2's MR entry
+        s.mr = Signal(s.layouts.mr, reset_less=True)    # S2's MR entry
         s.va_end = Signal(65, reset_less=True)      # S2's va + dma_len
-        s.checks = Signal(_checks_layout(), reset_less=True)    # S2's header and MR checks
+        s.checks = Signal(checks_layout(), reset_less=True)     # S2's header and MR checks
+        s.nak_since = Signal(32, reset_less=True)   # S2: cycles - its row's last_nak
+        s.nak_set = Signal()                        # S2 sends an out-of-window NACK
         s.cmd_limit = Signal(65, reset_less=True)   # S2's command's base + length
         s.e_fire = Signal()                         # S2 executes this cycle
         s.e_cont = Signal()                         # ... and its operation takes another step
@@ -518,119 +290,36 @@ class Responder(wiring.Component):
         s.new_state = Signal(s.state_layout)        # the entry S2 writes back
         s.table_write = Signal()
         s.row_write = Signal()                      # S2's operation writes its row if it fires
-        s.in_packet = Signal()                      # between a packet's first and last beat
-        s.FIRST, s.BEAT, s.CONT, s.TIMER, s.CTL = range(5)
+        s.mr_write = admit.mr_write                 # S2's MR table write (MR_WRITE)
+        s.FIRST, s.BEAT, s.CONT, s.TIMER, s.CTL = OP_FIRST, OP_BEAT, OP_CONT, OP_TIMER, OP_CTL
 
-        s2_free = Signal()
-        s1_move = Signal()
-        s1_free = Signal()
+        timer_head = s.layouts.timer(s.tfifo.r_data)
+        s.take_timer = admit.timer.ready
         m.d.comb += [
-            s2_free.eq(~e_valid | (s.e_fire & ~s.may_cont)),
-            s1_move.eq(s1_valid & s2_free),
-            s1_free.eq(~s1_valid | s1_move),
+            admit.o.ready.eq(~e_valid | (s.e_fire & ~s.may_cont)),
+            # A restart waits until S2 and the reply stage are empty (and S1, in admission).
+            admit.drained.eq(~e_valid & ~s.sack_stage.busy),
+            admit.cycles.eq(s.cycles),
+            admit.timer.valid.eq(s.tfifo.r_rdy & ~(s.cycles - timer_head.deadline)[31]),
+            admit.timer.payload.eq(timer_head),
+            s.tfifo.r_en.eq(admit.timer.ready),
+            admit.wb.row_write.eq(s.row_write), admit.wb.fire.eq(s.table_write),
+            admit.wb.qpn.eq(e.qpn), admit.wb.state.eq(s.new_state),
         ]
-        # A restart (QP_WRITE with set_psn) waits for an empty pipeline and reply stage: every
-        # reply of the old epoch has left before it executes. Other commands are ordinary
-        # operations: what they write reaches later packets by the forwarding below.
-        empty = ~s1_valid & ~e_valid & ~s.sack_stage.busy
-        restart = (self.ctl.payload.cmd == ResponderCommand.QP_WRITE) & self.ctl.payload.set_psn
-        timer_head = s.layouts[5](s.tfifo.r_data)
-        timer_due = Signal()
-        m.d.comb += timer_due.eq(s.tfifo.r_rdy & ~(s.cycles - timer_head.deadline)[31])
-        can_issue = s1_free
-        in_packet = s.in_packet
-        take_beat = can_issue & in_packet & self.i.valid
-        take_ctl = can_issue & ~in_packet & self.ctl.valid & (~restart | empty)
-        take_timer = can_issue & ~in_packet & ~self.ctl.valid & timer_due
-        take_first = can_issue & ~in_packet & ~self.ctl.valid & ~timer_due & self.i.valid
-        s.take_timer = take_timer
-        m.d.comb += [
-            self.i.ready.eq(can_issue & (in_packet | (~self.ctl.valid & ~timer_due))),
-            self.ctl.ready.eq(take_ctl),
-            s.tfifo.r_en.eq(take_timer),
-        ]
-        in_hdr = self.i.payload.header
-        # The QP an issue would address, chosen without waiting on whether S1 is free (the
-        # stall comes late, from S2's decision): it matters only when S1 is.
-        issue_qpn = Signal(config.qpn_bits)
-        with m.If(~in_packet & self.ctl.valid & (~restart | empty)):
-            m.d.comb += issue_qpn.eq(self.ctl.payload.qpn[:config.qpn_bits])
-        with m.Elif(~in_packet & ~self.ctl.valid & timer_due):
-            m.d.comb += issue_qpn.eq(timer_head.qpn)
-        with m.Else():
-            m.d.comb += issue_qpn.eq(in_hdr.bth.dqpn[:config.qpn_bits])
-
-        # The tables are read every cycle: for the operation issued, or again for the one that
-        # waits in S1 (so that its data misses only the writes of the last two cycles).
-        read_qpn = Mux(s1_free, issue_qpn, s1.qpn)
-        for rp in (s.qp_rp, s.bm_rp, s.wt_rp):
-            m.d.comb += rp.addr.eq(read_qpn)
-        m.d.comb += s.mr_rp.addr.eq(Mux(s1_free, in_hdr.reth.rkey[:mr_bits],
-                                        s1.beat.header.reth.rkey[:mr_bits]))
-
-        with m.If(s1_move):
-            m.d.sync += s1_valid.eq(0)
-        s1_va_end = Signal(65, reset_less=True)     # S1's va + dma_len
-        with m.If(take_beat | take_first):
-            m.d.sync += [s1_valid.eq(1), s1.kind.eq(Mux(take_first, s.FIRST, s.BEAT)),
-                         s1.beat.eq(self.i.payload), in_packet.eq(~self.i.payload.last),
-                         s1_va_end.eq(in_hdr.reth.va + in_hdr.reth.dma_len)]
-        with m.If(take_first):
-            m.d.sync += s1.qpn.eq(issue_qpn)
-        with m.If(take_ctl):
-            m.d.sync += [s1_valid.eq(1), s1.kind.eq(s.CTL), s1.cmd.eq(self.ctl.payload),
-                         s1.qpn.eq(issue_qpn)]
-        with m.If(take_timer):
-            m.d.sync += [s1_valid.eq(1), s1.kind.eq(s.TIMER), s1.timer.eq(timer_head),
-                         s1.qpn.eq(issue_qpn)]
-        # S2's write-backs reach the tables a cycle later, from a register (`prev`), so no
-        # logic sits in front of the block RAM's write port. S1 -> S2: the entry S2 starts
-        # from is this cycle's write-back of the same QP, else the last cycle's (`prev`, not
-        # in the table yet), else the one before (`prev2`, written while the table was
-        # read), else the table's data.
-        # Only the valid bits are reset: the rest means nothing while they are low.
-        written = data.StructLayout({"qpn": config.qpn_bits, "state": s.state_layout})
-        prev = Signal(written, reset_less=True)
-        prev2 = Signal(written, reset_less=True)
-        prev_valid = Signal()
-        prev2_valid = Signal()
-        m.d.sync += [prev_valid.eq(s.table_write), prev.qpn.eq(e.qpn),
-                     prev.state.eq(s.new_state), prev2_valid.eq(prev_valid), prev2.eq(prev)]
-        for wp, part in ((s.qp_wp, prev.state.qp), (s.bm_wp, prev.state.bm),
-                         (s.wt_wp, prev.state.wt)):
-            m.d.comb += [wp.addr.eq(prev.qpn), wp.data.eq(part), wp.en.eq(prev_valid)]
-        stored = Signal(s.state_layout)
-        m.d.comb += [stored.qp.eq(s.qp_rp.data), stored.bm.eq(s.bm_rp.data),
-                     stored.wt.eq(s.wt_rp.data)]
-        # S1 moves on only when S2 executes (or is empty): the match need not wait on e_fire.
-        same_now = s.row_write & (e.qpn == s1.qpn)
-        same_prev = prev_valid & (prev.qpn == s1.qpn)
-        same_prev2 = prev2_valid & (prev2.qpn == s1.qpn)
-        # The MR table likewise (written by MR_WRITE commands).
-        mr_prev = Signal(data.StructLayout({"valid": 1, "slot": max(1, mr_bits),
-                                            "entry": s.layouts[3]}))
-        m.d.sync += [mr_prev.valid.eq(s.mr_wp.en), mr_prev.slot.eq(s.mr_wp.addr),
-                     mr_prev.entry.eq(s.mr_wp.data)]
-        s1_slot = s1.beat.header.reth.rkey[:mr_bits]
-        mr_now = s.mr_wp.en & (s.mr_wp.addr == s1_slot)
-        mr_same_prev = mr_prev.valid & (mr_prev.slot == s1_slot)
-        # S1 checks the packet against its MR entry (forwarded like the QP entry) and decodes
-        # its header; S2 finds the results in `checks`.
-        mr_entry = Signal(s.layouts[3])
-        m.d.comb += mr_entry.eq(Mux(mr_now, s.mr_wp.data,
-                                    Mux(mr_same_prev, mr_prev.entry, s.mr_rp.data)))
-        s1_checks = _header_checks(config, s1.beat.header, mr_entry, s1_va_end)
-        s.s1_va_end = s1_va_end
+        # S2's `nak_since` = cycles - its row's last_nak, kept up to date by counting, so the
+        # out-of-window NACK rate limit compares a register (no subtract in S2's loop). S2
+        # writes last_nak = cycles only for a NACK it sends (`nak_set`): 1 cycle ago next.
+        since_now = Mux(s.nak_set, 1, s.nak_since + 1)
+        a = admit.o.payload
+        m.d.sync += s.nak_since.eq(s.nak_since + 1)
         with m.If(s.e_fire & s.e_cont):
-            m.d.sync += [e.kind.eq(s.CONT), s.st.eq(s.new_state)]
-        with m.Elif(s1_move):
+            m.d.sync += [e.kind.eq(s.CONT), s.st.eq(s.new_state), s.nak_since.eq(since_now)]
+        with m.Elif(admit.o.valid & admit.o.ready):
             m.d.sync += [
-                e_valid.eq(1), e.eq(s1),
-                s.mr.eq(mr_entry), s.va_end.eq(s1_va_end),
-                s.cmd_limit.eq(s1.cmd.base + s1.cmd.length),
-                *(s.checks[name].eq(value) for name, value in s1_checks.items()),
-                s.st.eq(Mux(same_now, s.new_state,
-                            Mux(same_prev, prev.state, Mux(same_prev2, prev2.state, stored)))),
+                s.nak_since.eq(Mux(a.same_now, since_now, a.since_older)),
+                e_valid.eq(1), e.eq(a.op),
+                s.mr.eq(a.mr), s.va_end.eq(a.va_end), s.cmd_limit.eq(a.cmd_limit),
+                s.checks.eq(a.checks), s.st.eq(a.row),
             ]
         with m.Elif(s.e_fire):
             m.d.sync += e_valid.eq(0)
@@ -639,7 +328,7 @@ class Responder(wiring.Component):
 
     def _classify(self, m, s):
         config = self._config
-        e, qp, bm, wt, mr = s.e, s.st.qp, s.st.bm, s.st.wt, s.mr
+        e, qp, bm, mr = s.e, s.st.qp, s.st.bm, s.mr
         s.is_packet = s.e_valid & (e.kind == s.FIRST)
         # A reliability probe (PETH) is a one-beat packet that consumes no PSN: it is answered
         # with a pr = 1 SACK and changes nothing.
@@ -668,8 +357,7 @@ class Responder(wiring.Component):
         marked = as_signal(m, bm.rcv.bit_select(s.offset, 1), "marked")
         mr_ok = checks.mr_hit & (mr.pd == qp.pd)
         in_bounds = checks.in_bounds
-        s.wimm_used = _popcount(Cat(wt[k].valid for k in range(config.max_wimm)))
-        wimm_full = s.is_imm_op & (s.wimm_used >= qp.max_wimm)
+        wimm_full = s.is_imm_op & (qp.wimm_count >= qp.max_wimm)
 
         verdict = s.verdict = Signal(ResponderVerdict)
         V = ResponderVerdict
@@ -721,12 +409,12 @@ class Responder(wiring.Component):
         rcv_x = as_signal(m, bm.rcv | adding, "rcv_x")
         last_x = as_signal(m, bm.last | (adding & s.is_last_op), "last_x")
         wimm_x = as_signal(m, bm.wimm | (adding & s.is_imm_op), "wimm_x")
-        run_end = _lowest_set(m, ~rcv_x[:chunk + 1], "run_end")   # first PSN not received
+        run_end = lowest_set(m, ~rcv_x[:chunk + 1], "run_end")   # first PSN not received
         run = Signal(range(chunk + 1))
         m.d.comb += run.eq(Mux(run_end > chunk, chunk, run_end))
-        wimm_at = _lowest_set(m, wimm_x[:chunk], "wimm_at")
+        wimm_at = lowest_set(m, wimm_x[:chunk], "wimm_at")
         wimm_at_bit = onehot(m, wimm_at, chunk, name="wimm_at_bit")
-        wimm_next = _lowest_set(m, wimm_x[:chunk] & ~wimm_at_bit, "wimm_next")
+        wimm_next = lowest_set(m, wimm_x[:chunk] & ~wimm_at_bit, "wimm_next")
         # Whether a WRITE_IMM completes in this step (stop: wimm_at < run), another one after
         # it too (more: wimm_next < run) and whether the step continues, from masks rather
         # than from the indices: S1's stall waits on `may_cont`, so it must come early. For
@@ -750,7 +438,7 @@ class Responder(wiring.Component):
         set_bit = Signal(window)
         m.d.comb += set_bit.eq(Mux(s.placed, onehot(m, s.offset, window, name="set_bit"), 0))
         s.rcv1 = as_signal(m, bm.rcv | set_bit, "rcv1")      # for the SACK bitmap
-        s.new_bm = Signal(s.layouts[1])
+        s.new_bm = Signal(s.layouts.bitmaps)
         for name, advanced, placed in (
                 ("rcv", rcv_x, s.rcv1),
                 ("last", last_x, bm.last | Mux(s.is_last_op, set_bit, 0)),
@@ -767,41 +455,23 @@ class Responder(wiring.Component):
         m.d.comb += [
             s.new_epsn.eq(qp.epsn + s.advance),
             s.new_epos.eq(Mux(epos_sum >= window, epos_sum - window, epos_sum)),
-            s.new_msn.eq(qp.msn + _popcount(last_x[:chunk] & passed)),
-            s.wimm_msn.eq(qp.msn + _popcount(
+            s.new_msn.eq(qp.msn + popcount(last_x[:chunk] & passed)),
+            s.wimm_msn.eq(qp.msn + popcount(
                 last_x[:chunk] & below_mask(m, wimm_at + 1, chunk, name="upto_wimm"))),
         ]
 
-        # WRITE_IMM entries: a placed one takes the first free slot, unless it completes at
-        # once (an in-order WRITE_IMM: the step stops at it, bit 0); the one a step passes
-        # leaves with its completion. Which entry a step passes is decided from the entry
-        # alone, so the verdict reaches only the insertion.
-        pkt_pos = Signal.like(qp.epos)
-        wimm_pos = Signal.like(qp.epos)
-        pkt_pos_sum = qp.epos + s.offset
-        wimm_pos_sum = qp.epos + wimm_at
+        # WRITE_IMM entries (`CompletionReorder`): a placed one takes the first free slot,
+        # unless it completes at once (an in-order WRITE_IMM: the step stops at it, bit 0); the
+        # one a step passes leaves with its completion.
+        reorder = s.reorder
         m.d.comb += [
-            pkt_pos.eq(Mux(pkt_pos_sum >= window, pkt_pos_sum - window, pkt_pos_sum)),
-            wimm_pos.eq(Mux(wimm_pos_sum >= window, wimm_pos_sum - window, wimm_pos_sum)),
+            reorder.entries.eq(wt), reorder.count.eq(qp.wimm_count), reorder.epos.eq(qp.epos),
+            reorder.offset.eq(s.offset), reorder.wimm_at.eq(wimm_at), reorder.stop.eq(s.stop),
+            reorder.placed.eq(s.placed), reorder.placed_d0.eq(s.placed_d0),
+            reorder.imm_op.eq(s.is_imm_op), reorder.imm.eq(h.immdt.imm),
         ]
-        free_slot = _lowest_set(m, ~Cat(wt[k].valid for k in range(config.max_wimm)),
-                                "free_slot")
-        done_at_once = s.placed_d0 & s.is_imm_op
-        insert = as_signal(m, s.placed & s.is_imm_op & ~done_at_once, "wimm_insert")
-        s.new_wt = Signal(s.layouts[2])
-        s.completed_imm = Signal(32)
-        hit_imms = [Mux(done_at_once, h.immdt.imm, 0)]
-        for k in range(config.max_wimm):
-            hit = as_signal(m, wt[k].valid & (wt[k].pos == wimm_pos) & s.stop, f"wimm_hit{k}")
-            hit_imms.append(Mux(hit, wt[k].imm, 0))
-            m.d.comb += s.new_wt[k].eq(wt[k])
-            with m.If(insert & (free_slot == k)):
-                m.d.comb += [s.new_wt[k].valid.eq(1), s.new_wt[k].pos.eq(pkt_pos),
-                             s.new_wt[k].imm.eq(h.immdt.imm)]
-            with m.Elif(hit):
-                m.d.comb += s.new_wt[k].valid.eq(0)
-        # One entry at most completes; OR is the cheapest select.
-        m.d.comb += s.completed_imm.eq(_or_all(hit_imms))
+        s.new_wt = reorder.new_entries
+        s.new_wimm_count = reorder.new_count
 
     @staticmethod
     def _run_flags(m, rcv, wimm, chunk, name):
@@ -844,8 +514,7 @@ class Responder(wiring.Component):
                                  ((qp.ack_count == 0) & ~timer_room))
         s.start_timer = s.placed & ~s.ack_now & (qp.ack_count == 0)
 
-        nak_quiet = (s.nak_interval != 0) & qp.nak_armed & \
-            ((s.cycles - qp.last_nak)[:32] < s.nak_interval)
+        nak_quiet = (s.nak_interval != 0) & qp.nak_armed & (s.nak_since < s.nak_interval)
         s.nak_code = Signal(5)
         with m.Switch(verdict):
             for v, code in VERDICT_NAK.items():
@@ -858,6 +527,7 @@ class Responder(wiring.Component):
                 with m.Case(v):
                     m.d.comb += [s.nack_reason.eq(int(reason)), s.is_nack.eq(1)]
         s.suppressed = s.is_first & (verdict == V.OUT_OF_WINDOW) & nak_quiet
+        m.d.comb += s.nak_set.eq(s.is_first & (verdict == V.OUT_OF_WINDOW) & ~nak_quiet)
         s.send_nak = s.is_first & (verdict != V.PLACED) & (verdict != V.DUPLICATE) & \
             ~s.suppressed & \
             ((verdict != V.TRIMMED) | (qp.caps & int(P.QpCapability.TRIM_NACK)).any())
@@ -873,16 +543,16 @@ class Responder(wiring.Component):
         m.d.comb += s.new_above.eq(Mux(s.placed | s.is_cont, qp.above + s.placed - s.advance,
                                        qp.above))
         s.new_rcvd = Signal(RCVD_BYTES_BITS)
-        m.d.comb += s.new_rcvd.eq(qp.rcvd_bytes + Mux(s.placed, h.reth.dma_len, 0))
+        # The sum is made before the verdict, which only selects it.
+        m.d.comb += s.new_rcvd.eq(Mux(s.placed, qp.rcvd_bytes + h.reth.dma_len, qp.rcvd_bytes))
 
     # --- S2: the reply (its SACK bitmap is cut in S3) -----------------------------------------
 
     def _reply(self, m, s):
         config = self._config
-        window = config.window_psns
         qp, h = s.st.qp, s.h
         # The packet the reply answers: this one, or for a timer the one that started it.
-        s.tmpl = tmpl = Signal(s.layouts[4])
+        s.tmpl = tmpl = Signal(s.layouts.template)
         with m.If(s.is_timer):
             m.d.comb += tmpl.eq(s.e.timer.template)
         with m.Else():
@@ -899,25 +569,23 @@ class Responder(wiring.Component):
         # SACK bitmap: 64 PSNs from cack_psn + 1, or, when the trigger lies more than 64 PSNs
         # above cack_psn, from the start of the trigger's 64-aligned block (so a SACK reports
         # the holes around a late arrival anywhere in the window). Bit i of `rcv1` is PSN
-        # epsn + i (before this step's advance).
+        # epsn + i (before this step's advance). What needs the advance is finished in the
+        # reply stage (`_reply_fields`); here only what the entry and the trigger decide:
+        # with dist = trigger - epsn and cack_psn = epsn + advance - 1, the trigger lies
+        # dist + 1 - advance above cack_psn, and advance is at most CHUNK.
         bitmap_bits = P.SACK_BITMAP_BITS
-        cack = Signal(24)
-        trig_dist = Signal(24)          # trigger - cack_psn
-        aligned = Signal()
-        aligned_base = Signal(24)
-        m.d.comb += [
-            cack.eq(s.new_epsn - 1),
-            trig_dist.eq(tmpl.psn - cack),
-            aligned.eq(~s.is_probe & ~trig_dist[23] & (trig_dist > bitmap_bits)),
-            aligned_base.eq(Cat(C(0, 6), tmpl.psn[6:])),
-        ]
-        shift_bits = ceil_log2(window + 1)
-        sack_shift = Signal(shift_bits)
-        m.d.comb += sack_shift.eq(Mux(aligned, (aligned_base - qp.epsn)[:shift_bits],
-                                      s.advance))
+        sign = 1 << (P.PSN_BITS - 1)
+        dist = Signal(24)
+        m.d.comb += dist.eq(tmpl.psn - qp.epsn)
+        far = (dist >= bitmap_bits + CHUNK + 1) & (dist <= sign - 2)
+        near_lo = (dist >= bitmap_bits) & (dist <= bitmap_bits + CHUNK)
+        near_hi = (dist >= sign - 1) & (dist <= sign + CHUNK - 1)
+        lo_max = (dist - bitmap_bits)[:ceil_log2(CHUNK + 1)]
+        hi_min = (dist + 2 - sign)[:5]
+        block_shift = (Cat(C(0, 6), tmpl.psn[6:16]) - qp.epsn[:16])[:16]
 
         bad_qp = s.is_first & ~s.known
-        s.reply = reply = Signal(_reply_layout(config))
+        s.reply = reply = Signal(reply_layout(config))
         # Only `kind`, `nack_reason` and `nak_code` wait on the verdict; the header is built
         # from these registers in the reply stage.
         with m.If(s.send_nak & s.is_nack):
@@ -931,13 +599,15 @@ class Responder(wiring.Component):
             reply.dqpn.eq(Mux(bad_qp, h.bth.dqpn, qp.remote_qpn)),
             reply.nack_reason.eq(s.nack_reason), reply.nak_code.eq(s.nak_code),
             reply.msn.eq(Mux(bad_qp, 0, s.new_msn)),
-            reply.probe.eq(s.is_probe), reply.cack.eq(cack),
-            reply.ack_psn_offset.eq(Mux(s.is_probe, h.ctl.peth.probe_id, trig_dist[:16])),
-            reply.sack_psn_offset.eq(Mux(aligned, (aligned_base - cack)[:16], 1)),
+            reply.probe.eq(s.is_probe), reply.probe_id.eq(h.ctl.peth.probe_id),
+            reply.epsn.eq(qp.epsn), reply.advance.eq(s.advance), reply.dist.eq(dist),
+            reply.block_shift.eq(block_shift),
+            reply.far.eq(far), reply.near_lo.eq(near_lo), reply.lo_max.eq(lo_max),
+            reply.near_hi.eq(near_hi), reply.hi_min.eq(hi_min),
             reply.mpr.eq(qp.mpr),
             reply.ooo_count.eq(Mux(s.new_above > OOO_COUNT_MAX, OOO_COUNT_MAX, s.new_above)),
             reply.rcvd_bytes.eq(s.new_rcvd),
-            reply.rcv.eq(s.rcv1), reply.shift.eq(sack_shift),
+            reply.rcv.eq(s.rcv1),
         ]
 
     # --- S2: control commands --------------------------------------------------------------
@@ -966,14 +636,14 @@ class Responder(wiring.Component):
                     m.d.comb += resp.errno.eq(P.Errno.ENOENT)
                 with m.Else():
                     m.d.comb += resp.data.eq(Cat(qp.state, C(0, 5), qp.epsn, qp.msn,
-                                                 s.wimm_used))
+                                                 qp.wimm_count))
             with m.Case(C_.MR_WRITE):
                 with m.If(cmd.slot >= self._mr_slots):
                     m.d.comb += resp.errno.eq(P.Errno.ENOENT)
                 with m.Elif(cmd.valid & (cmd.rkey[:mr_bits] != cmd.slot[:mr_bits])):
                     m.d.comb += resp.errno.eq(P.Errno.EINVAL)
                 with m.Else():
-                    m.d.comb += s.mr_wp.en.eq(is_ctl & s.e_fire)
+                    m.d.comb += s.mr_write.en.eq(is_ctl & s.e_fire)
             with m.Case(C_.CONFIG):
                 with m.If(cmd.ack_every == 0):
                     m.d.comb += resp.errno.eq(P.Errno.EINVAL)
@@ -983,10 +653,10 @@ class Responder(wiring.Component):
                                  s.coalesce_gaps.eq(cmd.coalesce_gaps),
                                  s.gap_depth.eq(cmd.gap_depth)]
         m.d.comb += [
-            s.mr_wp.addr.eq(cmd.slot[:mr_bits]),
-            s.mr_wp.data.valid.eq(cmd.valid), s.mr_wp.data.rkey.eq(cmd.rkey),
-            s.mr_wp.data.pd.eq(cmd.pd), s.mr_wp.data.base.eq(cmd.base),
-            s.mr_wp.data.limit.eq(s.cmd_limit),
+            s.mr_write.slot.eq(cmd.slot[:mr_bits]),
+            s.mr_write.entry.valid.eq(cmd.valid), s.mr_write.entry.rkey.eq(cmd.rkey),
+            s.mr_write.entry.pd.eq(cmd.pd), s.mr_write.entry.base.eq(cmd.base),
+            s.mr_write.entry.limit.eq(s.cmd_limit),
         ]
 
     # --- S2: outputs and table writes ----------------------------------------------------------
@@ -995,7 +665,6 @@ class Responder(wiring.Component):
         config = self._config
         lanes = config.bytes_per_beat
         e, h, qp = s.e, s.h, s.st.qp
-        V = ResponderVerdict
 
         # An operation executes when every output its kind can use has room (not only the
         # ones it turns out to need: the decision stays out of the ready path).
@@ -1006,12 +675,7 @@ class Responder(wiring.Component):
         resp_room = ~resp_valid | self.ctl_resp.ready
         # Completions and timers reach their FIFOs a cycle later, from a register (no decision
         # logic in front of a FIFO); the completion FIFO's room counts the one on its way.
-        completion_req = Signal(completion_layout(config), reset_less=True)
-        completion_pending = Signal()
-        completion_room = Signal()
-        m.d.comb += completion_room.eq(Mux(completion_pending,
-                                           s.cfifo.level < self._completions - 1,
-                                           s.cfifo.level < self._completions))
+        completion_room = s.reorder.room
         room = Signal()
         with m.Switch(e.kind):
             with m.Case(s.FIRST):
@@ -1064,26 +728,17 @@ class Responder(wiring.Component):
         with m.If(s.e_fire & s.is_ctl):
             m.d.sync += resp_valid.eq(1)
 
-        completion = Signal(completion_layout(config))
-        m.d.comb += [
-            completion.qpn.eq(e.qpn), completion.side.eq(CompletionSide.RESPONDER),
-            completion.wr_id.eq(s.wimm_msn), completion.status.eq(P.CompletionStatus.SUCCESS),
-            completion.opcode.eq(P.WcOpcode.RECV_RDMA_WITH_IMM), completion.imm_valid.eq(1),
-            completion.imm.eq(s.completed_imm),
-            s.cfifo.w_en.eq(completion_pending), s.cfifo.w_data.eq(completion_req),
-            self.completion.valid.eq(s.cfifo.r_rdy), self.completion.payload.eq(s.cfifo.r_data),
-            s.cfifo.r_en.eq(self.completion.ready),
-        ]
-        timer_entry = Signal(s.layouts[5])
+        m.d.comb += [s.reorder.push.eq(s.e_fire & need_completion), s.reorder.qpn.eq(e.qpn),
+                     s.reorder.wr_id.eq(s.wimm_msn)]
+        timer_entry = Signal(s.layouts.timer)
         m.d.comb += [
             timer_entry.deadline.eq(s.cycles + s.ack_delay), timer_entry.qpn.eq(e.qpn),
             timer_entry.template.eq(s.tmpl),
         ]
-        timer_req = Signal(s.layouts[5], reset_less=True)
+        timer_req = Signal(s.layouts.timer, reset_less=True)
         timer_pending = Signal()
         timer_start = s.e_fire & s.start_timer
         m.d.sync += [
-            completion_pending.eq(s.e_fire & need_completion), completion_req.eq(completion),
             timer_pending.eq(timer_start), timer_req.eq(timer_entry),
             s.timers_used.eq(s.timers_used + timer_start - s.take_timer),
         ]
@@ -1094,13 +749,13 @@ class Responder(wiring.Component):
         m.d.comb += [
             new_qp.eq(qp), new_qp.epsn.eq(s.new_epsn), new_qp.epos.eq(s.new_epos),
             new_qp.msn.eq(s.new_msn), new_qp.rcvd_bytes.eq(s.new_rcvd),
-            new_qp.above.eq(s.new_above),
+            new_qp.above.eq(s.new_above), new_qp.wimm_count.eq(s.new_wimm_count),
         ]
         with m.If(s.placed):
             m.d.comb += new_qp.ack_count.eq(Mux(s.ack_now, 0, s.count_next))
         with m.If(s.send_ack):
             m.d.comb += new_qp.ack_count.eq(0)
-        with m.If(s.is_first & (s.verdict == V.OUT_OF_WINDOW) & ~s.suppressed):
+        with m.If(s.nak_set):
             m.d.comb += [new_qp.nak_armed.eq(1), new_qp.last_nak.eq(s.cycles)]
         cmd = e.cmd
         with m.If(s.is_ctl):
@@ -1113,7 +768,7 @@ class Responder(wiring.Component):
                 m.d.comb += [
                     new_qp.epsn.eq(cmd.psn), new_qp.epos.eq(0), new_qp.msn.eq(0),
                     new_qp.ack_count.eq(0), new_qp.nak_armed.eq(0), new_qp.last_nak.eq(0),
-                    new_qp.above.eq(0), new_qp.rcvd_bytes.eq(0),
+                    new_qp.above.eq(0), new_qp.rcvd_bytes.eq(0), new_qp.wimm_count.eq(0),
                 ]
         m.d.comb += [
             s.new_state.bm.eq(Mux(s.set_rx, 0, s.new_bm)),
@@ -1145,40 +800,37 @@ class Responder(wiring.Component):
         }
 
     def _observation(self, m, s):
-        obs = self.obs
-        mr_bits = ceil_log2(self._mr_slots)
-        for table, part in (("qp_table", obs.row.qp), ("bitmaps", obs.row.bm),
-                            ("wimm_table", obs.row.wt)):
-            port = m.submodules[table].read_port(domain="comb")
-            m.d.comb += [port.addr.eq(self.obs_qpn), part.eq(port.data)]
-        mr_port = m.submodules.mr_table.read_port(domain="comb")
-        m.d.comb += [mr_port.addr.eq(self.obs_slot[:mr_bits]), obs.mr_row.eq(mr_port.data)]
+        obs, a_obs = self.obs, s.admit.obs
+        s1, s1_valid = a_obs.s1, a_obs.s1_valid
         m.d.comb += [
+            s.admit.obs_qpn.eq(self.obs_qpn), s.admit.obs_slot.eq(self.obs_slot),
+            obs.row.eq(a_obs.row), obs.mr_row.eq(a_obs.mr_row),
             obs.e_row.eq(s.is_packet | s.is_cont | s.is_timer | s.is_ctl), obs.e_qpn.eq(s.e.qpn),
             obs.e_psn.eq(s.h.bth.psn), obs.e_fire.eq(s.e_fire),
             obs.st.eq(s.st), obs.new_state.eq(s.new_state), obs.table_write.eq(s.table_write),
             obs.placed.eq(s.placed), obs.set_rx.eq(s.set_rx),
-            obs.s1_first.eq(s.s1_valid & (s.s1.kind == s.FIRST)),
-            obs.s1_more.eq(s.s1_valid & (s.s1.kind == s.BEAT)), obs.s1_beat.eq(s.s1.beat),
+            obs.s1_first.eq(s1_valid & (s1.kind == s.FIRST)),
+            obs.s1_more.eq(s1_valid & (s1.kind == s.BEAT)), obs.s1_beat.eq(s1.beat),
             obs.e_first.eq(s.is_packet), obs.e_more.eq(s.is_beat), obs.e_beat.eq(s.e.beat),
             obs.mr.eq(s.mr), obs.va_end.eq(s.va_end), obs.pkt_place.eq(s.pkt_place),
-            obs.pkt_addr.eq(s.pkt_addr), obs.in_packet.eq(s.in_packet),
+            obs.pkt_addr.eq(s.pkt_addr), obs.in_packet.eq(a_obs.in_packet),
             obs.reply_taken.eq(s.sack_stage.i.valid & s.sack_stage.i.ready),
-            obs.reply.eq(_reply_beat(m, self._config, s.sack_stage.i.payload, name="obs_reply")),
-            obs.held_valid.eq(s.sack_stage._held_valid),
-            obs.held.eq(_reply_beat(m, self._config, s.sack_stage._held, name="obs_held")),
+            obs.reply.eq(reply_beat(m, self._config, s.sack_stage.i.payload, name="obs_reply")),
+            obs.held_valid.eq(s.sack_stage.held_valid),
+            obs.held.eq(reply_beat(m, self._config, s.sack_stage.held, name="obs_held")),
             obs.e_cont.eq(s.is_cont), obs.ack_want.eq(s.e_ack_want),
             obs.ack_every.eq(s.ack_every),
-            obs.s1_issued.eq(~s.s1_valid | Cat(s.s1.kind == k
-                                               for k in (s.FIRST, s.BEAT, s.TIMER, s.CTL)).any()),
+            obs.s1_issued.eq(~s1_valid | Cat(s1.kind == k
+                                             for k in (s.FIRST, s.BEAT, s.TIMER, s.CTL)).any()),
+            obs.s1_row_op.eq(s1_valid & (s1.kind != s.BEAT)),
+            obs.s1_qpn.eq(s1.qpn), obs.s1_older.eq(a_obs.s1_older),
+            obs.s1_mr_older.eq(a_obs.s1_mr_older),
         ]
-        s1_hdr = s.s1.beat.header
-        e_checks = _header_checks(self._config, s.e.beat.header, s.mr, s.va_end)
+        e_checks = header_checks(self._config, s.e.beat.header, s.mr, s.va_end)
         m.d.comb += obs.checks_ok.eq(
             (~s.e_valid | (s.checks.as_value() ==
-                           Cat(e_checks[name] for name in _checks_layout().members))) &
-            (~(s.s1_valid & ((s.s1.kind == s.FIRST) | (s.s1.kind == s.BEAT))) |
-             (s.s1_va_end == s1_hdr.reth.va + s1_hdr.reth.dma_len)))
-        for op, valid, name in ((s.s1, s.s1_valid, "s1_restart"), (s.e, s.e_valid, "e_restart")):
+                           Cat(e_checks[name] for name in checks_layout().members))) &
+            a_obs.s1_va_end_ok)
+        for op, valid, name in ((s1, s1_valid, "s1_restart"), (s.e, s.e_valid, "e_restart")):
             m.d.comb += obs[name].eq(valid & (op.kind == s.CTL) &
                                      (op.cmd.cmd == ResponderCommand.QP_WRITE) & op.cmd.set_psn)
