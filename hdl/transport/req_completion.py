@@ -34,11 +34,13 @@ def completion_observation_layout(config):
     """What ``CompletionEngine(observe=True)`` shows on ``obs``: whether it is in LOAD, RING
     or CHECK, the QP it visits, and what CHECK decides on: the ring position it checks
     (``head``) and that WR's pool entry (``entry``, latched in RING and on each completion),
-    the ring's end latched in LOAD (``tail``), and the QP's ``una`` and ``error`` latched
-    there."""
+    the ``wr_ring`` read port's data (``ring_read``: in RING the entry at ``head``, in CHECK
+    the one after it), the ring's end latched in LOAD (``tail``), and the QP's ``una`` and
+    ``error`` latched there."""
     sb = log2(slot_depth(config))
     return data.StructLayout({"load": 1, "ring": 1, "check": 1, "qpn": config.qpn_bits,
                               "head": sb + 1, "entry": pool_index_bits(config),
+                              "ring_read": pool_index_bits(config),
                               "tail": sb + 1, "una": PSN, "error": 1})
 
 
@@ -221,6 +223,7 @@ class CompletionEngine(wiring.Component):
             m.d.comb += [obs.load.eq(e_state == E_LOAD), obs.ring.eq(e_state == E_RING),
                          obs.check.eq(e_state == E_CHECK),
                          obs.qpn.eq(e_qpn), obs.head.eq(e_head), obs.entry.eq(e_entry),
+                         obs.ring_read.eq(ring_port.data),
                          obs.tail.eq(e_tail),
                          obs.una.eq(e_una), obs.error.eq(e_error)]
         return m

@@ -43,8 +43,10 @@ def segment_job_layout(config):
 
 def intake_observation_layout(config):
     """What ``WrIntake(observe=True)`` shows on ``obs``: its forwarding register (the QP and
-    end PSN of the WR last handed to the segmenter)."""
-    return data.StructLayout({"fwd_valid": 1, "fwd_qpn": config.qpn_bits, "fwd_end": PSN})
+    end PSN of the WR last handed to the segmenter), and the WR pool entry it takes this
+    cycle (``alloc``: a WR is accepted; ``alloc_entry``: its entry)."""
+    return data.StructLayout({"fwd_valid": 1, "fwd_qpn": config.qpn_bits, "fwd_end": PSN,
+                              "alloc": 1, "alloc_entry": pool_index_bits(config)})
 
 
 def segmenter_observation_layout(config):
@@ -259,7 +261,8 @@ class WrIntake(wiring.Component):
             m.d.sync += fwd_valid.eq(0)
         if self._observe:
             m.d.comb += [self.obs.fwd_valid.eq(fwd_valid), self.obs.fwd_qpn.eq(fwd_qpn),
-                         self.obs.fwd_end.eq(fwd_end)]
+                         self.obs.fwd_end.eq(fwd_end), self.obs.alloc.eq(s1_accept),
+                         self.obs.alloc_entry.eq(s1_entry)]
         return m
 
 

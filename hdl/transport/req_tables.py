@@ -128,12 +128,14 @@ OBSERVED_TABLES = ("cfg", "next_psn", "ack", "sq", "cq")
 
 
 def observed_row_layout(config):
-    """A QP's entries of :data:`OBSERVED_TABLES`, its ``wr_ring`` entry at ring position
-    ``obs_pos`` and the ``wr_done`` entry of WR pool entry ``obs_slot``, as
-    ``RequesterTables(observe=True)`` shows them on ``obs``."""
+    """A QP's entries of :data:`OBSERVED_TABLES`, its ``wr_ring`` entries at ring positions
+    ``obs_pos`` (``wr_ring``) and ``obs_head`` (``wr_ring_head``) and the ``wr_done`` entry
+    of WR pool entry ``obs_slot``, as ``RequesterTables(observe=True)`` shows them on
+    ``obs``."""
     tables = requester_tables(config)
     return data.StructLayout({**{name: tables[name][0] for name in OBSERVED_TABLES},
                               "wr_ring": tables["wr_ring"][0],
+                              "wr_ring_head": tables["wr_ring"][0],
                               "wr_done": tables["wr_done"][0]})
 
 
@@ -176,10 +178,10 @@ class RequesterTables(wiring.Component):
     ----------
     config : NicConfig
     observe : bool
-        Add ``obs_qpn``, ``obs_pos``, ``obs_slot`` and ``obs`` (off by default): an
-        asynchronous read of the QP's entries of :data:`OBSERVED_TABLES`, of its ``wr_ring``
-        entry at ring position ``obs_pos`` and of the ``wr_done`` entry of WR pool entry
-        ``obs_slot``, for the formal proofs. A read port more on each of those tables, in
+        Add ``obs_qpn``, ``obs_pos``, ``obs_head``, ``obs_slot`` and ``obs`` (off by
+        default): an asynchronous read of the QP's entries of :data:`OBSERVED_TABLES`, of its
+        ``wr_ring`` entries at ring positions ``obs_pos`` and ``obs_head`` and of the
+        ``wr_done`` entry of WR pool entry ``obs_slot``, for the formal proofs. A read port more on each of those tables, in
         that build only; nothing else changes.
 
     Members
@@ -190,11 +192,11 @@ class RequesterTables(wiring.Component):
         ``scanner``, ``completion``, ``nscc``), with the read and write ports it gives that
         engine.
     obs_qpn : ``In(config.qpn_bits)`` (``observe`` only)
-    obs_pos : ``In(log2(slot_depth(config)))`` (``observe`` only)
+    obs_pos, obs_head : ``In(log2(slot_depth(config)))`` (``observe`` only)
     obs_slot : ``In(pool_index_bits(config))`` (``observe`` only)
     obs : ``Out(observed_row_layout(config))`` (``observe`` only)
-        The entries of QP ``obs_qpn`` (its ring entry ``obs_pos``, pool entry ``obs_slot``)
-        in this cycle (the writes of this cycle not yet in).
+        The entries of QP ``obs_qpn`` (its ring entries ``obs_pos`` and ``obs_head``, pool
+        entry ``obs_slot``) in this cycle (the writes of this cycle not yet in).
     """
 
     def __init__(self, *, config, observe=False):
@@ -208,6 +210,7 @@ class RequesterTables(wiring.Component):
         if observe:
             members["obs_qpn"] = In(config.qpn_bits)
             members["obs_pos"] = In(log2(slot_depth(config)))
+            members["obs_head"] = In(log2(slot_depth(config)))
             members["obs_slot"] = In(pool_index_bits(config))
             members["obs"] = Out(observed_row_layout(config))
         super().__init__(members)
@@ -238,9 +241,10 @@ class RequesterTables(wiring.Component):
             for name in OBSERVED_TABLES:
                 port = memories[name].read_port(domain="comb")
                 m.d.comb += [port.addr.eq(self.obs_qpn), self.obs[name].eq(port.data)]
-            port = memories["wr_ring"].read_port(domain="comb")
-            m.d.comb += [port.addr.eq(Cat(self.obs_pos, self.obs_qpn)),
-                         self.obs.wr_ring.eq(port.data)]
+            for position, field in ((self.obs_pos, "wr_ring"), (self.obs_head, "wr_ring_head")):
+                port = memories["wr_ring"].read_port(domain="comb")
+                m.d.comb += [port.addr.eq(Cat(position, self.obs_qpn)),
+                             self.obs[field].eq(port.data)]
             port = memories["wr_done"].read_port(domain="comb")
             m.d.comb += [port.addr.eq(self.obs_slot), self.obs.wr_done.eq(port.data)]
         return m

@@ -67,6 +67,7 @@ from .req_control import RequesterControl, control_observation_layout
 from .req_defs import (
     REQUESTER_COUNTERS,
     bitmap_psns,
+    slot_depth,
     qp_error_layout,
     requester_command_layout,
     requester_response_layout,
@@ -406,6 +407,7 @@ class Requester(wiring.Component):
             m.d.comb += [
                 tables.obs_qpn.eq(self.obs_qpn), tables.obs_slot.eq(segmenter.obs.slot),
                 tables.obs_pos.eq(segmenter.obs.pos),
+                tables.obs_head.eq(completion.obs.head[:log2(slot_depth(cfg))]),
                 obs.row.eq(tables.obs), obs.completion.eq(completion.obs),
                 obs.command.eq(control.obs),
                 obs.control.hold.eq(ctl.hold), obs.control.write.eq(ctl.write),

@@ -783,7 +783,7 @@ def test_wr_pool_entries_come_back_after_a_flush_and_a_reset_and_are_reused_inta
             await bench.control(ctx, RequesterCommand.QP_WRITE, qpn=qpn, state=P.QpState.RTS,
                                 psn=100, mpr=1, max_wimm=1)
         bench.post([wr(0, i, 600) for i in range(4)] + [wr(1, 4, 256), wr(1, 5, 256),
-                                                         wr(2, 6, 300)])
+                                                         wr(2, 6, 200)])
         await bench.settle_sends(ctx)
         await bench.report_evs(ctx)
         assert ctx.get(bench.dut.wr_pool_free) == 0 and bench.model.pending_wrs == 1
