@@ -2,8 +2,9 @@
 
 :class:`RequesterInvariants` wraps a :class:`~hdl.transport.requester.Requester` built with
 ``observe=True`` (an asynchronous read of the ``cfg``, ``next_psn``, ``ack``, ``sq`` and
-``cq`` entries of one QP and of the ``wr_done`` entry of the segmenter's WR slot, and the
-registers of the intake, the segmenter, ACK processing, the completion engine and the
+``cq`` entries of one QP, of its ``wr_ring`` entries at the segmenter's and the completion
+engine's ring positions and of the ``wr_done`` entry of the segmenter's WR pool entry, and
+the registers of the intake, the segmenter, ACK processing, the completion engine and the
 control)
 under the free inputs of :mod:`.requester_props`, and states properties strong enough for
 k-induction: each holds in *every* state that satisfies the others, not only in the states
@@ -54,14 +55,16 @@ proves them in the next):
   una its window check uses (``U`` of this cycle or of the hand-over) lies at or behind
   ``U``: ``U - una <= N - una <= M x 128``; unless the QP is in ERROR, the intake's
   forwarding register holds the QP with the WR's end PSN (``psn`` + the packets left);
-- *WR ring*: at most ``config.wr_slots`` WRs are outstanding (``sq.tail - cq.head``);
-  unless the QP is in ERROR, the segmenter's WR is one of them (its slot lies between
-  ``cq.head`` and ``sq.tail``) and its ``wr_done`` entry holds its end PSN. So a QP_WRITE
+- *WR ring and pool*: at most ``config.wr_slots`` WRs are outstanding (``sq.tail -
+  cq.head``); unless the QP is in ERROR, the segmenter's WR is one of them (its ring
+  position lies between ``cq.head`` and ``sq.tail``), its ring slot names its WR pool entry
+  and that entry's ``wr_done`` holds its end PSN. So a QP_WRITE
   never resets the QP under a WR the segmenter holds: the control refuses one with WRs
   outstanding (EBUSY) or, for ERROR, flushes them without a reset; a QP in ERROR has the
   segmenter drop its WR in the cycle (the control decides a cycle after holding the
   engines, so the segmenter's ``ack`` read is fresh);
-- *completion engine*: in CHECK for the QP, the slot it checks is ``cq.head`` and the slots
+- *completion engine*: in RING or CHECK for the QP, the pool entry it reads is the one its
+  ring slot names; the slot it checks is ``cq.head`` and the slots
   it may still complete are outstanding; its latched error implies the QP's; and when the
   segmenter's WR is among those slots (QP not in ERROR), the latched ``una`` lies before
   the WR's end PSN (so the engine never completes the WR the segmenter holds);
@@ -70,6 +73,11 @@ proves them in the next):
 - *ACK processing*: A2, holding an item of the QP, decides on the ``ack`` entry of the table
   (``una`` and ``error``, forwarded), and on a next PSN between ``U`` and ``N``; the control's
   QP reset never finds A1 or A2 busy.
+
+One assumption about the design: the WR pool's free list never hands the intake the entry of
+the WR the segmenter holds (the free list's correctness, an entry in at most one place, is
+checked by the simulation tests of the pool, not stated here: it would need the free FIFO's
+contents and every QP's ring as observations).
 """
 
 from amaranth import *

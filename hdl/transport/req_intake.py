@@ -20,7 +20,14 @@ from .req_common import (
     log2,
     psn_sub,
 )
-from .req_defs import ACKREQ_EVERY_BITS, MAX_WR_PACKETS, MSN_BITS, pool_index_bits, slot_depth
+from .req_defs import (
+    ACKREQ_EVERY_BITS,
+    MAX_WR_PACKETS,
+    MSN_BITS,
+    pool_entries,
+    pool_index_bits,
+    slot_depth,
+)
 from .req_send import send_item_layout
 from .req_tables import table_access_signature
 from .req_timer import arm_layout
@@ -68,7 +75,8 @@ class WrIntake(wiring.Component):
     completion through the WR ring, so completions stay in order: WR_FLUSH_ERR for a QP in
     ERROR, LOC_QP_OP_ERR for a bad opcode or a QP not in RTS, LOC_LEN_ERR for a WR over
     ``MAX_WR_PACKETS`` packets), or handed to the segmenter. Either way it waits for a free
-    WR slot of its QP (``wr_slots``) and a free entry of the shared WR pool (``wr_pool``;
+    WR slot of its QP (``wr_slots``) and a free entry of the shared WR pool
+    (:func:`~.req_defs.pool_entries`: ``wr_pool``;
     the first cycle a WR finds the pool empty counts ``wr_pool_waits``), and a refused one
     for room in the completion engine's queue, a WRITE WITH IMMEDIATE for the QP's
     ``max_wimm``, a sent one for the segmenter. Accepting writes the pool entry
@@ -77,7 +85,7 @@ class WrIntake(wiring.Component):
 
     The free list: entries never used are handed out first, in index order (a counter, so a
     reset needs no table initialised); the completion engine returns each entry as it
-    completes the WR (``free``) into a FIFO of ``wr_pool`` entries, from which the intake
+    completes the WR (``free``) into a FIFO as deep as the pool, from which the intake
     takes once the counter is spent. An entry is in at most one place (the counter's range,
     the FIFO, a QP's ring), so ``free`` always finds room. A QP's WRs all complete (flushed,
     after an error) before the control may reset it, so a reset frees nothing by itself.
@@ -95,7 +103,7 @@ class WrIntake(wiring.Component):
     wr : ``In(stream.Signature(work_request_layout(config)))``
     free : ``In(stream.Signature(pool_index_bits(config)))``
         WR pool entries the completion engine is done with. Always ready.
-    pool_free : ``Out(range(config.wr_pool + 1))``
+    pool_free : ``Out(range(pool_entries(config) + 1))``
         Free WR pool entries (not counting one arriving on ``free`` this cycle).
     o : ``Out(stream.Signature(segment_job_layout(config)))``
         WRs to send, to the segmenter.
@@ -119,7 +127,7 @@ class WrIntake(wiring.Component):
             "control": In(ControlSignature(config)),
             "wr": In(stream.Signature(work_request_layout(config))),
             "free": In(stream.Signature(pool_index_bits(config))),
-            "pool_free": Out(range(config.wr_pool + 1)),
+            "pool_free": Out(range(pool_entries(config) + 1)),
             "o": Out(stream.Signature(segment_job_layout(config))),
             "wr_trigger": Out(stream.Signature(config.qpn_bits)),
             "events": Out(events_layout(self.COUNTERS)),
@@ -171,7 +179,7 @@ class WrIntake(wiring.Component):
 
         # The WR pool's free list: entries `fresh` and up were never handed out; the others
         # come back through `free` into the FIFO.
-        pool = cfg.wr_pool
+        pool = pool_entries(cfg)
         pool_fresh = Signal(range(pool + 1))
         m.submodules.free_list = free_list = SyncFIFOBuffered(width=pool_index_bits(cfg),
                                                               depth=pool)

@@ -24,6 +24,7 @@ from .req_defs import (
     RETRY_COUNT_BITS,
     TIME_BITS,
     bitmap_psns,
+    pool_entries,
     pool_index_bits,
     slot_depth,
 )
@@ -39,7 +40,7 @@ def requester_tables(config):
     slots = slot_depth(config)
     count_bits = log2(slots) + 1
     qps = config.qps
-    pool = config.wr_pool
+    pool = pool_entries(config)
     return {
         "cfg": (data.StructLayout({"state": 3, "mpr": 4, "max_wimm": 8, "timeout": 5,
                                    "retry_linear": 3, "retry_exp": 5}), qps, 5),

@@ -67,6 +67,7 @@ from .req_control import RequesterControl, control_observation_layout
 from .req_defs import (
     REQUESTER_COUNTERS,
     bitmap_psns,
+    pool_entries,
     slot_depth,
     qp_error_layout,
     requester_command_layout,
@@ -196,8 +197,9 @@ class Requester(wiring.Component):
         The time in 1.024 us units (:attr:`Timebase.units <hdl.timebase.Timebase.units>`):
         the retransmit timers and the per-PSN send time.
     counters : ``Out(data.StructLayout({name: 32 for name in REQUESTER_COUNTERS}))``
-    wr_pool_free : ``Out(range(config.wr_pool + 1))``
-        Free entries of the shared WR pool (``wr_pool``): a status for tests and debugging.
+    wr_pool_free : ``Out(range(pool_entries(config) + 1))``
+        Free entries of the shared WR pool (:func:`~.req_defs.pool_entries`): a status for
+        tests and debugging.
     obs_qpn : ``In(config.qpn_bits)`` (``observe`` only)
     obs : ``Out(requester_observation_layout(config))`` (``observe`` only)
     """
@@ -235,7 +237,7 @@ class Requester(wiring.Component):
             "now_ns": In(32),
             "now_units": In(32),
             "counters": Out(data.StructLayout({name: 32 for name in REQUESTER_COUNTERS})),
-            "wr_pool_free": Out(range(config.wr_pool + 1)),
+            "wr_pool_free": Out(range(pool_entries(config) + 1)),
             **({"obs_qpn": In(config.qpn_bits),
                 "obs": Out(requester_observation_layout(config))} if observe else {}),
         })

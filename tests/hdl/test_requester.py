@@ -627,6 +627,9 @@ def test_block_ram_bits_of_default_build():
     # The WR pool holds wr_pool WRs, whatever the QP count; each QP's ring names them.
     assert bits["wr_send"] == 1024 * 281 and bits["wr_done"] == 1024 * 126
     assert bits["wr_ring"] == 256 * 16 * 10
+    # No more entries are built than the QPs' slots together could use.
+    small = block_ram_bits(NicConfig(qps=16), copies=False)
+    assert small["wr_send"] == 16 * 16 * 281 and small["meta"] == 16 * 256 * (8 + 16 + 1)
 
 
 def test_qp_write_waits_until_no_packet_of_the_qp_is_left_in_the_send_register():
