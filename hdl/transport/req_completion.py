@@ -56,9 +56,10 @@ class CompletionEngine(wiring.Component):
     and, while the completion is taken, one per cycle, reads the next WR's ``wr_done`` (its
     pool entry read a cycle ahead) and the ring position after it. A WR not yet due, or the
     ring's end, returns the engine to IDLE: 4 cycles per QP visited, then one completion per
-    cycle. The pool entry of each completion taken goes out on ``free`` in the same cycle. Statuses: SUCCESS, the WR's refusal, and after an error the QP's error status for
-    the WR holding the error PSN, RETRY_EXC_ERR for all after exhausted retries, WR_FLUSH_ERR
-    for the others.
+    cycle. The pool entry of each completion taken goes out on ``free`` in the same cycle.
+    Statuses: SUCCESS, the WR's refusal, and after an error the QP's error status for the WR
+    holding the error PSN, RETRY_EXC_ERR for all after exhausted retries, WR_FLUSH_ERR for
+    the others.
 
     Hazards: the engine reads the QP's state once per visit (LOAD); an ACK applied later
     queues another trigger (ACK processing queues at most one per QP: ``trig_set`` differs

@@ -182,8 +182,8 @@ class RequesterTables(wiring.Component):
         Add ``obs_qpn``, ``obs_pos``, ``obs_head``, ``obs_slot`` and ``obs`` (off by
         default): an asynchronous read of the QP's entries of :data:`OBSERVED_TABLES`, of its
         ``wr_ring`` entries at ring positions ``obs_pos`` and ``obs_head`` and of the
-        ``wr_done`` entry of WR pool entry ``obs_slot``, for the formal proofs. A read port more on each of those tables, in
-        that build only; nothing else changes.
+        ``wr_done`` entry of WR pool entry ``obs_slot``, for the formal proofs. A read port
+        more on each of those tables, in that build only; nothing else changes.
 
     Members
     -------

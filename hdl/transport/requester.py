@@ -68,13 +68,13 @@ from .req_defs import (
     REQUESTER_COUNTERS,
     bitmap_psns,
     pool_entries,
-    slot_depth,
     qp_error_layout,
     requester_command_layout,
     requester_response_layout,
     retx_layout,
     send_context_layout,
     sent_layout,
+    slot_depth,
     walk_layout,
 )
 from .req_infer import InferenceUnit
