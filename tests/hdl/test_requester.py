@@ -266,11 +266,15 @@ def random_wr(rng, qpns, mtu):
             "rkey": rng.getrandbits(32), "length": length, "imm": rng.getrandbits(32)}
 
 
-@pytest.mark.parametrize("seed, bubbles, backpressure, feedback_backpressure", [
-    (1, 0.3, 0.3, None), (2, 0.0, 0.0, None), (3, 0.5, 0.5, None), (4, 0.1, 0.3, 0.9)])
-def test_random_traffic_matches_model(seed, bubbles, backpressure, feedback_backpressure):
-    bench = Bench(bubbles=bubbles, backpressure=backpressure, seed=seed,
-                  feedback_backpressure=feedback_backpressure)
+@pytest.mark.parametrize("seed, bubbles, backpressure, feedback_backpressure, wr_pool", [
+    (1, 0.3, 0.3, None, 32), (2, 0.0, 0.0, None, 32), (3, 0.5, 0.5, None, 32),
+    (4, 0.1, 0.3, 0.9, 32),
+    # Six WR pool entries for the three QPs' twelve slots: WRs wait for the pool.
+    (1, 0.3, 0.3, None, 6)])
+def test_random_traffic_matches_model(seed, bubbles, backpressure, feedback_backpressure,
+                                      wr_pool):
+    bench = Bench(CONFIG.replace(wr_pool=wr_pool), bubbles=bubbles, backpressure=backpressure,
+                  seed=seed, feedback_backpressure=feedback_backpressure)
     rng = random.Random(seed)
     qpns = [0, 3, 5]
     psn0 = {0: 0, 3: 0xFFFFF4, 5: rng.getrandbits(24)}     # QP 3 wraps
@@ -313,6 +317,10 @@ def test_random_traffic_matches_model(seed, bubbles, backpressure, feedback_back
             assert bench.model.counters[name] > 0, name
         if feedback_backpressure:
             assert ctx.get(bench.dut.counters.feedback_dropped) > 0
+        if wr_pool < 3 * CONFIG.wr_slots:
+            assert ctx.get(bench.dut.counters.wr_pool_waits) > 0
+        await ctx.tick().repeat(10)
+        assert ctx.get(bench.dut.wr_pool_free) == wr_pool        # every entry came back
 
     bench.run(testbench)
 
