@@ -86,7 +86,7 @@ from amaranth.hdl import Assert, Assume, Cover
 
 from .. import protocol as P
 from ..transport.req_common import log2
-from ..transport.req_defs import slot_depth
+from ..transport.req_defs import pool_entries, slot_depth
 from ..transport.requester import Requester
 from ..util import validating
 from .common import check_wrapper
@@ -185,11 +185,50 @@ class RequesterInvariants(Elaboratable):
         seg_ahead = (seg.pos - comp.head)[:sb] < comp_left
         seg_left = _psn_distance(seg_end, comp.una)
 
-        # The free list hands out no entry in use: ASSUMED here (the pool's simulation tests
-        # check it, `docs/formal.md`), stated for the one entry the property needs, the
-        # segmenter's WR's.
-        m.d.comb += Assume(~(seg_mine & ~error & intake.alloc)
-                           | (intake.alloc_entry != seg.slot))
+        # The WR pool: every entry is in at most one place. The places: never handed out
+        # (`fresh` and up), the free FIFO (`free_count` from `free_rd`), an outstanding slot
+        # of a QP's ring; the completion engine, in RING or CHECK for any QP, reads its
+        # QP's oldest outstanding slot.
+        pool = pool_entries(config)
+        places = []
+        for qpn in range(config.qps):
+            ring = row.rings[qpn]
+            ring_outstanding = (ring.tail - ring.head)[:sb + 1]
+            m.d.comb += Assert(ring_outstanding <= config.wr_slots,
+                               "every QP has at most wr_slots WRs outstanding")
+            for position in range(slot_depth(config)):
+                places.append(((C(position, sb) - ring.head)[:sb] < ring_outstanding,
+                               ring.slots[position]))
+            comp_here = (comp.ring | comp.check) & (comp.qpn == qpn)
+            ring_head = Signal.like(ring.slots[0], name=f"ring_head_{qpn}")
+            with m.Switch(comp.head[:sb]):
+                for position in range(slot_depth(config)):
+                    with m.Case(position):
+                        m.d.comb += ring_head.eq(ring.slots[position])
+            m.d.comb += [
+                Assert(~comp_here | ((comp.head == ring.head) & (comp_left != 0)
+                                     & (comp_left <= ring_outstanding)),
+                       "the completion engine checks its QP's oldest outstanding WRs"),
+                Assert(~comp_here | (Mux(comp.ring, comp.ring_read, comp.entry) == ring_head),
+                       "the completion engine reads its QP's oldest pool entry"),
+            ]
+        free = intake
+        for index in range(pool):
+            age = Mux(index >= free.free_rd, index - free.free_rd, index + pool - free.free_rd)
+            places.append((age < free.free_count, free.free_entries[index]))
+        free_end = free.free_rd + free.free_count
+        m.d.comb += [
+            Assert(free.fresh <= pool, "the fresh counter within the pool"),
+            Assert((free.free_count <= pool) & (free.free_rd < pool) & (free.free_wr < pool)
+                   & (free.free_wr == Mux(free_end >= pool, free_end - pool, free_end)),
+                   "the free FIFO's positions"),
+        ]
+        for i, (valid_i, entry_i) in enumerate(places):
+            m.d.comb += Assert(~valid_i | (entry_i < free.fresh),
+                               "a pool entry in a ring or the free FIFO was handed out")
+            for valid_j, entry_j in places[i + 1:]:
+                m.d.comb += Assert(~(valid_i & valid_j) | (entry_i != entry_j),
+                                   "a pool entry is in one place only")
 
         m.d.comb += [
             # The property.

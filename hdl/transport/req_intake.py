@@ -3,7 +3,7 @@ its WR slot and WR pool entry, the segmenter (:class:`Segmenter`) cuts it into p
 
 from amaranth import *
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from .. import protocol as P
@@ -50,10 +50,18 @@ def segment_job_layout(config):
 
 def intake_observation_layout(config):
     """What ``WrIntake(observe=True)`` shows on ``obs``: its forwarding register (the QP and
-    end PSN of the WR last handed to the segmenter), and the WR pool entry it takes this
-    cycle (``alloc``: a WR is accepted; ``alloc_entry``: its entry)."""
+    end PSN of the WR last handed to the segmenter), the WR pool entry it takes this cycle
+    (``alloc``: a WR is accepted; ``alloc_entry``: its entry), and the free list: the
+    entries never handed out (``fresh`` and up), the FIFO's storage (``free_entries``, an
+    asynchronous read), its oldest position (``free_rd``), its next write position
+    (``free_wr``) and its fill (``free_count``)."""
+    pool = pool_entries(config)
     return data.StructLayout({"fwd_valid": 1, "fwd_qpn": config.qpn_bits, "fwd_end": PSN,
-                              "alloc": 1, "alloc_entry": pool_index_bits(config)})
+                              "alloc": 1, "alloc_entry": pool_index_bits(config),
+                              "fresh": range(pool + 1),
+                              "free_entries": data.ArrayLayout(pool_index_bits(config), pool),
+                              "free_rd": range(pool), "free_wr": range(pool),
+                              "free_count": range(pool + 1)})
 
 
 def segmenter_observation_layout(config):
@@ -181,14 +189,36 @@ class WrIntake(wiring.Component):
         # come back through `free` into the FIFO.
         pool = pool_entries(cfg)
         pool_fresh = Signal(range(pool + 1))
-        m.submodules.free_list = free_list = SyncFIFOBuffered(width=pool_index_bits(cfg),
-                                                              depth=pool)
-        m.d.comb += [free_list.w_data.eq(self.free.payload), free_list.w_en.eq(self.free.valid),
-                     self.free.ready.eq(free_list.w_rdy),
-                     self.pool_free.eq(pool - pool_fresh + free_list.level)]
+        # The FIFO: block RAM with a registered read, addressed a cycle ahead (the next
+        # oldest when one is taken), transparent for the write, so the oldest entry is on
+        # `free_head` whenever `free_count` is not 0.
+        m.submodules.free_list = free_list = Memory(shape=pool_index_bits(cfg), depth=pool,
+                                                    init=[])
+        free_write = free_list.write_port()
+        free_read = free_list.read_port(transparent_for=(free_write,))
+        free_rd = Signal(range(pool))
+        free_wr = Signal(range(pool))
+        free_count = Signal(range(pool + 1))
+        free_pop = Signal()
+
+        def free_next(position):
+            return Mux(position == pool - 1, 0, position + 1)
+
+        m.d.comb += [
+            free_write.addr.eq(free_wr), free_write.data.eq(self.free.payload),
+            free_write.en.eq(self.free.valid & self.free.ready),
+            free_read.addr.eq(Mux(free_pop, free_next(free_rd), free_rd)),
+            self.free.ready.eq(free_count != pool),
+            self.pool_free.eq(pool - pool_fresh + free_count),
+        ]
+        with m.If(free_write.en):
+            m.d.sync += free_wr.eq(free_next(free_wr))
+        with m.If(free_pop):
+            m.d.sync += free_rd.eq(free_next(free_rd))
+        m.d.sync += free_count.eq(free_count + free_write.en - free_pop)
         s1_fresh = pool_fresh != pool
-        s1_pool_ok = s1_fresh | free_list.r_rdy
-        s1_entry = Mux(s1_fresh, pool_fresh, free_list.r_data)[:pool_index_bits(cfg)]
+        s1_pool_ok = s1_fresh | (free_count != 0)
+        s1_entry = Mux(s1_fresh, pool_fresh, free_read.data)[:pool_index_bits(cfg)]
         s1_slot_free = (s1_slots_used < cfg.wr_slots) & s1_pool_ok
         s1_pool_waited = Signal()       # this WR has counted its wait for the pool
         m.d.comb += [
@@ -216,7 +246,7 @@ class WrIntake(wiring.Component):
             with m.If(s1_fresh):
                 m.d.sync += pool_fresh.eq(pool_fresh + 1)
             with m.Else():
-                m.d.comb += free_list.r_en.eq(1)
+                m.d.comb += free_pop.eq(1)
 
         s1_end = (s1_next_psn + Mux(s1_refused != 0, 0, s1_packets))[:PSN]
         m.d.comb += [
@@ -270,7 +300,12 @@ class WrIntake(wiring.Component):
         if self._observe:
             m.d.comb += [self.obs.fwd_valid.eq(fwd_valid), self.obs.fwd_qpn.eq(fwd_qpn),
                          self.obs.fwd_end.eq(fwd_end), self.obs.alloc.eq(s1_accept),
-                         self.obs.alloc_entry.eq(s1_entry)]
+                         self.obs.alloc_entry.eq(s1_entry), self.obs.fresh.eq(pool_fresh),
+                         self.obs.free_rd.eq(free_rd), self.obs.free_wr.eq(free_wr),
+                         self.obs.free_count.eq(free_count)]
+            for index in range(pool):
+                port = free_list.read_port(domain="comb")
+                m.d.comb += [port.addr.eq(index), self.obs.free_entries[index].eq(port.data)]
         return m
 
 

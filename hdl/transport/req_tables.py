@@ -134,10 +134,16 @@ def observed_row_layout(config):
     of WR pool entry ``obs_slot``, as ``RequesterTables(observe=True)`` shows them on
     ``obs``."""
     tables = requester_tables(config)
+    count_bits = log2(slot_depth(config)) + 1
+    ring = data.StructLayout({"tail": count_bits, "head": count_bits,
+                              "slots": data.ArrayLayout(tables["wr_ring"][0],
+                                                        slot_depth(config))})
     return data.StructLayout({**{name: tables[name][0] for name in OBSERVED_TABLES},
                               "wr_ring": tables["wr_ring"][0],
                               "wr_ring_head": tables["wr_ring"][0],
-                              "wr_done": tables["wr_done"][0]})
+                              "wr_done": tables["wr_done"][0],
+                              # Every QP's WR ring: `sq.tail`, `cq.head` and every slot.
+                              "rings": data.ArrayLayout(ring, config.qps)})
 
 
 def _addr_width(depth):
@@ -248,4 +254,14 @@ class RequesterTables(wiring.Component):
                              self.obs[field].eq(port.data)]
             port = memories["wr_done"].read_port(domain="comb")
             m.d.comb += [port.addr.eq(self.obs_slot), self.obs.wr_done.eq(port.data)]
+            slots = slot_depth(self._config)
+            for qpn in range(self._config.qps):
+                ring = self.obs.rings[qpn]
+                for name, field in (("sq", "tail"), ("cq", "head")):
+                    port = memories[name].read_port(domain="comb")
+                    m.d.comb += [port.addr.eq(qpn), ring[field].eq(port.data[field])]
+                for position in range(slots):
+                    port = memories["wr_ring"].read_port(domain="comb")
+                    m.d.comb += [port.addr.eq(qpn * slots + position),
+                                 ring.slots[position].eq(port.data)]
         return m
