@@ -73,11 +73,11 @@ proves them in the next):
 - *ACK processing*: A2, holding an item of the QP, decides on the ``ack`` entry of the table
   (``una`` and ``error``, forwarded), and on a next PSN between ``U`` and ``N``; the control's
   QP reset never finds A1 or A2 busy.
-
-One assumption about the design: the WR pool's free list never hands the intake the entry of
-the WR the segmenter holds (the free list's correctness, an entry in at most one place, is
-checked by the simulation tests of the pool, not stated here: it would need the free FIFO's
-contents and every QP's ring as observations).
+- *WR pool*: every entry is in one place only: not handed out yet (the intake's fresh counter
+  and up), in the free FIFO (its storage, positions and fill observed), or in an outstanding
+  slot of one QP's ring (every QP's ``sq.tail``, ``cq.head`` and ring slots observed); the
+  completion engine, for any QP, reads that QP's oldest slot. So the intake never hands out
+  an entry in use, the segmenter's in particular.
 """
 
 from amaranth import *

@@ -94,8 +94,10 @@ class WrIntake(wiring.Component):
     The free list: entries never used are handed out first, in index order (a counter, so a
     reset needs no table initialised); the completion engine returns each entry as it
     completes the WR (``free``) into a FIFO as deep as the pool, from which the intake
-    takes once the counter is spent. An entry is in at most one place (the counter's range,
-    the FIFO, a QP's ring), so ``free`` always finds room. A QP's WRs all complete (flushed,
+    takes once the counter is spent (one block RAM, its registered read addressed a cycle
+    ahead and transparent for the write, so the oldest entry is ready whenever the FIFO is
+    not empty). An entry is in at most one place (the counter's range, the FIFO, a QP's ring;
+    ``hdl/formal/requester_invariants.py`` proves it), so ``free`` always finds room. A QP's WRs all complete (flushed,
     after an error) before the control may reset it, so a reset frees nothing by itself.
 
     Hazards: the QP the segmenter works on (or last worked on) has not written its final
