@@ -97,8 +97,9 @@ class WrIntake(wiring.Component):
     takes once the counter is spent (one block RAM, its registered read addressed a cycle
     ahead and transparent for the write, so the oldest entry is ready whenever the FIFO is
     not empty). An entry is in at most one place (the counter's range, the FIFO, a QP's ring;
-    ``hdl/formal/requester_invariants.py`` proves it), so ``free`` always finds room. A QP's WRs all complete (flushed,
-    after an error) before the control may reset it, so a reset frees nothing by itself.
+    ``hdl/formal/requester_invariants.py`` proves it), so ``free`` always finds room. A QP's
+    WRs all complete (flushed, after an error) before the control may reset it, so a reset
+    frees nothing by itself.
 
     Hazards: the QP the segmenter works on (or last worked on) has not written its final
     next PSN yet: the intake keeps the end PSN of the last WR it handed over and takes it
