@@ -41,6 +41,8 @@ _PARAMETERS = {
     "mtu": (1024, _choice(256, 512, 1024, 2048, 4096), "path MTU: payload bytes per packet"),
     "max_wimm": (16, _range(1, 255), "upper bound of a QP's max WRITE_IMMs in flight"),
     "wr_slots": (16, _range(1, 64), "outstanding work requests per QP (completion ring)"),
+    "wr_pool": (1024, _range(2, 16384),
+                "outstanding work requests over all QPs (shared WR pool), at least wr_slots"),
     "ip_version": (6, _choice(4, 6), "IP version of the underlay the NIC builds"),
     "trim_dscp": (P.DEFAULT_TRIM_DSCP, _range(0, 63), "DSCP code point marking trimmed packets"),
     "clock_hz": (125_000_000, _range(1_000_000, 500_000_000), "engine clock frequency in Hz"),
@@ -54,7 +56,7 @@ class NicConfig:
     Parameters
     ----------
     data_width, ports, qps, mpr_units, ev_profiles, evs_per_profile, mtu,
-    max_wimm, wr_slots, ip_version, trim_dscp, clock_hz
+    max_wimm, wr_slots, wr_pool, ip_version, trim_dscp, clock_hz
         See :meth:`describe` (or ``docs/configuration.md``) for meaning and allowed range.
     """
     data_width: int = _PARAMETERS["data_width"][0]
@@ -66,6 +68,7 @@ class NicConfig:
     mtu: int = _PARAMETERS["mtu"][0]
     max_wimm: int = _PARAMETERS["max_wimm"][0]
     wr_slots: int = _PARAMETERS["wr_slots"][0]
+    wr_pool: int = _PARAMETERS["wr_pool"][0]
     ip_version: int = _PARAMETERS["ip_version"][0]
     trim_dscp: int = _PARAMETERS["trim_dscp"][0]
     clock_hz: int = _PARAMETERS["clock_hz"][0]
@@ -82,6 +85,9 @@ class NicConfig:
                 lo, hi = rule["range"]
                 if not lo <= value <= hi:
                     raise ConfigError(name, f"must be an integer from {lo} to {hi}, not {value!r}")
+        if self.wr_pool < self.wr_slots:
+            raise ConfigError("wr_pool", f"must be at least wr_slots ({self.wr_slots}), "
+                                         f"not {self.wr_pool!r}")
 
     # -- derived values ------------------------------------------------------------------------
 

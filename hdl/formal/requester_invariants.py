@@ -2,8 +2,9 @@
 
 :class:`RequesterInvariants` wraps a :class:`~hdl.transport.requester.Requester` built with
 ``observe=True`` (an asynchronous read of the ``cfg``, ``next_psn``, ``ack``, ``sq`` and
-``cq`` entries of one QP and of the ``wr_done`` entry of the segmenter's WR slot, and the
-registers of the intake, the segmenter, ACK processing, the completion engine and the
+``cq`` entries of one QP, of its ``wr_ring`` entries at the segmenter's and the completion
+engine's ring positions and of the ``wr_done`` entry of the segmenter's WR pool entry, and
+the registers of the intake, the segmenter, ACK processing, the completion engine and the
 control)
 under the free inputs of :mod:`.requester_props`, and states properties strong enough for
 k-induction: each holds in *every* state that satisfies the others, not only in the states
@@ -54,14 +55,16 @@ proves them in the next):
   una its window check uses (``U`` of this cycle or of the hand-over) lies at or behind
   ``U``: ``U - una <= N - una <= M x 128``; unless the QP is in ERROR, the intake's
   forwarding register holds the QP with the WR's end PSN (``psn`` + the packets left);
-- *WR ring*: at most ``config.wr_slots`` WRs are outstanding (``sq.tail - cq.head``);
-  unless the QP is in ERROR, the segmenter's WR is one of them (its slot lies between
-  ``cq.head`` and ``sq.tail``) and its ``wr_done`` entry holds its end PSN. So a QP_WRITE
+- *WR ring and pool*: at most ``config.wr_slots`` WRs are outstanding (``sq.tail -
+  cq.head``); unless the QP is in ERROR, the segmenter's WR is one of them (its ring
+  position lies between ``cq.head`` and ``sq.tail``), its ring slot names its WR pool entry
+  and that entry's ``wr_done`` holds its end PSN. So a QP_WRITE
   never resets the QP under a WR the segmenter holds: the control refuses one with WRs
   outstanding (EBUSY) or, for ERROR, flushes them without a reset; a QP in ERROR has the
   segmenter drop its WR in the cycle (the control decides a cycle after holding the
   engines, so the segmenter's ``ack`` read is fresh);
-- *completion engine*: in CHECK for the QP, the slot it checks is ``cq.head`` and the slots
+- *completion engine*: in RING or CHECK for the QP, the pool entry it reads is the one its
+  ring slot names; the slot it checks is ``cq.head`` and the slots
   it may still complete are outstanding; its latched error implies the QP's; and when the
   segmenter's WR is among those slots (QP not in ERROR), the latched ``una`` lies before
   the WR's end PSN (so the engine never completes the WR the segmenter holds);
@@ -70,6 +73,11 @@ proves them in the next):
 - *ACK processing*: A2, holding an item of the QP, decides on the ``ack`` entry of the table
   (``una`` and ``error``, forwarded), and on a next PSN between ``U`` and ``N``; the control's
   QP reset never finds A1 or A2 busy.
+- *WR pool*: every entry is in one place only: not handed out yet (the intake's fresh counter
+  and up), in the free FIFO (its storage, positions and fill observed), or in an outstanding
+  slot of one QP's ring (every QP's ``sq.tail``, ``cq.head`` and ring slots observed); the
+  completion engine, for any QP, reads that QP's oldest slot. So the intake never hands out
+  an entry in use, the segmenter's in particular.
 """
 
 from amaranth import *
@@ -78,7 +86,7 @@ from amaranth.hdl import Assert, Assume, Cover
 
 from .. import protocol as P
 from ..transport.req_common import log2
-from ..transport.req_defs import slot_depth
+from ..transport.req_defs import pool_entries, slot_depth
 from ..transport.requester import Requester
 from ..util import validating
 from .common import check_wrapper
@@ -166,15 +174,61 @@ class RequesterInvariants(Elaboratable):
         fwd_mine = intake.fwd_valid & (intake.fwd_qpn == watch_qpn)
         a2_mine = ack.a2_valid & (ack.a2_qpn == watch_qpn)
 
-        # The QP's WR ring (slots from `cq.head` up to `sq.tail`) and the completion engine.
+        # The QP's WR ring (slots from `cq.head` up to `sq.tail`, each naming a WR pool
+        # entry) and the completion engine (RING, then CHECK, for the QP).
         sb = log2(slot_depth(config))
         outstanding = (row.sq.tail - row.cq.head)[:sb + 1]
-        seg_in_ring = (seg.slot - row.cq.head)[:sb] < outstanding
+        seg_in_ring = (seg.pos - row.cq.head)[:sb] < outstanding
         comp = obs.completion
-        comp_mine = comp.check & (comp.qpn == watch_qpn)
+        comp_mine = (comp.ring | comp.check) & (comp.qpn == watch_qpn)
         comp_left = (comp.tail - comp.head)[:sb + 1]      # slots CHECK may still complete
-        seg_ahead = (seg.slot - comp.head)[:sb] < comp_left
+        seg_ahead = (seg.pos - comp.head)[:sb] < comp_left
         seg_left = _psn_distance(seg_end, comp.una)
+
+        # The WR pool: every entry is in at most one place. The places: never handed out
+        # (`fresh` and up), the free FIFO (`free_count` from `free_rd`), an outstanding slot
+        # of a QP's ring; the completion engine, in RING or CHECK for any QP, reads its
+        # QP's oldest outstanding slot.
+        pool = pool_entries(config)
+        places = []
+        for qpn in range(config.qps):
+            ring = row.rings[qpn]
+            ring_outstanding = (ring.tail - ring.head)[:sb + 1]
+            m.d.comb += Assert(ring_outstanding <= config.wr_slots,
+                               "every QP has at most wr_slots WRs outstanding")
+            for position in range(slot_depth(config)):
+                places.append(((C(position, sb) - ring.head)[:sb] < ring_outstanding,
+                               ring.slots[position]))
+            comp_here = (comp.ring | comp.check) & (comp.qpn == qpn)
+            ring_head = Signal.like(ring.slots[0], name=f"ring_head_{qpn}")
+            with m.Switch(comp.head[:sb]):
+                for position in range(slot_depth(config)):
+                    with m.Case(position):
+                        m.d.comb += ring_head.eq(ring.slots[position])
+            m.d.comb += [
+                Assert(~comp_here | ((comp.head == ring.head) & (comp_left != 0)
+                                     & (comp_left <= ring_outstanding)),
+                       "the completion engine checks its QP's oldest outstanding WRs"),
+                Assert(~comp_here | (Mux(comp.ring, comp.ring_read, comp.entry) == ring_head),
+                       "the completion engine reads its QP's oldest pool entry"),
+            ]
+        free = intake
+        for index in range(pool):
+            age = Mux(index >= free.free_rd, index - free.free_rd, index + pool - free.free_rd)
+            places.append((age < free.free_count, free.free_entries[index]))
+        free_end = free.free_rd + free.free_count
+        m.d.comb += [
+            Assert(free.fresh <= pool, "the fresh counter within the pool"),
+            Assert((free.free_count <= pool) & (free.free_rd < pool) & (free.free_wr < pool)
+                   & (free.free_wr == Mux(free_end >= pool, free_end - pool, free_end)),
+                   "the free FIFO's positions"),
+        ]
+        for i, (valid_i, entry_i) in enumerate(places):
+            m.d.comb += Assert(~valid_i | (entry_i < free.fresh),
+                               "a pool entry in a ring or the free FIFO was handed out")
+            for valid_j, entry_j in places[i + 1:]:
+                m.d.comb += Assert(~(valid_i & valid_j) | (entry_i != entry_j),
+                                   "a pool entry is in one place only")
 
         m.d.comb += [
             # The property.
@@ -210,13 +264,17 @@ class RequesterInvariants(Elaboratable):
             # which fails the QP; a QP in ERROR stops the segmenter's WR in the cycle).
             Assert(outstanding <= config.wr_slots, "at most wr_slots WRs outstanding"),
             Assert(~seg_mine | error | seg_in_ring, "the segmenter's WR is outstanding"),
+            Assert(~seg_mine | error | (row.wr_ring == seg.slot),
+                   "the segmenter's ring slot names its WR pool entry"),
             Assert(~seg_mine | error | (row.wr_done.end == seg_end),
-                   "the segmenter's WR slot holds its end PSN"),
+                   "the segmenter's WR pool entry holds its end PSN"),
             # The completion engine, in CHECK for the QP.
             Assert(~comp_mine | ((comp.head == row.cq.head) & (comp_left != 0)
                                  & (comp_left <= outstanding)),
                    "the completion engine checks the QP's oldest outstanding WRs"),
             Assert(~comp_mine | ~comp.error | error, "the completion engine's error is the QP's"),
+            Assert(~comp_mine | (Mux(comp.ring, comp.ring_read, comp.entry) == row.wr_ring_head),
+                   "the completion engine reads the pool entry its ring slot names"),
             Assert(~(comp_mine & seg_mine & ~error & seg_ahead)
                    | ((seg_left != 0) & ~seg_left[P.PSN_BITS - 1]),
                    "the completion engine's una lies before the segmenter's end PSN"),

@@ -49,9 +49,10 @@ CHECKS = ("window", "cover")
 
 
 def formal_config():
-    """The smallest configuration: 2 QPs, a 128-PSN window, 2 WR slots, 64-bit datapath."""
+    """The smallest configuration: 2 QPs, a 128-PSN window, 2 WR slots, a WR pool of 4
+    entries (every value of its 2-bit index an entry), 64-bit datapath."""
     return NicConfig(qps=2, mpr_units=1, data_width=64, ports=1,
-                     evs_per_profile=4, ev_profiles=1, max_wimm=1, wr_slots=2)
+                     evs_per_profile=4, ev_profiles=1, max_wimm=1, wr_slots=2, wr_pool=4)
 
 
 def drive_inputs(m, dut):

@@ -18,7 +18,7 @@ from .req_common import (
     psn_ge,
     psn_gt,
 )
-from .req_defs import slot_depth
+from .req_defs import pool_index_bits, slot_depth
 from .req_tables import table_access_signature
 
 __all__ = ["ack_trigger_layout", "completion_observation_layout", "CompletionEngine"]
@@ -31,26 +31,35 @@ def ack_trigger_layout(config):
 
 
 def completion_observation_layout(config):
-    """What ``CompletionEngine(observe=True)`` shows on ``obs``: whether it is in LOAD or
-    CHECK, the QP it visits, and what CHECK decides on: the slot it checks (``head``), the
-    ring's end latched in LOAD (``tail``), and the QP's ``una`` and ``error`` latched there."""
+    """What ``CompletionEngine(observe=True)`` shows on ``obs``: whether it is in LOAD, RING
+    or CHECK, the QP it visits, and what CHECK decides on: the ring position it checks
+    (``head``) and that WR's pool entry (``entry``, latched in RING and on each completion),
+    the ``wr_ring`` read port's data (``ring_read``: in RING the entry at ``head``, in CHECK
+    the one after it), the ring's end latched in LOAD (``tail``), and the QP's ``una`` and
+    ``error`` latched there."""
     sb = log2(slot_depth(config))
-    return data.StructLayout({"load": 1, "check": 1, "qpn": config.qpn_bits, "head": sb + 1,
+    return data.StructLayout({"load": 1, "ring": 1, "check": 1, "qpn": config.qpn_bits,
+                              "head": sb + 1, "entry": pool_index_bits(config),
+                              "ring_read": pool_index_bits(config),
                               "tail": sb + 1, "una": PSN, "error": 1})
 
 
 class CompletionEngine(wiring.Component):
-    """Complete a QP's WRs in order, from the oldest WR slot, when a trigger names the QP.
+    """Complete a QP's WRs in order, from the oldest WR slot, when a trigger names the QP,
+    and return each completed WR's pool entry to the intake's free list.
 
     A trigger from ACK processing (una advanced, or the QP failed) goes before one from the
     intake (a refused WR). IDLE takes a trigger and reads the QP's ``cq``, ``ack`` and ``sq``
-    entries; LOAD latches them and reads the oldest slot's ``wr_done``; CHECK offers that
-    slot's completion when it is due (acknowledged, refused, or the QP failed) and, while the
-    completion is taken, one per cycle, reads the next slot ahead. A WR not yet due, or the
-    ring's end, returns the engine to IDLE: 3 cycles per QP visited, then one completion per
-    cycle. Statuses: SUCCESS, the WR's refusal, and after an error the QP's error status for
-    the WR holding the error PSN, RETRY_EXC_ERR for all after exhausted retries, WR_FLUSH_ERR
-    for the others.
+    entries; LOAD latches them and reads the oldest ring position's ``wr_ring`` entry (the
+    WR's pool entry); RING reads that pool entry's ``wr_done`` and the next ring position;
+    CHECK offers the WR's completion when it is due (acknowledged, refused, or the QP failed)
+    and, while the completion is taken, one per cycle, reads the next WR's ``wr_done`` (its
+    pool entry read a cycle ahead) and the ring position after it. A WR not yet due, or the
+    ring's end, returns the engine to IDLE: 4 cycles per QP visited, then one completion per
+    cycle. The pool entry of each completion taken goes out on ``free`` in the same cycle.
+    Statuses: SUCCESS, the WR's refusal, and after an error the QP's error status for the WR
+    holding the error PSN, RETRY_EXC_ERR for all after exhausted retries, WR_FLUSH_ERR for
+    the others.
 
     Hazards: the engine reads the QP's state once per visit (LOAD); an ACK applied later
     queues another trigger (ACK processing queues at most one per QP: ``trig_set`` differs
@@ -64,6 +73,8 @@ class CompletionEngine(wiring.Component):
     ack_trigger : ``In(stream.Signature(ack_trigger_layout(config)))``
     wr_trigger : ``In(stream.Signature(config.qpn_bits))``
     completion : ``Out(stream.Signature(completion_layout(config)))``
+    free : ``Out(stream.Signature(pool_index_bits(config)))``
+        The pool entry of each completion taken (the intake's free list, always ready).
     busy : ``Out(1)``
         Not idle.
     events : ``Out(events_layout(COUNTERS))``
@@ -85,6 +96,7 @@ class CompletionEngine(wiring.Component):
             "ack_trigger": In(stream.Signature(ack_trigger_layout(config))),
             "wr_trigger": In(stream.Signature(config.qpn_bits)),
             "completion": Out(stream.Signature(completion_layout(config))),
+            "free": Out(stream.Signature(pool_index_bits(config))),
             "busy": Out(1),
             "events": Out(events_layout(self.COUNTERS)),
             **({"obs": Out(completion_observation_layout(config))} if observe else {}),
@@ -97,13 +109,14 @@ class CompletionEngine(wiring.Component):
         ctl = self.control
         wps = {"trig_seen": self.tables.write.trig_seen, "cq": self.tables.write.cq}
 
-        def slot_addr(qpn, slot):
-            return Cat(slot[:sb], qpn)
+        def ring_addr(qpn, position):
+            return Cat(position[:sb], qpn)
 
-        E_IDLE, E_LOAD, E_CHECK = range(3)
+        E_IDLE, E_LOAD, E_RING, E_CHECK = range(4)
         e_state = Signal(2)
         e_qpn = Signal(qb)
         e_head = Signal(sb + 1)
+        e_entry = Signal(pool_index_bits(self._config))     # the pool entry of the WR at e_head
         e_tail = Signal(sb + 1)
         e_wimm = Signal(WIMM_BITS)
         e_err_done = Signal()
@@ -127,16 +140,23 @@ class CompletionEngine(wiring.Component):
         for port in (reads.cq, reads.ack, reads.sq):
             m.d.comb += port.addr.eq(Mux(e_pick, e_pick_qpn, e_qpn))
         e_cq, e_ack, e_sq = reads.cq.data, reads.ack.data, reads.sq.data
-        wr_done_port = reads.wr_done
+        wr_done_port, ring_port = reads.wr_done, reads.wr_ring
         done = wr_done_port.data
         e_transfer = self.completion.valid & self.completion.ready
         e_next_head = (e_head + 1)[:sb + 1]
+        # The ring is read a position ahead of `wr_done`: in RING and CHECK its data is the
+        # pool entry of the WR after e_head (used only when that WR is before e_tail).
         with m.Switch(e_state):
             with m.Case(E_LOAD):
-                m.d.comb += wr_done_port.addr.eq(slot_addr(e_qpn, e_cq.head))
+                m.d.comb += ring_port.addr.eq(ring_addr(e_qpn, e_cq.head))
+            with m.Case(E_RING):
+                m.d.comb += [ring_port.addr.eq(ring_addr(e_qpn, e_next_head)),
+                             wr_done_port.addr.eq(ring_port.data)]
             with m.Default():
-                m.d.comb += wr_done_port.addr.eq(
-                    slot_addr(e_qpn, Mux(e_transfer, e_next_head, e_head)))
+                m.d.comb += [
+                    ring_port.addr.eq(ring_addr(e_qpn, Mux(e_transfer, e_head + 2, e_next_head))),
+                    wr_done_port.addr.eq(Mux(e_transfer, ring_port.data, e_entry)),
+                ]
         acked_wr = psn_ge(e_una, done.end)
         e_status = Signal(P.CompletionStatus)
         e_complete = Signal()
@@ -171,14 +191,17 @@ class CompletionEngine(wiring.Component):
                     e_tail.eq(e_sq.tail), e_una.eq(e_ack.una),
                     e_error.eq(e_ack.error), e_err_psn.eq(e_ack.err_psn),
                     e_err_status.eq(e_ack.err_status),
-                    e_state.eq(Mux(e_cq.head == e_sq.tail, E_IDLE, E_CHECK)),
+                    e_state.eq(Mux(e_cq.head == e_sq.tail, E_IDLE, E_RING)),
                 ]
+            with m.Case(E_RING):
+                m.d.sync += [e_entry.eq(ring_port.data), e_state.eq(E_CHECK)]
             with m.Case(E_CHECK):
                 with m.If(~e_complete):
                     m.d.sync += e_state.eq(E_IDLE)
                 with m.Elif(e_transfer):
                     m.d.sync += [
-                        e_head.eq(e_next_head), e_wimm.eq(e_wimm + done.is_imm),
+                        e_head.eq(e_next_head), e_entry.eq(ring_port.data),
+                        e_wimm.eq(e_wimm + done.is_imm),
                         e_err_done.eq(e_err_done | e_takes_error),
                     ]
                     with m.If(e_next_head == e_tail):
@@ -192,12 +215,16 @@ class CompletionEngine(wiring.Component):
                 wps["cq"].data.wimm.eq(e_wimm + done.is_imm),
                 wps["cq"].data.err_done.eq(e_err_done | e_takes_error),
             ]
+        m.d.comb += [self.free.valid.eq(e_transfer), self.free.payload.eq(e_entry)]
         ok = e_status == P.CompletionStatus.SUCCESS
         m.d.comb += [self.events.completions.eq(e_transfer & ok),
                      self.events.error_completions.eq(e_transfer & ~ok)]
         if self._observe:
             obs = self.obs
-            m.d.comb += [obs.load.eq(e_state == E_LOAD), obs.check.eq(e_state == E_CHECK),
-                         obs.qpn.eq(e_qpn), obs.head.eq(e_head), obs.tail.eq(e_tail),
+            m.d.comb += [obs.load.eq(e_state == E_LOAD), obs.ring.eq(e_state == E_RING),
+                         obs.check.eq(e_state == E_CHECK),
+                         obs.qpn.eq(e_qpn), obs.head.eq(e_head), obs.entry.eq(e_entry),
+                         obs.ring_read.eq(ring_port.data),
+                         obs.tail.eq(e_tail),
                          obs.una.eq(e_una), obs.error.eq(e_error)]
         return m

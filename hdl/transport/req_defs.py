@@ -16,7 +16,8 @@ __all__ = [
     "RequesterCommand", "requester_command_layout", "requester_response_layout",
     "send_context_layout", "sent_layout", "retx_layout", "qp_error_layout",
     "REQUESTER_COUNTERS", "MAX_WR_PACKETS", "TIME_SHIFT", "TIME_BITS", "ACKREQ_EVERY_BITS",
-    "bitmap_psns", "slot_depth", "wr_refusal", "wr_packets", "FATAL_NAK_STATUS",
+    "bitmap_psns", "slot_depth", "pool_entries", "pool_index_bits", "wr_refusal", "wr_packets",
+    "FATAL_NAK_STATUS",
     "QP_WRITE_STATES", "WalkKind", "walk_layout", "retry_expiry", "RetryExpiry",
     "RETRY_EXPONENT_MAX", "RETRY_COUNT_BITS", "INFER_K_BITS", "INFER_K_DEFAULT",
     "REO_WND_BITS", "MSN_BITS", "NACK_COUNTERS",
@@ -258,6 +259,8 @@ REQUESTER_COUNTERS = (
     "lost_feedback", "walk_skipped", "arm_dropped", "infer_dropped",
     # Time-based inference: regions whose reorder window expired.
     "reorder_expiries",
+    # WRs that waited for an entry of the shared WR pool (``wr_pool``).
+    "wr_pool_waits",
 )
 
 #: The counter of each AETH NAK code (fatal) ...
@@ -283,6 +286,19 @@ def slot_depth(config):
     """WR slots per QP in block RAM: ``wr_slots`` rounded up to a power of two (at least 2);
     only ``wr_slots`` of them are ever in use."""
     return max(2, 1 << (config.wr_slots - 1).bit_length())
+
+
+def pool_entries(config):
+    """Entries of the shared WR pool: ``wr_pool``, but no more than the QPs' WR slots together
+    (``qps x wr_slots``), which bound the WRs outstanding anyway: a larger ``wr_pool`` is not
+    built."""
+    return min(config.wr_pool, config.qps * config.wr_slots)
+
+
+def pool_index_bits(config):
+    """Bits of an entry index of the shared WR pool (:func:`pool_entries`): what the per-QP
+    ring, the per-PSN metadata and the send path carry to name a WR."""
+    return max(1, (pool_entries(config) - 1).bit_length())
 
 
 def wr_packets(config, length):

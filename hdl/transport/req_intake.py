@@ -1,8 +1,9 @@
 """The requester's new-packet path: the WR intake (:class:`WrIntake`) checks a WR and claims
-its WR slot, the segmenter (:class:`Segmenter`) cuts it into packets."""
+its WR slot and WR pool entry, the segmenter (:class:`Segmenter`) cuts it into packets."""
 
 from amaranth import *
 from amaranth.lib import data, stream, wiring
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from .. import protocol as P
@@ -19,7 +20,14 @@ from .req_common import (
     log2,
     psn_sub,
 )
-from .req_defs import ACKREQ_EVERY_BITS, MAX_WR_PACKETS, MSN_BITS, slot_depth
+from .req_defs import (
+    ACKREQ_EVERY_BITS,
+    MAX_WR_PACKETS,
+    MSN_BITS,
+    pool_entries,
+    pool_index_bits,
+    slot_depth,
+)
 from .req_send import send_item_layout
 from .req_tables import table_access_signature
 from .req_timer import arm_layout
@@ -29,10 +37,12 @@ __all__ = ["segment_job_layout", "intake_observation_layout", "segmenter_observa
 
 
 def segment_job_layout(config):
-    """An accepted WR for the segmenter: its QP, first PSN, WR slot, length, addresses,
-    immediate data, METH numbers, and the QP's MPR and una when it was checked."""
+    """An accepted WR for the segmenter: its QP, first PSN, WR pool entry (``slot``) and ring
+    position (``pos``), length, addresses, immediate data, METH numbers, and the QP's MPR and
+    una when it was checked."""
     return data.StructLayout({
-        "qpn": config.qpn_bits, "psn": PSN, "slot": log2(slot_depth(config)), "length": 32,
+        "qpn": config.qpn_bits, "psn": PSN, "slot": pool_index_bits(config),
+        "pos": log2(slot_depth(config)), "length": 32,
         "va": 64, "local": 64, "rkey": 32, "imm": 32, "is_imm": 1, "msn": MSN_BITS,
         "rqmsn": MSN_BITS, "mpr": 4, "una": PSN,
     })
@@ -40,30 +50,56 @@ def segment_job_layout(config):
 
 def intake_observation_layout(config):
     """What ``WrIntake(observe=True)`` shows on ``obs``: its forwarding register (the QP and
-    end PSN of the WR last handed to the segmenter)."""
-    return data.StructLayout({"fwd_valid": 1, "fwd_qpn": config.qpn_bits, "fwd_end": PSN})
+    end PSN of the WR last handed to the segmenter), the WR pool entry it takes this cycle
+    (``alloc``: a WR is accepted; ``alloc_entry``: its entry), and the free list: the
+    entries never handed out (``fresh`` and up), the FIFO's storage (``free_entries``, an
+    asynchronous read), its oldest position (``free_rd``), its next write position
+    (``free_wr``) and its fill (``free_count``)."""
+    pool = pool_entries(config)
+    return data.StructLayout({"fwd_valid": 1, "fwd_qpn": config.qpn_bits, "fwd_end": PSN,
+                              "alloc": 1, "alloc_entry": pool_index_bits(config),
+                              "fresh": range(pool + 1),
+                              "free_entries": data.ArrayLayout(pool_index_bits(config), pool),
+                              "free_rd": range(pool), "free_wr": range(pool),
+                              "free_count": range(pool + 1)})
 
 
 def segmenter_observation_layout(config):
     """What ``Segmenter(observe=True)`` shows on ``obs``: the WR it holds (QP, next PSN, WR
-    slot, bytes left, the MPR it came with), the una its window check uses this cycle,
-    whether that is the ``ack`` table's (``fresh``) and whether a packet is taken
-    (``emit``)."""
+    pool entry, ring position, bytes left, the MPR it came with), the una its window check
+    uses this cycle, whether that is the ``ack`` table's (``fresh``) and whether a packet is
+    taken (``emit``)."""
     return data.StructLayout({"active": 1, "qpn": config.qpn_bits, "psn": PSN,
-                              "slot": log2(slot_depth(config)), "remaining": 32, "mpr": 4,
+                              "slot": pool_index_bits(config), "pos": log2(slot_depth(config)),
+                              "remaining": 32, "mpr": 4,
                               "una": PSN, "fresh": 1, "emit": 1})
 
 
 class WrIntake(wiring.Component):
-    """Take work requests, refuse the bad ones, claim a WR slot for each (S1).
+    """Take work requests, refuse the bad ones, claim a WR slot and a WR pool entry for
+    each (S1).
 
     A WR taken is checked the next cycle against its QP's tables: refused (an error
     completion through the WR ring, so completions stay in order: WR_FLUSH_ERR for a QP in
     ERROR, LOC_QP_OP_ERR for a bad opcode or a QP not in RTS, LOC_LEN_ERR for a WR over
     ``MAX_WR_PACKETS`` packets), or handed to the segmenter. Either way it waits for a free
-    WR slot (and a refused one for room in the completion engine's queue, a WRITE WITH
-    IMMEDIATE for the QP's ``max_wimm``, a sent one for the segmenter). Accepting writes the
-    slot (``wr_done``, ``wr_send``) and advances ``sq``. One WR per cycle when nothing waits.
+    WR slot of its QP (``wr_slots``) and a free entry of the shared WR pool
+    (:func:`~.req_defs.pool_entries`: ``wr_pool``;
+    the first cycle a WR finds the pool empty counts ``wr_pool_waits``), and a refused one
+    for room in the completion engine's queue, a WRITE WITH IMMEDIATE for the QP's
+    ``max_wimm``, a sent one for the segmenter. Accepting writes the pool entry
+    (``wr_done``, ``wr_send``), appends it to the QP's ring (``wr_ring`` at ``sq.tail``) and
+    advances ``sq``. One WR per cycle when nothing waits.
+
+    The free list: entries never used are handed out first, in index order (a counter, so a
+    reset needs no table initialised); the completion engine returns each entry as it
+    completes the WR (``free``) into a FIFO as deep as the pool, from which the intake
+    takes once the counter is spent (one block RAM, its registered read addressed a cycle
+    ahead and transparent for the write, so the oldest entry is ready whenever the FIFO is
+    not empty). An entry is in at most one place (the counter's range, the FIFO, a QP's ring;
+    ``hdl/formal/requester_invariants.py`` proves it), so ``free`` always finds room. A QP's
+    WRs all complete (flushed, after an error) before the control may reset it, so a reset
+    frees nothing by itself.
 
     Hazards: the QP the segmenter works on (or last worked on) has not written its final
     next PSN yet: the intake keeps the end PSN of the last WR it handed over and takes it
@@ -76,6 +112,10 @@ class WrIntake(wiring.Component):
     tables : ``In(table_access_signature(config, "intake"))``
     control : ``In(ControlSignature(config))``
     wr : ``In(stream.Signature(work_request_layout(config)))``
+    free : ``In(stream.Signature(pool_index_bits(config)))``
+        WR pool entries the completion engine is done with. Always ready.
+    pool_free : ``Out(range(pool_entries(config) + 1))``
+        Free WR pool entries (not counting one arriving on ``free`` this cycle).
     o : ``Out(stream.Signature(segment_job_layout(config)))``
         WRs to send, to the segmenter.
     wr_trigger : ``Out(stream.Signature(config.qpn_bits))``
@@ -85,7 +125,7 @@ class WrIntake(wiring.Component):
         Only with ``observe=True`` (the formal proofs); nothing else changes.
     """
 
-    COUNTERS = ("wrs", "wr_refused")
+    COUNTERS = ("wrs", "wr_refused", "wr_pool_waits")
 
     def __init__(self, *, config, observe=False):
         with validating(self):
@@ -97,6 +137,8 @@ class WrIntake(wiring.Component):
             "tables": In(table_access_signature(config, "intake")),
             "control": In(ControlSignature(config)),
             "wr": In(stream.Signature(work_request_layout(config))),
+            "free": In(stream.Signature(pool_index_bits(config))),
+            "pool_free": Out(range(pool_entries(config) + 1)),
             "o": Out(stream.Signature(segment_job_layout(config))),
             "wr_trigger": Out(stream.Signature(config.qpn_bits)),
             "events": Out(events_layout(self.COUNTERS)),
@@ -144,12 +186,49 @@ class WrIntake(wiring.Component):
         s1_packets = Mux(s1.length == 0, 1, ((s1.length - 1) >> mtu_bits) + 1)
         s1_slots_used = (s1_sq.tail - s1_cq.head)[:sb + 1]
         s1_wimm_used = (s1_sq.wimm - s1_cq.wimm)[:WIMM_BITS]
-        s1_slot_free = s1_slots_used < cfg.wr_slots
         s1_wimm_ok = ~s1_is_imm | (s1_wimm_used < s1_cfg.max_wimm)
+
+        # The WR pool's free list: entries `fresh` and up were never handed out; the others
+        # come back through `free` into the FIFO.
+        pool = pool_entries(cfg)
+        pool_fresh = Signal(range(pool + 1))
+        # The FIFO: block RAM with a registered read, addressed a cycle ahead (the next
+        # oldest when one is taken), transparent for the write, so the oldest entry is on
+        # `free_head` whenever `free_count` is not 0.
+        m.submodules.free_list = free_list = Memory(shape=pool_index_bits(cfg), depth=pool,
+                                                    init=[])
+        free_write = free_list.write_port()
+        free_read = free_list.read_port(transparent_for=(free_write,))
+        free_rd = Signal(range(pool))
+        free_wr = Signal(range(pool))
+        free_count = Signal(range(pool + 1))
+        free_pop = Signal()
+
+        def free_next(position):
+            return Mux(position == pool - 1, 0, position + 1)
+
+        m.d.comb += [
+            free_write.addr.eq(free_wr), free_write.data.eq(self.free.payload),
+            free_write.en.eq(self.free.valid & self.free.ready),
+            free_read.addr.eq(Mux(free_pop, free_next(free_rd), free_rd)),
+            self.free.ready.eq(free_count != pool),
+            self.pool_free.eq(pool - pool_fresh + free_count),
+        ]
+        with m.If(free_write.en):
+            m.d.sync += free_wr.eq(free_next(free_wr))
+        with m.If(free_pop):
+            m.d.sync += free_rd.eq(free_next(free_rd))
+        m.d.sync += free_count.eq(free_count + free_write.en - free_pop)
+        s1_fresh = pool_fresh != pool
+        s1_pool_ok = s1_fresh | (free_count != 0)
+        s1_entry = Mux(s1_fresh, pool_fresh, free_read.data)[:pool_index_bits(cfg)]
+        s1_slot_free = (s1_slots_used < cfg.wr_slots) & s1_pool_ok
+        s1_pool_waited = Signal()       # this WR has counted its wait for the pool
         m.d.comb += [
             self.wr_trigger.valid.eq(s1_valid & (s1_refused != 0) & s1_slot_free & ~hold),
             self.wr_trigger.payload.eq(s1.qpn),
             self.o.valid.eq(s1_valid & (s1_refused == 0) & s1_slot_free & s1_wimm_ok & ~hold),
+            self.events.wr_pool_waits.eq(s1_valid & ~s1_pool_ok & ~s1_pool_waited),
         ]
         s1_accept_refused = self.wr_trigger.valid & self.wr_trigger.ready
         s1_accept_send = self.o.valid & self.o.ready
@@ -161,21 +240,30 @@ class WrIntake(wiring.Component):
             self.events.wr_refused.eq(s1_accept & (s1_refused != 0)),
         ]
         with m.If(s1_take):
-            m.d.sync += [s1_valid.eq(1), s1.eq(self.wr.payload)]
+            m.d.sync += [s1_valid.eq(1), s1.eq(self.wr.payload), s1_pool_waited.eq(0)]
         with m.Elif(s1_accept):
             m.d.sync += s1_valid.eq(0)
+        with m.Elif(self.events.wr_pool_waits):
+            m.d.sync += s1_pool_waited.eq(1)
+        with m.If(s1_accept):
+            with m.If(s1_fresh):
+                m.d.sync += pool_fresh.eq(pool_fresh + 1)
+            with m.Else():
+                m.d.comb += free_pop.eq(1)
 
         s1_end = (s1_next_psn + Mux(s1_refused != 0, 0, s1_packets))[:PSN]
-        slot_addr = Cat(s1_sq.tail[:sb], s1.qpn)
         m.d.comb += [
-            wps.wr_done.addr.eq(slot_addr),
+            wps.wr_ring.addr.eq(Cat(s1_sq.tail[:sb], s1.qpn)),
+            wps.wr_ring.en.eq(s1_accept),
+            wps.wr_ring.data.eq(s1_entry),
+            wps.wr_done.addr.eq(s1_entry),
             wps.wr_done.en.eq(s1_accept),
             wps.wr_done.data.wr_id.eq(s1.wr_id),
             wps.wr_done.data.end.eq(s1_end),
             wps.wr_done.data.length.eq(s1.length),
             wps.wr_done.data.is_imm.eq(s1_is_imm & (s1_refused == 0)),
             wps.wr_done.data.refused.eq(s1_refused_status),
-            wps.wr_send.addr.eq(slot_addr),
+            wps.wr_send.addr.eq(s1_entry),
             wps.wr_send.en.eq(s1_accept & (s1_refused == 0)),
             wps.wr_send.data.va.eq(s1.remote_addr),
             wps.wr_send.data.local.eq(s1.local_addr),
@@ -201,7 +289,8 @@ class WrIntake(wiring.Component):
 
         job = self.o.payload
         m.d.comb += [
-            job.qpn.eq(s1.qpn), job.psn.eq(s1_next_psn), job.slot.eq(s1_sq.tail[:sb]),
+            job.qpn.eq(s1.qpn), job.psn.eq(s1_next_psn), job.slot.eq(s1_entry),
+            job.pos.eq(s1_sq.tail[:sb]),
             job.length.eq(s1.length), job.va.eq(s1.remote_addr), job.local.eq(s1.local_addr),
             job.rkey.eq(s1.rkey), job.imm.eq(s1.imm), job.is_imm.eq(s1_is_imm),
             job.msn.eq(s1_sq.msgs), job.rqmsn.eq(s1_sq.imm_msgs), job.mpr.eq(s1_cfg.mpr),
@@ -213,7 +302,13 @@ class WrIntake(wiring.Component):
             m.d.sync += fwd_valid.eq(0)
         if self._observe:
             m.d.comb += [self.obs.fwd_valid.eq(fwd_valid), self.obs.fwd_qpn.eq(fwd_qpn),
-                         self.obs.fwd_end.eq(fwd_end)]
+                         self.obs.fwd_end.eq(fwd_end), self.obs.alloc.eq(s1_accept),
+                         self.obs.alloc_entry.eq(s1_entry), self.obs.fresh.eq(pool_fresh),
+                         self.obs.free_rd.eq(free_rd), self.obs.free_wr.eq(free_wr),
+                         self.obs.free_count.eq(free_count)]
+            for index in range(pool):
+                port = free_list.read_port(domain="comb")
+                m.d.comb += [port.addr.eq(index), self.obs.free_entries[index].eq(port.data)]
         return m
 
 
@@ -273,6 +368,7 @@ class Segmenter(wiring.Component):
         cfg = self._config
         qb = cfg.qpn_bits
         sb = log2(slot_depth(cfg))
+        pb = pool_index_bits(cfg)
         ctl = self.control
         ackreq_every, cc_on = ctl.ackreq_every, ctl.cc_on
         reads = self.tables.read
@@ -280,7 +376,8 @@ class Segmenter(wiring.Component):
         s2_active = Signal()
         s2_qpn = Signal(qb)
         s2_psn = Signal(PSN)
-        s2_slot = Signal(sb)
+        s2_slot = Signal(pb)
+        s2_pos = Signal(sb)
         s2_remaining = Signal(32)
         s2_va = Signal(64)
         s2_local = Signal(64)
@@ -336,7 +433,7 @@ class Segmenter(wiring.Component):
         with m.If(self.i.valid & self.i.ready):
             m.d.sync += [
                 s2_active.eq(1), s2_qpn.eq(job.qpn), s2_psn.eq(job.psn),
-                s2_slot.eq(job.slot), s2_remaining.eq(job.length),
+                s2_slot.eq(job.slot), s2_pos.eq(job.pos), s2_remaining.eq(job.length),
                 s2_va.eq(job.va), s2_local.eq(job.local), s2_rkey.eq(job.rkey),
                 s2_imm.eq(job.imm), s2_is_imm.eq(job.is_imm), s2_first.eq(1),
                 s2_msn.eq(job.msn), s2_rqmsn.eq(job.rqmsn),
@@ -373,7 +470,7 @@ class Segmenter(wiring.Component):
         if self._observe:
             obs = self.obs
             m.d.comb += [obs.active.eq(s2_active), obs.qpn.eq(s2_qpn), obs.psn.eq(s2_psn),
-                         obs.slot.eq(s2_slot),
+                         obs.slot.eq(s2_slot), obs.pos.eq(s2_pos),
                          obs.remaining.eq(s2_remaining), obs.mpr.eq(s2_mpr),
                          obs.una.eq(s2_una_now), obs.fresh.eq(s2_fresh), obs.emit.eq(s2_emit)]
         return m

@@ -24,8 +24,8 @@ from .req_defs import (
     YOUNG_CAP_LOG2,
     WalkKind,
     bitmap_psns,
+    pool_index_bits,
     retx_layout,
-    slot_depth,
     walk_layout,
 )
 from .req_send import send_item_layout
@@ -107,9 +107,10 @@ class Retransmitter(wiring.Component):
     still outstanding (QP live, ``una <= psn < next_psn``, not SACKed) and, for a walk, worth
     resending (a TIMEOUT walk skips PSNs after its first sent less than the base timeout ago;
     an INFER or REORDER walk skips PSNs already resent), gives LOST feedback where due, and
-    reads the WR slot; R2 rebuilds the packet (offset, length, opcode from the slot and the
-    PSN's index in the WR) into R3, the output register, which offers it to the send
-    register (no logic between the slot's block RAM and ``o``). One PSN per cycle; 4 cycles
+    reads the PSN's WR pool entry (``wr_send``, the entry its metadata names); R2 rebuilds
+    the packet (offset, length, opcode from the entry and the PSN's index in the WR) into R3,
+    the output register, which offers it to the send register (no logic between the entry's
+    block RAM and ``o``). One PSN per cycle; 4 cycles
     from R0 to ``o``. A PSN that fails the check is dropped (``retx_ignored`` for a request,
     ``walk_skipped`` for a walk).
 
@@ -164,7 +165,7 @@ class Retransmitter(wiring.Component):
         cfg = self._config
         qb = cfg.qpn_bits
         wb = log2(bitmap_psns(cfg))
-        sb = log2(slot_depth(cfg))
+        pb = pool_index_bits(cfg)
         mtu_bits = log2(cfg.mtu)
         hold = self.control.hold
         time_now = self.now[:TIME_BITS]
@@ -181,7 +182,7 @@ class Retransmitter(wiring.Component):
         r2_valid = Signal()
         r2_qpn = Signal(qb)
         r2_psn = Signal(PSN)
-        r2_slot = Signal(sb)
+        r2_slot = Signal(pb)
         r2_ev = Signal(cfg.ev_index_bits)
         r2_walk = Signal()
         r3_valid = Signal()
@@ -221,7 +222,7 @@ class Retransmitter(wiring.Component):
         with m.Elif(r1_advance):
             m.d.sync += r1_valid.eq(0)
 
-        # R1: check, LOST feedback, read the WR slot.
+        # R1: check, LOST feedback, read the WR pool entry.
         r1_ack = reads.ack.data
         r1_meta = reads.meta.data
         r1_ok = ((reads.cfg.data.state == P.QpState.RTS) & ~r1_ack.error
@@ -269,7 +270,7 @@ class Retransmitter(wiring.Component):
         ]
         wr_send_port = reads.wr_send
         m.d.comb += [
-            wr_send_port.addr.eq(Cat(r1_meta.slot[:sb], r1_qpn)),
+            wr_send_port.addr.eq(r1_meta.slot),
             wr_send_port.en.eq(r2_load),
         ]
         with m.If(r2_load):
@@ -278,7 +279,7 @@ class Retransmitter(wiring.Component):
         with m.Elif(r2_emit):
             m.d.sync += r2_valid.eq(0)
 
-        # R2: rebuild the packet from the WR slot (the slot's data comes straight from the
+        # R2: rebuild the packet from the WR pool entry (its data comes straight from the
         # block RAM) into R3, the output register.
         slot = wr_send_port.data
         r2_index = psn_sub(r2_psn, slot.first)

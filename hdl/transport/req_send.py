@@ -10,18 +10,18 @@ from .. import protocol as P
 from ..interfaces import feedback_layout, path_request_layout
 from ..util import validating
 from .req_common import check_config, check_depth, events_layout, log2
-from .req_defs import TIME_BITS, bitmap_psns, send_context_layout, slot_depth
+from .req_defs import TIME_BITS, bitmap_psns, pool_index_bits, send_context_layout
 from .req_tables import table_access_signature
 
 __all__ = ["send_item_layout", "SendRegister", "FeedbackMerge"]
 
 
 def send_item_layout(config):
-    """A packet for the send register: the path request, the WR slot it belongs to, and
-    ``walk`` for a resend the walker asked for."""
+    """A packet for the send register: the path request, the WR pool entry of its WR
+    (``slot``), and ``walk`` for a resend the walker asked for."""
     return data.StructLayout({
         "request": path_request_layout(config, context=send_context_layout(config)),
-        "slot": log2(slot_depth(config)),
+        "slot": pool_index_bits(config),
         "walk": 1,
     })
 
@@ -33,7 +33,8 @@ class SendRegister(wiring.Component):
     resend is offered, even one held back. A walker's resend is held while LOST feedback is
     still on its way out (``lost_pending``), so path selection applies the LOST (and any fate
     sweep) before it picks the resend's EV. The packet taken is registered (one cycle) and
-    its PSN's ``meta`` entry written in the same cycle (WR slot, send time, resent or not).
+    its PSN's ``meta`` entry written in the same cycle (WR pool entry, send time, resent or
+    not).
     One packet per cycle.
 
     Members

@@ -24,6 +24,8 @@ from .req_defs import (
     RETRY_COUNT_BITS,
     TIME_BITS,
     bitmap_psns,
+    pool_entries,
+    pool_index_bits,
     slot_depth,
 )
 
@@ -38,6 +40,7 @@ def requester_tables(config):
     slots = slot_depth(config)
     count_bits = log2(slots) + 1
     qps = config.qps
+    pool = pool_entries(config)
     return {
         "cfg": (data.StructLayout({"state": 3, "mpr": 4, "max_wimm": 8, "timeout": 5,
                                    "retry_linear": 3, "retry_exp": 5}), qps, 5),
@@ -54,17 +57,23 @@ def requester_tables(config):
         # completion engine clears: one writer each).
         "trig_set": (unsigned(1), qps, 2),
         "trig_seen": (unsigned(1), qps, 2),
-        "meta": (data.StructLayout({"slot": log2(slots), "time": TIME_BITS, "retx": 1}),
+        # `slot`: the WR pool entry of the PSN's WR.
+        "meta": (data.StructLayout({"slot": pool_index_bits(config), "time": TIME_BITS,
+                                    "retx": 1}),
                  qps * window, 1),
         # The EV each PSN last went out on: read by the retransmitter (LOST feedback) and by
         # ACK processing (the EV a SACK or NACK names by its PSN).
         "ev": (unsigned(config.ev_index_bits), qps * window, 2),
+        # The WR ring: per QP, the WR pool entries of its outstanding WRs in WR order, from
+        # `cq.head` up to `sq.tail` (the intake appends, the completion engine walks it).
+        "wr_ring": (unsigned(pool_index_bits(config)), qps * slots, 1),
+        # The shared WR pool: an entry per outstanding WR of any QP (free list: the intake).
         "wr_done": (data.StructLayout({"wr_id": 64, "end": PSN, "length": 32, "is_imm": 1,
-                                       "refused": P.CompletionStatus}), qps * slots, 1),
+                                       "refused": P.CompletionStatus}), pool, 1),
         "wr_send": (data.StructLayout({"va": 64, "local": 64, "rkey": 32, "imm": 32,
                                        "first": PSN, "length": 32, "is_imm": 1,
                                        "msn": MSN_BITS, "rqmsn": MSN_BITS}),
-                    qps * slots, 1),
+                    pool, 1),
         # Loss recovery: the timer scanner's own table: armed, start time, una at its last visit,
         # retries since the last progress.
         "tmr": (data.StructLayout({"armed": 1, "start": 32, "una_seen": PSN,
@@ -101,7 +110,7 @@ def block_ram_bits(config, *, copies=True):
 TABLE_ACCESS = {
     "control": (("cfg", "sq", "next_psn", "ack", "cq", "tmr", "cc", "trig_set", "trig_seen"),
                 ("cfg",)),
-    "intake": (("cfg", "sq", "next_psn", "ack", "cq"), ("sq", "wr_done", "wr_send")),
+    "intake": (("cfg", "sq", "next_psn", "ack", "cq"), ("sq", "wr_ring", "wr_done", "wr_send")),
     "segmenter": (("ack", "cc", "nscc_window"), ("next_psn",)),
     "retransmitter": (("cfg", "next_psn", "ack", "acked", "meta", "ev", "wr_send"), ()),
     "send": ((), ("meta",)),
@@ -110,7 +119,7 @@ TABLE_ACCESS = {
             ("ack", "acked", "cc", "trig_set", "progress")),
     "inference": (("infer",), ("infer",)),
     "scanner": (("cfg", "ack", "next_psn", "tmr", "progress"), ("tmr",)),
-    "completion": (("cq", "ack", "sq", "wr_done"), ("trig_seen", "cq")),
+    "completion": (("cq", "ack", "sq", "wr_ring", "wr_done"), ("trig_seen", "cq")),
     "nscc": ((), ("nscc_window",)),
 }
 
@@ -120,11 +129,21 @@ OBSERVED_TABLES = ("cfg", "next_psn", "ack", "sq", "cq")
 
 
 def observed_row_layout(config):
-    """A QP's entries of :data:`OBSERVED_TABLES`, and its ``wr_done`` entry of WR slot
-    ``obs_slot``, as ``RequesterTables(observe=True)`` shows them on ``obs``."""
+    """A QP's entries of :data:`OBSERVED_TABLES`, its ``wr_ring`` entries at ring positions
+    ``obs_pos`` (``wr_ring``) and ``obs_head`` (``wr_ring_head``) and the ``wr_done`` entry
+    of WR pool entry ``obs_slot``, as ``RequesterTables(observe=True)`` shows them on
+    ``obs``."""
     tables = requester_tables(config)
+    count_bits = log2(slot_depth(config)) + 1
+    ring = data.StructLayout({"tail": count_bits, "head": count_bits,
+                              "slots": data.ArrayLayout(tables["wr_ring"][0],
+                                                        slot_depth(config))})
     return data.StructLayout({**{name: tables[name][0] for name in OBSERVED_TABLES},
-                              "wr_done": tables["wr_done"][0]})
+                              "wr_ring": tables["wr_ring"][0],
+                              "wr_ring_head": tables["wr_ring"][0],
+                              "wr_done": tables["wr_done"][0],
+                              # Every QP's WR ring: `sq.tail`, `cq.head` and every slot.
+                              "rings": data.ArrayLayout(ring, config.qps)})
 
 
 def _addr_width(depth):
@@ -155,7 +174,7 @@ def table_access_signature(config, engine):
 
 
 class RequesterTables(wiring.Component):
-    """The requester's per-QP, per-PSN and per-WR-slot tables in block RAM.
+    """The requester's per-QP, per-PSN and WR pool tables in block RAM.
 
     Each read port is synchronous: ``data`` is the entry at the ``addr`` of the previous cycle
     in which ``en`` was high (``en`` idles high), and transparent: it already holds a write of
@@ -166,10 +185,11 @@ class RequesterTables(wiring.Component):
     ----------
     config : NicConfig
     observe : bool
-        Add ``obs_qpn``, ``obs_slot`` and ``obs`` (off by default): an asynchronous read of
-        the QP's entries of :data:`OBSERVED_TABLES` and of its ``wr_done`` entry of WR slot
-        ``obs_slot``, for the formal proofs. A read port more on each of those tables, in
-        that build only; nothing else changes.
+        Add ``obs_qpn``, ``obs_pos``, ``obs_head``, ``obs_slot`` and ``obs`` (off by
+        default): an asynchronous read of the QP's entries of :data:`OBSERVED_TABLES`, of its
+        ``wr_ring`` entries at ring positions ``obs_pos`` and ``obs_head`` and of the
+        ``wr_done`` entry of WR pool entry ``obs_slot``, for the formal proofs. A read port
+        more on each of those tables, in that build only; nothing else changes.
 
     Members
     -------
@@ -179,10 +199,11 @@ class RequesterTables(wiring.Component):
         ``scanner``, ``completion``, ``nscc``), with the read and write ports it gives that
         engine.
     obs_qpn : ``In(config.qpn_bits)`` (``observe`` only)
-    obs_slot : ``In(log2(slot_depth(config)))`` (``observe`` only)
+    obs_pos, obs_head : ``In(log2(slot_depth(config)))`` (``observe`` only)
+    obs_slot : ``In(pool_index_bits(config))`` (``observe`` only)
     obs : ``Out(observed_row_layout(config))`` (``observe`` only)
-        The entries of QP ``obs_qpn`` (and its slot ``obs_slot``) in this cycle (the writes
-        of this cycle not yet in).
+        The entries of QP ``obs_qpn`` (its ring entries ``obs_pos`` and ``obs_head``, pool
+        entry ``obs_slot``) in this cycle (the writes of this cycle not yet in).
     """
 
     def __init__(self, *, config, observe=False):
@@ -195,7 +216,9 @@ class RequesterTables(wiring.Component):
                    for engine in TABLE_ACCESS}
         if observe:
             members["obs_qpn"] = In(config.qpn_bits)
-            members["obs_slot"] = In(log2(slot_depth(config)))
+            members["obs_pos"] = In(log2(slot_depth(config)))
+            members["obs_head"] = In(log2(slot_depth(config)))
+            members["obs_slot"] = In(pool_index_bits(config))
             members["obs"] = Out(observed_row_layout(config))
         super().__init__(members)
 
@@ -225,7 +248,20 @@ class RequesterTables(wiring.Component):
             for name in OBSERVED_TABLES:
                 port = memories[name].read_port(domain="comb")
                 m.d.comb += [port.addr.eq(self.obs_qpn), self.obs[name].eq(port.data)]
+            for position, field in ((self.obs_pos, "wr_ring"), (self.obs_head, "wr_ring_head")):
+                port = memories["wr_ring"].read_port(domain="comb")
+                m.d.comb += [port.addr.eq(Cat(position, self.obs_qpn)),
+                             self.obs[field].eq(port.data)]
             port = memories["wr_done"].read_port(domain="comb")
-            m.d.comb += [port.addr.eq(Cat(self.obs_slot, self.obs_qpn)),
-                         self.obs.wr_done.eq(port.data)]
+            m.d.comb += [port.addr.eq(self.obs_slot), self.obs.wr_done.eq(port.data)]
+            slots = slot_depth(self._config)
+            for qpn in range(self._config.qps):
+                ring = self.obs.rings[qpn]
+                for name, field in (("sq", "tail"), ("cq", "head")):
+                    port = memories[name].read_port(domain="comb")
+                    m.d.comb += [port.addr.eq(qpn), ring[field].eq(port.data[field])]
+                for position in range(slots):
+                    port = memories["wr_ring"].read_port(domain="comb")
+                    m.d.comb += [port.addr.eq(qpn * slots + position),
+                                 ring.slots[position].eq(port.data)]
         return m

@@ -1,5 +1,6 @@
 """The requester: work requests in, data-packet send requests out, SACK/NACK/NAK in, completions
-out. Per-QP send state, per-PSN metadata and WR slots live in block RAM.
+out. Per-QP send state, per-PSN metadata, the per-QP WR rings and the shared WR pool live in
+block RAM.
 
 :class:`Requester` is the top: it instantiates the engines below and the FIFOs between them
 and wires them; it has no logic of its own beyond the counters. Each engine is a component
@@ -11,7 +12,7 @@ of its own, with its latency, throughput and hazards in its docstring:
   with the engines held; its QP reset goes through each table owner's write port;
 * **WR intake** (:class:`~.req_intake.WrIntake`, S1) reads the QP's state, refuses bad WRs
   (an error completion through the WR ring, so completions stay in order) and claims a WR
-  slot;
+  slot of its QP's ring and an entry of the shared WR pool (its free list);
 * **segmenter** (:class:`~.req_intake.Segmenter`, S2) cuts the WR into MTU packets, one per
   cycle, each checked against the window (``next_psn - una < mpr * 128``);
 * **walker** (:class:`~.req_retransmit.Walker`) turns PSN ranges (timeout and inferred
@@ -29,7 +30,7 @@ of its own, with its latency, throughput and hazards in its docstring:
 * **timer scanner** (:class:`~.req_timer.TimerScanner`, V0-V1) visits one QP per cycle and
   expires its retransmit timer (``docs/recovery.md``);
 * **completion engine** (:class:`~.req_completion.CompletionEngine`) walks a QP's WR ring
-  from the oldest slot and completes WRs in order;
+  from the oldest slot, completes WRs in order and returns their pool entries;
 * **feedback merge** (:class:`~.req_send.FeedbackMerge`) queues the ACK side's and the
   retransmitter's feedback into ``feedback``;
 * **NSCC** (:class:`~.req_nscc.NsccEngine`, in a build with ``nscc``) keeps UET's NSCC
@@ -66,12 +67,14 @@ from .req_control import RequesterControl, control_observation_layout
 from .req_defs import (
     REQUESTER_COUNTERS,
     bitmap_psns,
+    pool_entries,
     qp_error_layout,
     requester_command_layout,
     requester_response_layout,
     retx_layout,
     send_context_layout,
     sent_layout,
+    slot_depth,
     walk_layout,
 )
 from .req_infer import InferenceUnit
@@ -98,8 +101,9 @@ __all__ = ["Requester", "send_context_layout", "requester_tables", "block_ram_bi
 
 def requester_observation_layout(config):
     """What ``Requester(observe=True)`` shows on ``obs`` (for the formal proofs): the QP's
-    ``cfg``, ``next_psn``, ``ack``, ``sq`` and ``cq`` entries and the ``wr_done`` entry of the
-    segmenter's WR slot (``row``), the command the control holds (``command``) and its QP
+    ``cfg``, ``next_psn``, ``ack``, ``sq`` and ``cq`` entries, its ``wr_ring`` entry at the
+    segmenter's ring position and the ``wr_done`` entry of the segmenter's pool entry
+    (``row``), the command the control holds (``command``) and its QP
     reset (``control``),
     and the in-flight state that can change those entries or decide on them: the intake's
     forwarding register, the segmenter's WR and window check, ACK processing's A1 and A2, the
@@ -125,7 +129,7 @@ class Requester(wiring.Component):
     Latencies: a WR's first send request leaves 3 cycles after the WR is taken (intake, then
     the segmenter, then the output register); an ACK updates the QP 2 cycles after it is
     taken; a retransmit request leaves 4 cycles after it is taken; a completion leaves a few
-    cycles after the ACK that allows it (3 cycles per QP the completion engine visits), then
+    cycles after the ACK that allows it (4 cycles per QP the completion engine visits), then
     one per cycle for the same QP.
 
     Bad input never hangs the block: a WR it will not send completes with an error status
@@ -193,6 +197,9 @@ class Requester(wiring.Component):
         The time in 1.024 us units (:attr:`Timebase.units <hdl.timebase.Timebase.units>`):
         the retransmit timers and the per-PSN send time.
     counters : ``Out(data.StructLayout({name: 32 for name in REQUESTER_COUNTERS}))``
+    wr_pool_free : ``Out(range(pool_entries(config) + 1))``
+        Free entries of the shared WR pool (:func:`~.req_defs.pool_entries`): a status for
+        tests and debugging.
     obs_qpn : ``In(config.qpn_bits)`` (``observe`` only)
     obs : ``Out(requester_observation_layout(config))`` (``observe`` only)
     """
@@ -230,6 +237,7 @@ class Requester(wiring.Component):
             "now_ns": In(32),
             "now_units": In(32),
             "counters": Out(data.StructLayout({name: 32 for name in REQUESTER_COUNTERS})),
+            "wr_pool_free": Out(range(pool_entries(config) + 1)),
             **({"obs_qpn": In(config.qpn_bits),
                 "obs": Out(requester_observation_layout(config))} if observe else {}),
         })
@@ -378,6 +386,8 @@ class Requester(wiring.Component):
         wiring.connect(m, scanner.poll, inference.poll)
         fifo_out(ack_triggers, completion.ack_trigger)
         fifo_out(wr_triggers, completion.wr_trigger)
+        wiring.connect(m, completion.free, intake.free)
+        m.d.comb += self.wr_pool_free.eq(intake.pool_free)
         wiring.connect(m, completion.completion, wiring.flipped(self.completion))
         wiring.connect(m, feedback.o, wiring.flipped(self.feedback))
         fifo_out(qp_error_fifo, self.qp_error)
@@ -398,6 +408,8 @@ class Requester(wiring.Component):
             obs, ctl = self.obs, control.control
             m.d.comb += [
                 tables.obs_qpn.eq(self.obs_qpn), tables.obs_slot.eq(segmenter.obs.slot),
+                tables.obs_pos.eq(segmenter.obs.pos),
+                tables.obs_head.eq(completion.obs.head[:log2(slot_depth(cfg))]),
                 obs.row.eq(tables.obs), obs.completion.eq(completion.obs),
                 obs.command.eq(control.obs),
                 obs.control.hold.eq(ctl.hold), obs.control.write.eq(ctl.write),

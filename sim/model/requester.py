@@ -144,7 +144,10 @@ class RequesterModel:
     qp_errors : list of dict
         ``{"qpn", "status"}`` for each QP moved to ERROR.
     counters : dict
-        The counters of :data:`~hdl.transport.req_defs.REQUESTER_COUNTERS`.
+        The counters of :data:`~hdl.transport.req_defs.REQUESTER_COUNTERS`, except
+        ``wr_pool_waits`` (0 here: when a freed WR pool entry is back in the gateware's free
+        list is a matter of cycles; the limit itself, ``wr_pool`` WRs outstanding over all
+        QPs, is modelled).
     """
 
     def __init__(self, config):
@@ -152,6 +155,7 @@ class RequesterModel:
         self.window = bitmap_psns(config)
         self._qps = [_Qp() for _ in range(config.qps)]
         self._queue = deque()           # posted WRs not yet taken (one queue: HOL blocking)
+        self._pool_used = 0             # WRs outstanding over all QPs (the shared WR pool)
         self._current = None            # [qpn, slot, psn, remaining, index] being segmented
         self._retx = deque()            # (qpn, psn) waiting to be resent
         self._walks = deque()           # [kind, qpn, psn, count, first] ranges to walk
@@ -263,7 +267,8 @@ class RequesterModel:
 
     @property
     def pending_wrs(self):
-        """WRs posted but not yet taken (waiting for a slot, WIMM credit or the segmenter)."""
+        """WRs posted but not yet taken (waiting for a slot, a WR pool entry, WIMM credit or the
+        segmenter)."""
         return len(self._queue)
 
     def pull(self, now_units=None):
@@ -685,11 +690,12 @@ class RequesterModel:
         while self._queue:
             wr = self._queue[0]
             qp = self._qps[wr.qpn]
-            if len(qp.slots) >= self.config.wr_slots:
+            if len(qp.slots) >= self.config.wr_slots or self._pool_used >= self.config.wr_pool:
                 return
             refused = wr_refusal(self.config, wr.opcode, wr.length, qp.effective_state)
             if refused is not None:
                 qp.slots.append(_Slot(wr, qp.alloc_psn, qp.alloc_psn, refused, False))
+                self._pool_used += 1
                 self._queue.popleft()
                 self.counters["wrs"] += 1
                 self.counters["wr_refused"] += 1
@@ -706,6 +712,7 @@ class RequesterModel:
             qp.msgs = (qp.msgs + 1) % (1 << MSN_BITS)
             qp.imm_msgs = (qp.imm_msgs + is_imm) % (1 << MSN_BITS)
             qp.slots.append(slot)
+            self._pool_used += 1
             qp.wimm_in_flight += is_imm
             self._current = [wr.qpn, slot, first, wr.length, 0]
             self._queue.popleft()
@@ -763,6 +770,7 @@ class RequesterModel:
             else:
                 status = P.CompletionStatus.WR_FLUSH_ERR
             qp.slots.popleft()
+            self._pool_used -= 1
             qp.wimm_in_flight -= slot.is_imm
             self.counters["completions" if status == P.CompletionStatus.SUCCESS
                           else "error_completions"] += 1

@@ -24,6 +24,9 @@ def test_defaults_are_the_flagship_configuration():
     ("evs_per_profile", 257, "must be an integer from 1 to 256, not 257"),
     ("mtu", 1500, "must be one of 256, 512, 1024, 2048, 4096, not 1500"),
     ("trim_dscp", 64, "must be an integer from 0 to 63, not 64"),
+    ("wr_pool", 1, "must be an integer from 2 to 16384, not 1"),
+    ("wr_pool", 16385, "must be an integer from 2 to 16384, not 16385"),
+    ("wr_pool", 8, "must be at least wr_slots (16), not 8"),
     ("ports", "8", "must be an integer, not '8'"),
     ("ports", True, "must be an integer, not True"),
 ])
