@@ -33,11 +33,12 @@ class ProfileTable(wiring.Component):
     component's logic); reads are the registers. ``candidates`` (the
     usable EVs a data request may take: good; outside AUTO mode, with enough fresh EVs, not
     SKIP; and for an adaptive profile with enough low EVs neither high nor SKIP) and
-    ``candidates_any`` are registered from the bitmaps and counts, so they follow a change one cycle after the bitmaps do. Outside AUTO mode a
+    ``candidates_any`` are registered from the bitmaps and counts, so they follow a change one
+    cycle after the bitmaps do. Outside AUTO mode a
     profile passes its SKIP EVs over while enough fresh ones remain (MRC 1.0's SKIP state);
     AUTO keeps a QP on its hashed EV (the single-path baseline) while it is usable. A
-    ``clear`` wins over a ``commit`` applied in the same cycle (the control clears only while the entry update is
-    idle, so they never coincide).
+    ``clear`` wins over a ``commit`` applied in the same cycle (the control clears only while
+    the entry update is idle, so they never coincide).
 
     Parameters
     ----------
