@@ -274,13 +274,16 @@ def _shown_path(path):
 
 
 def run_scenario(scn, out, *, log=print, build_dir=None, quick_build=False,
-                 scenario_file=None):
+                 scenario_file=None, group_nscc=None):
     """Run ``scn``; write every output into ``out``; return the report (a dict).
 
     ``build_dir``/``quick_build``: where the RTL simulator build lives (default
     ``build/sim/rtl/<sim>-<hash>``) and whether Verilator compiles without optimisation
     (tests: faster to build, slower to run). ``scenario_file``: the scenario file ``scn`` was
-    read from, echoed in the report (``null`` without one)."""
+    read from, echoed in the report (``null`` without one). ``group_nscc``: the NSCC setting
+    to build a group's RTL NICs with when it is not the scenario's (:func:`rtl_nscc_setting`):
+    NICs built with the engine run the ECN window too (CONFIG ``cc_nscc`` off), so one build
+    serves both algorithms."""
     refusal = backend_refusal(scn)
     if refusal is not None:
         raise ValueError(f"{refusal[0]}: {refusal[1]}")
@@ -291,7 +294,8 @@ def run_scenario(scn, out, *, log=print, build_dir=None, quick_build=False,
     wall0 = time.monotonic()
     switched = None                     # the fabric of a run with a switch per plane
     if scn.backend == "rtl" and _grouped(scn):
-        result = _run_group(scn, out, log=log, build_dir=build_dir, quick_build=quick_build)
+        result = _run_group(scn, out, log=log, build_dir=build_dir, quick_build=quick_build,
+                            nscc=group_nscc)
     elif scn.backend == "rtl":
         from .tb.dpi import DPI_TOP, DpiPair, dpi_key, uses_dpi, verilator_args
         from .tb.pair import NicPair
@@ -372,15 +376,17 @@ def run_scenario(scn, out, *, log=print, build_dir=None, quick_build=False,
     return report
 
 
-def _run_group(scn, out, *, log, build_dir, quick_build):
+def _run_group(scn, out, *, log, build_dir, quick_build, nscc=None):
     """The RTL backend on ``scn.nics`` NICs over a switch per plane: the raw result that
-    :func:`sim.model.multi.run_nics` gives for model NICs (``sim/tb/cocotb_group.py``)."""
+    :func:`sim.model.multi.run_nics` gives for model NICs (``sim/tb/cocotb_group.py``).
+    ``nscc``: the NICs' NSCC setting, if not the scenario's."""
     from .model.multi import nic_names
     from .tb.dpi import GROUP_DPI_TOP, DpiGroup, dpi_key, verilator_args
     from .tb.runner import run_cocotb, source_key
     config = nic_config_for(scn)
     names = nic_names(scn.nics)
-    nscc = rtl_nscc_setting(scn, config)
+    if nscc is None:
+        nscc = rtl_nscc_setting(scn, config)
     # As the pair's: an NSCC build's export is keyed by its setting too.
     nscc_key = () if nscc is None else (dataclasses.asdict(nscc),)
     log(f"building {scn.nics} RTL NICs ({config.ports} ports, {config.data_width}-bit, "

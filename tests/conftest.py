@@ -13,9 +13,9 @@ and slow tests), so they survive moving a file to another folder:
             ``make test`` runs ``-m "not formal_deep"`` (everything else), ``make formal``
             runs it at the deep depth
 
-Every test also gets an ``xdist_group`` (for ``--dist loadgroup``; ``make test`` runs
-``--dist loadfile`` because loadgroup does not hold groups together with the pinned
-pytest/xdist: ``docs/testing.md``). One group
+Every test also gets an ``xdist_group`` (for ``--dist loadgroup``, scheduled by
+:func:`pytest_xdist_make_scheduler`; ``make test`` runs ``--dist loadfile``:
+``docs/testing.md``). One group
 runs in one worker, in collection order. A test's group is its file, as under ``--dist
 loadfile`` (a file's tests may share a Verilator build folder), except in the files of
 :data:`SPLIT`, whose tests share nothing and form a group each, and the tests of
@@ -298,7 +298,7 @@ JOIN = {}
 LONGEST_FIRST = [
     "test_nic_rtl.py",              # builds the pair with the C++ agents
     "test_waves.py",                # builds the traceable pair (Python agents)
-    "test_incast_rtl.py",           # builds three NICs twice (ECN, NSCC; the C++ agents)
+    "test_incast_rtl.py",           # builds three NICs (with NSCC; the C++ agents)
     "test_path_select.py",          # four Verilator models of path select (on_verilator)
     "test_replay.py",               # exports and builds the replay NIC
     "test_parser.py",
@@ -337,12 +337,38 @@ def _keys(item):
 
 
 def _group(item):
-    file, test = _keys(item)
+    return group_of(item.nodeid)
+
+
+def group_of(nodeid):
+    """The xdist group of the test ``nodeid`` (``path::[Class::]function[params]``): its file,
+    one group per test in the files of :data:`SPLIT`, or its :data:`JOIN` entry."""
+    path, _, rest = nodeid.partition("::")
+    file = Path(path).name
+    test = f"{file}::{rest.rsplit('::', 1)[-1].split('[')[0]}"
     if test in JOIN:
         return JOIN[test]
     if file in SPLIT:
-        return f"{file}::{item.nodeid.split('::', 1)[1]}"
+        return f"{file}::{rest}"
     return file
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup`` by :func:`group_of`. xdist's own loadgroup carries a test's group
+    to the controller by appending it to the node id in the worker, which the pinned pytest's
+    structured node ids no longer take (every test then becomes a group of its own, and one
+    file's tests that share a build folder run on both workers at once); this scheduler
+    computes the group from the node id itself, so it needs nothing from the worker."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            return group_of(nodeid)
+
+    return GroupScheduling(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -63,3 +63,36 @@ def test_formal_deep_marks_only_formal_checks_with_a_deep_run():
             for function, marks in conftest.TEST_MARKS.get(file, {}).items()
             if "formal_deep" not in marks]
     assert kept, "make test would run no formal check"
+
+
+def test_loadgroup_scheduler_groups_by_file_split_and_join(monkeypatch):
+    """``--dist loadgroup`` schedules by :func:`conftest.group_of`, computed from the node id
+    alone: a file's tests are one unit, a SPLIT file's tests one each, a JOIN test its file's."""
+    class Config:
+        def getvalue(self, name):
+            return {"dist": "loadgroup", "tx": ["2*popen"]}.get(name)
+
+    class Log:
+        def __getattr__(self, name):
+            return self
+
+        def __call__(self, *args):
+            pass
+
+    scheduler = conftest.pytest_xdist_make_scheduler(Config(), Log())
+    scope = scheduler._split_scope
+    assert scope("tests/sim/test_cli.py::test_a[x-1]") == scope("tests/sim/test_cli.py::test_b")
+    assert scope("tests/sim/test_cli.py::test_a") == "test_cli.py"
+    split = sorted(conftest.SPLIT)[0]
+    assert scope(f"tests/hdl/{split}::test_a[1]") != scope(f"tests/hdl/{split}::test_a[2]")
+    assert scope(f"tests/hdl/{split}::Cls::test_a[1]") == f"{split}::Cls::test_a[1]"
+    monkeypatch.setitem(conftest.JOIN, "test_cli.py::test_a", "test_waves.py")
+    assert scope("tests/sim/test_cli.py::test_a[x]") == scope("tests/sim/test_waves.py::test_c")
+
+
+def test_make_scheduler_leaves_other_distributions_to_xdist():
+    class Config:
+        def getvalue(self, name):
+            return "loadfile" if name == "dist" else None
+
+    assert conftest.pytest_xdist_make_scheduler(Config(), None) is None
