@@ -267,14 +267,16 @@ TEST_MARKS = {
 }
 
 #: Files whose tests share no build folder (the Amaranth simulator, models, formal checks,
-#: builds in each test's own folder): each test is a group of its own, so xdist spreads a
-#: file's long tests over both workers.
+#: builds in each test's own folder; the Verilator models of ``on_verilator`` are locked and
+#: shared by design): each test is a group of its own, so xdist spreads a file's long tests
+#: over both workers. Not the self-test files (``test_transport.py``, ``test_rgmii.py``),
+#: whose runs share one build each.
 SPLIT = {
     "test_boards.py", "test_builder.py", "test_crc.py", "test_ev_expansion.py",
     "test_ev_hardware.py", "test_fabric.py", "test_formal.py", "test_mac.py", "test_mux.py",
     "test_parser.py", "test_path_select.py", "test_probe.py", "test_recovery.py",
-    "test_requester.py", "test_responder.py", "test_rgmii.py", "test_slice.py",
-    "test_transport.py", "test_txformer.py", "test_watch.py",
+    "test_requester.py", "test_responder.py", "test_slice.py", "test_txformer.py",
+    "test_watch.py",
 }
 
 #: Tests that share a build folder with another file's tests: ``"file::function"`` -> file.
