@@ -65,9 +65,12 @@ from .req_common import PSN, check_observe, log2
 from .req_completion import CompletionEngine, completion_observation_layout
 from .req_control import RequesterControl, control_observation_layout
 from .req_defs import (
+    PSN_CHUNK,
     REQUESTER_COUNTERS,
     bitmap_psns,
+    chunk_map_slots,
     pool_entries,
+    psn_chunks,
     qp_error_layout,
     requester_command_layout,
     requester_response_layout,
@@ -84,6 +87,7 @@ from .req_intake import (
     intake_observation_layout,
     segmenter_observation_layout,
 )
+from .req_psnpool import PsnPool
 from .req_nscc import NSCC_TIME_BITS, NsccEngine, nscc_constants
 from .req_retransmit import Retransmitter, Walker
 from .req_send import FeedbackMerge, SendRegister
@@ -200,6 +204,9 @@ class Requester(wiring.Component):
     wr_pool_free : ``Out(range(pool_entries(config) + 1))``
         Free entries of the shared WR pool (:func:`~.req_defs.pool_entries`): a status for
         tests and debugging.
+    psn_pool_free : ``Out(range(psn_chunks(config) + 1))``
+        Free chunks of the shared per-PSN state (:func:`~.req_defs.psn_chunks`): a status
+        for tests and debugging.
     obs_qpn : ``In(config.qpn_bits)`` (``observe`` only)
     obs : ``Out(requester_observation_layout(config))`` (``observe`` only)
     """
@@ -238,6 +245,7 @@ class Requester(wiring.Component):
             "now_units": In(32),
             "counters": Out(data.StructLayout({name: 32 for name in REQUESTER_COUNTERS})),
             "wr_pool_free": Out(range(pool_entries(config) + 1)),
+            "psn_pool_free": Out(range(psn_chunks(config) + 1)),
             **({"obs_qpn": In(config.qpn_bits),
                 "obs": Out(requester_observation_layout(config))} if observe else {}),
         })
@@ -269,6 +277,7 @@ class Requester(wiring.Component):
         m.submodules.inference = inference = InferenceUnit(config=cfg)
         m.submodules.scanner = scanner = TimerScanner(config=cfg)
         m.submodules.completion = completion = CompletionEngine(config=cfg, observe=observe)
+        m.submodules.psnpool = psnpool = PsnPool(config=cfg, observe=observe)
         m.submodules.feedback = feedback = FeedbackMerge(
             config=cfg, feedback_depth=self.FEEDBACK_DEPTH, lost_depth=self.LOST_DEPTH)
 
@@ -278,17 +287,28 @@ class Requester(wiring.Component):
                    "inference": inference, "scanner": scanner, "completion": completion}
         for name, engine in engines.items():
             wiring.connect(m, getattr(tables, name), engine.tables)
-        # The `ev` table's writer: the EV each PSN went out on.
-        ev_write = tables.ev_reports.write.ev
+        wiring.connect(m, tables.psn_pool, psnpool.tables)
+        # The `ev` table's writer: the EV each PSN went out on, written the cycle after its
+        # report, in the chunk the QP's chunk map names.
+        cb = log2(PSN_CHUNK)
+        ev_map, ev_write = tables.ev_reports.read.chunk_map, tables.ev_reports.write.ev
+        sent = self.sent.payload
+        sent_valid = Signal()
+        sent_psn = Signal(cb)
+        sent_ev = Signal.like(sent.ev)
         m.d.comb += [
             self.sent.ready.eq(1),
-            ev_write.addr.eq(Cat(self.sent.payload.psn[:wb], self.sent.payload.qpn)),
-            ev_write.data.eq(self.sent.payload.ev),
-            ev_write.en.eq(self.sent.valid),
+            ev_map.addr.eq(Cat(sent.psn[cb:cb + log2(chunk_map_slots(cfg))], sent.qpn)),
+            ev_map.en.eq(self.sent.valid),
+            ev_write.addr.eq(Cat(sent_psn, ev_map.data)),
+            ev_write.data.eq(sent_ev),
+            ev_write.en.eq(sent_valid),
         ]
+        m.d.sync += [sent_valid.eq(self.sent.valid), sent_psn.eq(sent.psn[:cb]),
+                     sent_ev.eq(sent.ev)]
         wiring.connect(m, control.control, intake.control, segmenter.control,
                        retransmitter.control, ack.control, inference.control, scanner.control,
-                       completion.control)
+                       completion.control, psnpool.control)
         for engine in (segmenter, retransmitter, sender, ack, inference, scanner):
             m.d.comb += engine.now.eq(now)
 
@@ -340,7 +360,7 @@ class Requester(wiring.Component):
         # -- control ------------------------------------------------------------------------
         wiring.connect(m, wiring.flipped(self.ctl), control.cmd)
         wiring.connect(m, control.resp, wiring.flipped(self.ctl_resp))
-        busy = ack.busy | completion.busy | inference.busy | scanner.busy
+        busy = ack.busy | completion.busy | inference.busy | scanner.busy | psnpool.busy
         if self._nscc is not None:
             busy |= nscc.busy
         m.d.comb += [
@@ -357,6 +377,7 @@ class Requester(wiring.Component):
         wiring.connect(m, intake.o, segmenter.i)
         fifo_in(arm_fifo, segmenter.arm)
         wiring.connect(m, segmenter.o, sender.new)
+        wiring.connect(m, psnpool.alloc, segmenter.alloc)
 
         # -- resends: trim queue, walker, retx -> retransmitter -> send register -----------
         fifo_out(timeout_walks, walker.timeout)
@@ -387,7 +408,9 @@ class Requester(wiring.Component):
         fifo_out(ack_triggers, completion.ack_trigger)
         fifo_out(wr_triggers, completion.wr_trigger)
         wiring.connect(m, completion.free, intake.free)
-        m.d.comb += self.wr_pool_free.eq(intake.pool_free)
+        m.d.comb += [self.wr_pool_free.eq(intake.pool_free),
+                     self.psn_pool_free.eq(psnpool.free_chunks)]
+        wiring.connect(m, completion.release, psnpool.release)
         wiring.connect(m, completion.completion, wiring.flipped(self.completion))
         wiring.connect(m, feedback.o, wiring.flipped(self.feedback))
         fifo_out(qp_error_fifo, self.qp_error)

@@ -1,0 +1,233 @@
+"""The requester's shared per-PSN state (:class:`PsnPool`): the free list of its chunks and the
+reclaimer that returns a QP's chunks to it."""
+
+from amaranth import *
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from ..util import validating
+from .req_common import PSN, ControlSignature, check_config, check_observe, log2
+from .req_defs import PSN_CHUNK, chunk_map_slots, psn_chunk_bits, psn_chunks
+from .req_tables import table_access_signature
+
+__all__ = ["release_layout", "chunk_alloc_signature", "psn_pool_observation_layout", "PsnPool"]
+
+#: Bits of a chunk number (a PSN's chunk: ``psn // PSN_CHUNK``, modulo the 24-bit wrap).
+CHUNK_NUMBER_BITS = PSN - log2(PSN_CHUNK)
+
+
+def release_layout(config):
+    """QP ``qpn``'s una, as the completion engine read it: its chunks wholly below it may go
+    back to the pool."""
+    return data.StructLayout({"qpn": config.qpn_bits, "una": PSN})
+
+
+def chunk_alloc_signature(config):
+    """The segmenter's side of the free list, from the pool's side: ``available`` (a chunk is
+    free), ``chunk`` (the one the segmenter gets), ``take`` (the segmenter takes it this
+    cycle), and ``resetting``/``reset_qpn`` (the reclaimer is returning QP ``reset_qpn``'s
+    chunks after its QP_WRITE: that QP may take none yet)."""
+    return wiring.Signature({
+        "available": Out(1),
+        "chunk": Out(psn_chunk_bits(config)),
+        "take": In(1),
+        "resetting": Out(1),
+        "reset_qpn": Out(config.qpn_bits),
+    })
+
+
+def psn_pool_observation_layout(config):
+    """What ``PsnPool(observe=True)`` shows on ``obs``: the free list (the chunks never
+    handed out, ``fresh`` and up; the FIFO's storage, oldest position, next write position
+    and fill) and the reclaimer (walking, the QP, the chunk number it returns next and the
+    one it stops at)."""
+    chunks = psn_chunks(config)
+    bits = psn_chunk_bits(config)
+    return data.StructLayout({"fresh": range(chunks + 1),
+                              "free_entries": data.ArrayLayout(bits, chunks),
+                              "free_rd": range(chunks), "free_wr": range(chunks),
+                              "free_count": range(chunks + 1),
+                              "walk": 1, "qpn": config.qpn_bits,
+                              "cur": CHUNK_NUMBER_BITS, "end": CHUNK_NUMBER_BITS})
+
+
+class PsnPool(wiring.Component):
+    """The free list of the shared per-PSN state's chunks, and their reclaimer.
+
+    The per-PSN tables (``meta``, ``ev``) hold :func:`~.req_defs.psn_chunks` chunks of
+    ``PSN_CHUNK`` PSNs. The segmenter takes a chunk (``alloc``) when it sends the first PSN
+    of a chunk, or the first PSN of a QP after its QP_WRITE, and writes it into the QP's
+    chunk map. Free chunks: those never handed out first, in index order (a counter, so a
+    reset needs no table initialised), then a FIFO as deep as the pool (one block RAM, its
+    registered read addressed a cycle ahead and transparent for the write, so the oldest
+    chunk is ready whenever the FIFO is not empty).
+
+    The reclaimer returns chunks: a ``release`` (QP, una; the completion engine sends one
+    per visit) returns the QP's chunks wholly below una, and a QP_WRITE (``control.write``)
+    all the QP's chunks (those from its ``pool_lo`` chunk to the one holding its last PSN
+    sent, read from ``next_psn`` and ``tail_chunk`` in that cycle: the engines are held, so
+    nothing changes them). A job reads the QP's ``pool_lo`` (IDLE), then its first chunk
+    map entry (LOAD), then returns one chunk per cycle (WALK), each read from the QP's
+    chunk map a cycle ahead, and writes ``pool_lo`` (una, or the QP_WRITE's PSN) with the
+    last: 2 cycles plus one per chunk returned. Releases wait in a small queue (``release``
+    not ready while it is full). A chunk is in exactly one place: never handed out, in the
+    FIFO, or in one QP's chunk map from its ``pool_lo`` chunk to its last PSN's
+    (``hdl/formal/requester_invariants.py``), so the FIFO always has room.
+
+    Hazards: the segmenter keeps a QP's chunks within :func:`~.req_defs.chunk_map_slots`
+    chunks of its ``pool_lo`` (so a chunk map entry is never overwritten before its chunk is
+    returned), and takes none for a QP whose QP_WRITE chunks are being returned
+    (``alloc.resetting``). The control waits for the reclaimer to be idle and its queue
+    empty (``busy``) before a command.
+
+    Members
+    -------
+    tables : ``In(table_access_signature(config, "psn_pool"))``
+    control : ``In(ControlSignature(config))``
+    release : ``In(stream.Signature(release_layout(config)))``
+    alloc : ``Out(chunk_alloc_signature(config))``
+    free_chunks : ``Out(range(psn_chunks(config) + 1))``
+        Free chunks: a status for tests and debugging.
+    busy : ``Out(1)``
+        A job is under way or queued.
+    obs : ``Out(psn_pool_observation_layout(config))``
+        Only with ``observe=True`` (the formal proofs); nothing else changes.
+    """
+
+    RELEASE_DEPTH = 4
+
+    def __init__(self, *, config, observe=False):
+        with validating(self):
+            check_config(config)
+            check_observe(observe)
+        self._config = config
+        self._observe = observe
+        super().__init__({
+            "tables": In(table_access_signature(config, "psn_pool")),
+            "control": In(ControlSignature(config)),
+            "release": In(stream.Signature(release_layout(config))),
+            "alloc": Out(chunk_alloc_signature(config)),
+            "free_chunks": Out(range(psn_chunks(config) + 1)),
+            "busy": Out(1),
+            **({"obs": Out(psn_pool_observation_layout(config))} if observe else {}),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self._config
+        qb = cfg.qpn_bits
+        chunks = psn_chunks(cfg)
+        bits = psn_chunk_bits(cfg)
+        slot_bits = log2(chunk_map_slots(cfg))
+        cb = log2(PSN_CHUNK)
+        ctl = self.control
+        reads, lo_write = self.tables.read, self.tables.write.pool_lo
+        alloc = self.alloc
+
+        # -- the free list --------------------------------------------------------------------
+        fresh = Signal(range(chunks + 1))
+        m.submodules.free_list = free_list = Memory(shape=bits, depth=chunks, init=[])
+        free_write = free_list.write_port()
+        free_read = free_list.read_port(transparent_for=(free_write,))
+        free_rd = Signal(range(chunks))
+        free_wr = Signal(range(chunks))
+        free_count = Signal(range(chunks + 1))
+        free_pop = Signal()
+        free_push = Signal()
+        free_chunk = Signal(bits)
+
+        def free_next(position):
+            return Mux(position == chunks - 1, 0, position + 1)
+
+        has_fresh = fresh != chunks
+        m.d.comb += [
+            free_write.addr.eq(free_wr), free_write.data.eq(free_chunk),
+            free_write.en.eq(free_push),
+            free_read.addr.eq(Mux(free_pop, free_next(free_rd), free_rd)),
+            alloc.available.eq(has_fresh | (free_count != 0)),
+            alloc.chunk.eq(Mux(has_fresh, fresh, free_read.data)[:bits]),
+            free_pop.eq(alloc.take & ~has_fresh),
+            self.free_chunks.eq(chunks - fresh + free_count),
+        ]
+        with m.If(alloc.take & has_fresh):
+            m.d.sync += fresh.eq(fresh + 1)
+        with m.If(free_push):
+            m.d.sync += free_wr.eq(free_next(free_wr))
+        with m.If(free_pop):
+            m.d.sync += free_rd.eq(free_next(free_rd))
+        m.d.sync += free_count.eq(free_count + free_push - free_pop)
+
+        # -- the reclaimer --------------------------------------------------------------------
+        m.submodules.releases = releases = SyncFIFOBuffered(
+            width=release_layout(cfg).size, depth=self.RELEASE_DEPTH)
+        m.d.comb += [releases.w_data.eq(self.release.payload),
+                     releases.w_en.eq(self.release.valid),
+                     self.release.ready.eq(releases.w_rdy)]
+        queued = Signal(release_layout(cfg))
+        m.d.comb += queued.eq(releases.r_data)
+
+        W_IDLE, W_LOAD, W_WALK = range(3)
+        w_state = Signal(2)
+        w_qpn = Signal(qb)
+        w_reset = Signal()              # a QP_WRITE's job
+        w_any = Signal()                # the QP holds chunks up to w_end (else none)
+        w_end = Signal(CHUNK_NUMBER_BITS)   # the first chunk number not returned
+        w_new_lo = Signal(PSN)
+        w_cur = Signal(CHUNK_NUMBER_BITS)
+        idle = w_state == W_IDLE
+        take_release = idle & ~ctl.write & releases.r_rdy
+        m.d.comb += [
+            releases.r_en.eq(take_release),
+            self.busy.eq(~idle | releases.r_rdy),
+            alloc.resetting.eq(~idle & w_reset), alloc.reset_qpn.eq(w_qpn),
+            # While idle, the QP of a command: in a QP_WRITE's cycle the data is the QP's
+            # entries before it (the engines are held from the cycle before).
+            reads.next_psn.addr.eq(ctl.qpn), reads.tail_chunk.addr.eq(ctl.qpn),
+            reads.pool_lo.addr.eq(Mux(idle, Mux(ctl.write, ctl.qpn, queued.qpn), w_qpn)),
+        ]
+        tail = reads.tail_chunk.data
+        with m.If(idle & ctl.write):
+            m.d.sync += [
+                w_state.eq(W_LOAD), w_qpn.eq(ctl.qpn), w_reset.eq(1), w_any.eq(tail.held),
+                w_end.eq((reads.next_psn.data + PSN_CHUNK - 1)[cb:PSN]),
+                w_new_lo.eq(ctl.psn),
+            ]
+        with m.Elif(take_release):
+            m.d.sync += [
+                w_state.eq(W_LOAD), w_qpn.eq(queued.qpn), w_reset.eq(0), w_any.eq(1),
+                w_end.eq(queued.una[cb:]), w_new_lo.eq(queued.una),
+            ]
+
+        # LOAD: the QP's pool_lo is in; return its chunks from pool_lo's up to w_end.
+        lo_chunk = reads.pool_lo.data[cb:]
+        count = (w_end - lo_chunk)[:CHUNK_NUMBER_BITS]
+        # A QP never holds more chunks than its chunk map has entries: a count beyond that
+        # (una behind pool_lo) returns nothing.
+        load_walk = w_any & (count != 0) & (count <= chunk_map_slots(cfg))
+        walk_next = (w_cur + 1)[:CHUNK_NUMBER_BITS]
+        walk_done = (w_state == W_WALK) & (walk_next == w_end)
+        m.d.comb += [
+            reads.chunk_map.addr.eq(Cat(Mux(w_state == W_LOAD, lo_chunk, walk_next)[:slot_bits],
+                                        w_qpn)),
+            free_push.eq(w_state == W_WALK), free_chunk.eq(reads.chunk_map.data),
+            lo_write.addr.eq(w_qpn), lo_write.data.eq(w_new_lo),
+            lo_write.en.eq(((w_state == W_LOAD) & ~load_walk) | walk_done),
+        ]
+        with m.If(w_state == W_LOAD):
+            m.d.sync += [w_cur.eq(lo_chunk), w_state.eq(Mux(load_walk, W_WALK, W_IDLE))]
+        with m.If(w_state == W_WALK):
+            m.d.sync += w_cur.eq(walk_next)
+            with m.If(walk_done):
+                m.d.sync += w_state.eq(W_IDLE)
+
+        if self._observe:
+            obs = self.obs
+            m.d.comb += [obs.fresh.eq(fresh), obs.free_rd.eq(free_rd), obs.free_wr.eq(free_wr),
+                         obs.free_count.eq(free_count), obs.walk.eq(w_state == W_WALK),
+                         obs.qpn.eq(w_qpn), obs.cur.eq(w_cur), obs.end.eq(w_end)]
+            for index in range(chunks):
+                port = free_list.read_port(domain="comb")
+                m.d.comb += [port.addr.eq(index), obs.free_entries[index].eq(port.data)]
+        return m
