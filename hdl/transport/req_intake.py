@@ -346,8 +346,9 @@ class Segmenter(wiring.Component):
     grows between QP_WRITEs, so the span check errs on the side of waiting). The QP's
     ``tail_chunk`` comes with the WR too, but a WR of the QP the segmenter last worked on
     takes the chunk from the segmenter's own register (its last write may not be in yet;
-    a QP_WRITE of that QP clears it). A QP that fails (``ack.error``) stops the WR at once. Nothing is offered while the
-    control holds; a QP_WRITE resets ``next_psn`` (``control.write``).
+    a QP_WRITE of that QP clears it). A QP that fails (``ack.error``) stops the WR at once.
+    Nothing is offered while the control holds; a QP_WRITE resets ``next_psn`` and
+    ``tail_chunk`` (``control.write``).
 
     Members
     -------

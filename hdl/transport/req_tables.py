@@ -21,9 +21,9 @@ from .req_common import PSN, WIMM_BITS, check_config, check_observe, log2
 from .req_defs import (
     CWND_BITS,
     MSN_BITS,
+    PSN_CHUNK,
     RETRY_COUNT_BITS,
     TIME_BITS,
-    PSN_CHUNK,
     bitmap_psns,
     chunk_map_slots,
     pool_entries,
@@ -217,8 +217,8 @@ class RequesterTables(wiring.Component):
     <engine> : ``Out(table_access_signature(config, engine))``
         One port per engine named in :data:`TABLE_ACCESS` (``control``, ``intake``,
         ``segmenter``, ``retransmitter``, ``send``, ``ev_reports``, ``psn_pool``, ``ack``,
-        ``inference``, ``scanner``, ``completion``, ``nscc``), with the read and write ports it gives that
-        engine.
+        ``inference``, ``scanner``, ``completion``, ``nscc``), with the read and write ports
+        it gives that engine.
     obs_qpn : ``In(config.qpn_bits)`` (``observe`` only)
     obs_pos, obs_head : ``In(log2(slot_depth(config)))`` (``observe`` only)
     obs_slot : ``In(pool_index_bits(config))`` (``observe`` only)

@@ -67,7 +67,6 @@ from .req_control import RequesterControl, control_observation_layout
 from .req_defs import (
     PSN_CHUNK,
     REQUESTER_COUNTERS,
-    bitmap_psns,
     chunk_map_slots,
     pool_entries,
     psn_chunks,
@@ -87,8 +86,8 @@ from .req_intake import (
     intake_observation_layout,
     segmenter_observation_layout,
 )
-from .req_psnpool import PsnPool
 from .req_nscc import NSCC_TIME_BITS, NsccEngine, nscc_constants
+from .req_psnpool import PsnPool
 from .req_retransmit import Retransmitter, Walker
 from .req_send import FeedbackMerge, SendRegister
 from .req_tables import (
@@ -258,7 +257,6 @@ class Requester(wiring.Component):
         m = Module()
         cfg = self._config
         qb = cfg.qpn_bits
-        wb = log2(bitmap_psns(cfg))
         now = self.now_units
 
         observe = self._observe

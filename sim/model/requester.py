@@ -36,6 +36,7 @@ from hdl.transport.req_defs import (
     MSN_BITS,
     NACK_COUNTERS,
     NAK_COUNTERS,
+    PSN_CHUNK,
     QP_WRITE_STATES,
     REQUESTER_COUNTERS,
     RETRY_COUNT_BITS,
@@ -468,8 +469,10 @@ class RequesterModel:
         flight = P.psn_diff(qp.next_psn, qp.una)  # PSNs in flight before it
         psn_outstanding = (P.psn_diff(psn, new_una) >= 0
                            and P.psn_diff(qp.next_psn, psn) > 0)
-        # The PSN was sent and its EV entry still holds it (the window of the `ev` table).
-        psn_sent = 0 < P.psn_diff(qp.next_psn, psn) <= self.window
+        # The PSN was sent and its EV entry still holds it (the window of the `ev` table), and
+        # its chunk of the PSN pool is not below una's (those go back to the pool).
+        psn_sent = (0 < P.psn_diff(qp.next_psn, psn) <= self.window
+                    and P.psn_diff(psn, qp.una & -PSN_CHUNK) >= 0)
         fatal = code is not None
         if fatal and not psn_outstanding:
             return self._bad()

@@ -629,15 +629,21 @@ def test_one_ack_per_cycle_alternating_qps():
 
 def test_block_ram_bits_of_default_build():
     bits = block_ram_bits(NicConfig(), copies=False)
-    # The per-PSN metadata names its WR by its entry of the 1024-entry WR pool (10 bits).
-    assert bits["meta"] == 256 * 256 * (10 + 16 + 1)
+    # The per-PSN metadata is a pool of psn_pool PSNs (4096) whatever the QP count; it names
+    # its WR by its entry of the 1024-entry WR pool (10 bits).
+    assert bits["meta"] == 4096 * (10 + 16 + 1)
+    assert bits["ev"] == 4096 * 6
+    # Each QP's chunk map: 2 x 256 / 16 entries naming one of 4096 / 16 chunks (8 bits).
+    assert bits["chunk_map"] == 256 * 32 * 8
     assert bits["acked"] == 256 * 256
     # The WR pool holds wr_pool WRs, whatever the QP count; each QP's ring names them.
     assert bits["wr_send"] == 1024 * 281 and bits["wr_done"] == 1024 * 126
     assert bits["wr_ring"] == 256 * 16 * 10
     # No more entries are built than the QPs' slots together could use.
     small = block_ram_bits(NicConfig(qps=16), copies=False)
-    assert small["wr_send"] == 16 * 16 * 281 and small["meta"] == 16 * 256 * (8 + 16 + 1)
+    assert small["wr_send"] == 16 * 16 * 281 and small["meta"] == 4096 * (8 + 16 + 1)
+    tiny = block_ram_bits(NicConfig(qps=4), copies=False)
+    assert tiny["meta"] == 4 * 32 * 16 * (6 + 16 + 1)
 
 
 def test_qp_write_waits_until_no_packet_of_the_qp_is_left_in_the_send_register():
