@@ -89,9 +89,9 @@ class AckProcessor(wiring.Component):
     (``trim``),
     the failed QP (``qp_error``), feedback for the EV the named PSN last went out on
     (``feedback``: ACKED, ECN, LOST for an ALWAYS_SKIP mark, TRIMMED; none for a probe
-    answer or a PSN whose EV entry no longer holds it: not sent, more than the window
-    before the next PSN, or in a chunk below una's, already back in the PSN pool; the EV
-    is read through the QP's chunk map in A0 and A1; dropped and counted when not ready),
+    answer or a PSN not outstanding before the packet applies, whose EV entry may no longer
+    hold it: a PSN's chunk of the PSN pool goes back once una passes it; the EV is read
+    through the QP's chunk map in A0 and A1; dropped and counted when not ready),
     and the SACK bits for the inference unit. With CONFIG ``cc_nscc``, A3 (the cycle after
     A2) offers NSCC's event for the packet (``nscc``: a SACK, not a probe answer, that
     acknowledges PSNs or echoes CE, with the PSNs it newly acknowledges, cumulatively and by
@@ -328,10 +328,9 @@ class AckProcessor(wiring.Component):
         new_una = sig(Mux(advance, a2_cum1, a_una), "a_new_una")
         outstanding = sig(Mux(advance, psn_ge(a2_psn, a2_cum1), psn_ge(a2_psn, a_una))
                           & psn_gt(a_next, a2_psn), "a_outstanding")
-        # The PSN the packet names was sent and its EV entry still holds it: its chunk is
-        # not below una's (the chunks wholly below una go back to the PSN pool).
-        psn_sent = sig(psn_gt(a_next, a2_psn) & (psn_sub(a_next, a2_psn) <= window)
-                       & psn_ge(a2_psn, Cat(C(0, cb), a_una[cb:])), "a_psn_sent")
+        # The PSN the packet names is outstanding (before this packet applies): its EV entry
+        # holds it (a PSN's chunk goes back to the PSN pool once una passes it).
+        psn_sent = sig(psn_gt(a_next, a2_psn) & psn_ge(a2_psn, a_una), "a_psn_sent")
         a_live = sig((stored["cfg"].state == P.QpState.RTS) & ~a_ack.error, "a_live")
         a_drop = sig(~a2_known | ~a_live | ~(is_ack | fatal | trim | out_of_window) | beyond
                      | (fatal & ~outstanding), "a_drop")

@@ -3,7 +3,7 @@ its WR slot and WR pool entry, the segmenter (:class:`Segmenter`) cuts it into p
 
 from amaranth import *
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.memory import Memory
+from amaranth.lib.memory import Memory, WritePort
 from amaranth.lib.wiring import In, Out
 
 from .. import protocol as P
@@ -43,14 +43,13 @@ __all__ = ["segment_job_layout", "intake_observation_layout", "segmenter_observa
 def segment_job_layout(config):
     """An accepted WR for the segmenter: its QP, first PSN, WR pool entry (``slot``) and ring
     position (``pos``), length, addresses, immediate data, METH numbers, and the QP's MPR,
-    una, ``tail_chunk`` entry (``held``, ``chunk``) and ``pool_lo`` (``lo``) when it was
-    checked."""
+    una, ``tail_chunk`` (``chunk``) and ``pool_lo`` (``lo``) entries when it was checked."""
     return data.StructLayout({
         "qpn": config.qpn_bits, "psn": PSN, "slot": pool_index_bits(config),
         "pos": log2(slot_depth(config)), "length": 32,
         "va": 64, "local": 64, "rkey": 32, "imm": 32, "is_imm": 1, "msn": MSN_BITS,
         "rqmsn": MSN_BITS, "mpr": 4, "una": PSN,
-        "held": 1, "chunk": psn_chunk_bits(config), "lo": PSN,
+        "chunk": psn_chunk_bits(config), "lo": PSN,
     })
 
 
@@ -300,8 +299,8 @@ class WrIntake(wiring.Component):
             job.length.eq(s1.length), job.va.eq(s1.remote_addr), job.local.eq(s1.local_addr),
             job.rkey.eq(s1.rkey), job.imm.eq(s1.imm), job.is_imm.eq(s1_is_imm),
             job.msn.eq(s1_sq.msgs), job.rqmsn.eq(s1_sq.imm_msgs), job.mpr.eq(s1_cfg.mpr),
-            job.una.eq(s1_ack.una), job.held.eq(reads.tail_chunk.data.held),
-            job.chunk.eq(reads.tail_chunk.data.chunk), job.lo.eq(reads.pool_lo.data),
+            job.una.eq(s1_ack.una), job.chunk.eq(reads.tail_chunk.data),
+            job.lo.eq(reads.pool_lo.data),
         ]
         with m.If(s1_accept_send):
             m.d.sync += [fwd_valid.eq(1), fwd_qpn.eq(s1.qpn), fwd_end.eq(s1_end)]
@@ -382,6 +381,7 @@ class Segmenter(wiring.Component):
             "i": In(stream.Signature(segment_job_layout(config))),
             "o": Out(stream.Signature(send_item_layout(config))),
             "alloc": In(chunk_alloc_signature(config)),
+            "pool_lo_write": In(WritePort.Signature(addr_width=config.qpn_bits, shape=PSN)),
             "arm": Out(stream.Signature(arm_layout(config))),
             "events": Out(events_layout(self.COUNTERS)),
             **({"obs": Out(segmenter_observation_layout(config))} if observe else {}),
@@ -434,23 +434,23 @@ class Segmenter(wiring.Component):
         s2_emit = self.o.valid & self.o.ready
         s2_ackreq = (s2_last | s2_closes
                      | ((ackreq_every != 0) & (s2_ackcnt == ackreq_every - 1)))
-        # The PSN pool: this packet takes a chunk (the first PSN of a chunk, or the QP's first
-        # PSN since its QP_WRITE), kept within the chunk map's span of the QP's pool_lo.
+        # The PSN pool: the QP holds the chunks of its PSNs from pool_lo up to this one. This
+        # packet takes a chunk when it starts one, or when the QP holds none (pool_lo is this
+        # PSN), within the chunk map's span of pool_lo.
         cb = log2(PSN_CHUNK)
         slots = chunk_map_slots(cfg)
         alloc = self.alloc
-        s2_held = Signal()              # the QP holds the chunk s2_chunk (its last PSN's)
-        s2_chunk = Signal(psn_chunk_bits(cfg))
+        s2_chunk = Signal(psn_chunk_bits(cfg))  # the chunk of the QP's last PSN sent
         s2_lo = Signal(PSN)             # pool_lo at hand-off, until the table read is valid
-        s2_seen = Signal()              # s2_held and s2_chunk are the QP s2_qpn's
+        s2_seen = Signal()              # s2_chunk is the QP s2_qpn's
         s2_pool_waited = Signal()       # this packet has counted its wait for a chunk
         m.d.comb += reads.pool_lo.addr.eq(s2_qpn)
         s2_lo_now = Mux(s2_fresh, reads.pool_lo.data, s2_lo)
-        s2_need_chunk = (s2_psn[:cb] == 0) | ~s2_held
+        s2_need_chunk = (s2_psn[:cb] == 0) | (s2_lo_now == s2_psn)
         s2_span = (s2_psn[cb:] - s2_lo_now[cb:])[:PSN - cb]
-        s2_chunk_ok = ~s2_need_chunk | (alloc.available & (~s2_held | (s2_span < slots))
-                                        & ~(alloc.resetting & (alloc.reset_qpn == s2_qpn)))
-        s2_go = s2_active & ~s2_abort & s2_window_ok & s2_cc_ok & ~ctl.hold
+        s2_chunk_ok = (~s2_need_chunk | (alloc.available & (s2_span < slots)))
+        s2_pool_hold = alloc.hold & (alloc.hold_qpn == s2_qpn)
+        s2_go = s2_active & ~s2_abort & s2_window_ok & s2_cc_ok & ~ctl.hold & ~s2_pool_hold
         m.d.comb += [
             self.o.valid.eq(s2_go & s2_chunk_ok),
             self.i.ready.eq(~s2_active | s2_abort | (s2_emit & s2_last)),
@@ -459,20 +459,16 @@ class Segmenter(wiring.Component):
         ]
         s2_cur_chunk = Mux(s2_need_chunk, alloc.chunk, s2_chunk)
         with m.If(s2_emit):
-            m.d.sync += [s2_chunk.eq(s2_cur_chunk), s2_held.eq(1), s2_pool_waited.eq(0)]
+            m.d.sync += [s2_chunk.eq(s2_cur_chunk), s2_pool_waited.eq(0)]
         with m.Elif(self.events.psn_pool_waits):
             m.d.sync += s2_pool_waited.eq(1)
         map_wp, tail_wp = self.tables.write.chunk_map, self.tables.write.tail_chunk
         m.d.comb += [map_wp.addr.eq(Cat(s2_psn[cb:cb + log2(slots)], s2_qpn)),
-                     map_wp.data.eq(alloc.chunk), map_wp.en.eq(alloc.take)]
-        with m.If(ctl.write):
-            m.d.comb += [tail_wp.addr.eq(ctl.qpn), tail_wp.en.eq(1), tail_wp.data.eq(0)]
-        with m.Else():
-            m.d.comb += [tail_wp.addr.eq(s2_qpn), tail_wp.en.eq(alloc.take),
-                         tail_wp.data.held.eq(1), tail_wp.data.chunk.eq(alloc.chunk)]
+                     map_wp.data.eq(alloc.chunk), map_wp.en.eq(alloc.take),
+                     tail_wp.addr.eq(s2_qpn), tail_wp.data.eq(alloc.chunk),
+                     tail_wp.en.eq(alloc.take)]
         with m.If(ctl.write & (ctl.qpn == s2_qpn)):
             m.d.sync += s2_seen.eq(0)
-
         with m.If(s2_emit):
             m.d.sync += [
                 s2_psn.eq(s2_psn + 1),
@@ -497,14 +493,14 @@ class Segmenter(wiring.Component):
                 s2_msn.eq(job.msn), s2_rqmsn.eq(job.rqmsn),
                 s2_mpr.eq(job.mpr), s2_una.eq(job.una), s2_fresh.eq(0),
                 s2_ackcnt.eq(0),
-                s2_lo.eq(job.lo), s2_seen.eq(1), s2_pool_waited.eq(0),
+                s2_seen.eq(1), s2_pool_waited.eq(0),
+                # pool_lo: the PSN pool's write of this cycle is not in the intake's read.
+                s2_lo.eq(Mux(self.pool_lo_write.en & (self.pool_lo_write.addr == job.qpn),
+                             self.pool_lo_write.data, job.lo)),
             ]
-            # The QP the segmenter last worked on: its own registers, with this cycle's packet.
-            with m.If(s2_seen & (job.qpn == s2_qpn)):
-                m.d.sync += [s2_held.eq(s2_held | s2_emit),
-                             s2_chunk.eq(Mux(s2_emit, s2_cur_chunk, s2_chunk))]
-            with m.Else():
-                m.d.sync += [s2_held.eq(job.held), s2_chunk.eq(job.chunk)]
+            # The QP the segmenter last worked on: its own register, with this cycle's packet.
+            with m.If(~s2_seen | (job.qpn != s2_qpn)):
+                m.d.sync += s2_chunk.eq(job.chunk)
 
         wp = self.tables.write.next_psn
         with m.If(ctl.write):

@@ -27,14 +27,14 @@ def release_layout(config):
 def chunk_alloc_signature(config):
     """The segmenter's side of the free list, from the pool's side: ``available`` (a chunk is
     free), ``chunk`` (the one the segmenter gets), ``take`` (the segmenter takes it this
-    cycle), and ``resetting``/``reset_qpn`` (the reclaimer is returning QP ``reset_qpn``'s
-    chunks after its QP_WRITE: that QP may take none yet)."""
+    cycle), and ``hold``/``hold_qpn`` (the reclaimer is returning QP ``hold_qpn``'s last
+    chunk: the segmenter sends nothing of that QP this cycle)."""
     return wiring.Signature({
         "available": Out(1),
         "chunk": Out(psn_chunk_bits(config)),
         "take": In(1),
-        "resetting": Out(1),
-        "reset_qpn": Out(config.qpn_bits),
+        "hold": Out(1),
+        "hold_qpn": Out(config.qpn_bits),
     })
 
 
@@ -171,52 +171,59 @@ class PsnPool(wiring.Component):
         W_IDLE, W_LOAD, W_WALK = range(3)
         w_state = Signal(2)
         w_qpn = Signal(qb)
-        w_reset = Signal()              # a QP_WRITE's job
-        w_any = Signal()                # the QP holds chunks up to w_end (else none)
+        w_reset = Signal()              # a QP_WRITE's job: w_next is the QP's next PSN before it
+        w_next = Signal(PSN)
+        w_una = Signal(PSN)             # a release's una
+        w_tail = Signal()               # the job returns the QP's last chunk too
         w_end = Signal(CHUNK_NUMBER_BITS)   # the first chunk number not returned
         w_new_lo = Signal(PSN)
         w_cur = Signal(CHUNK_NUMBER_BITS)
         idle = w_state == W_IDLE
         take_release = idle & ~ctl.write & releases.r_rdy
+        qpn = Mux(idle, Mux(take_release, queued.qpn, ctl.qpn), w_qpn)
         m.d.comb += [
             releases.r_en.eq(take_release),
             self.busy.eq(~idle | releases.r_rdy),
-            alloc.resetting.eq(~idle & w_reset), alloc.reset_qpn.eq(w_qpn),
-            # While idle, the QP of a command: in a QP_WRITE's cycle the data is the QP's
-            # entries before it (the engines are held from the cycle before).
-            reads.next_psn.addr.eq(ctl.qpn), reads.tail_chunk.addr.eq(ctl.qpn),
-            reads.pool_lo.addr.eq(Mux(idle, Mux(ctl.write, ctl.qpn, queued.qpn), w_qpn)),
+            # While idle and no release is taken, the QP of the command the control holds: in
+            # a QP_WRITE's cycle `next_psn` shows the QP's entry before it.
+            reads.next_psn.addr.eq(qpn), reads.pool_lo.addr.eq(qpn),
         ]
-        tail = reads.tail_chunk.data
         with m.If(idle & ctl.write):
-            m.d.sync += [
-                w_state.eq(W_LOAD), w_qpn.eq(ctl.qpn), w_reset.eq(1), w_any.eq(tail.held),
-                w_end.eq((reads.next_psn.data + PSN_CHUNK - 1)[cb:PSN]),
-                w_new_lo.eq(ctl.psn),
-            ]
+            m.d.sync += [w_state.eq(W_LOAD), w_qpn.eq(ctl.qpn), w_reset.eq(1),
+                         w_next.eq(reads.next_psn.data), w_new_lo.eq(ctl.psn)]
         with m.Elif(take_release):
-            m.d.sync += [
-                w_state.eq(W_LOAD), w_qpn.eq(queued.qpn), w_reset.eq(0), w_any.eq(1),
-                w_end.eq(queued.una[cb:]), w_new_lo.eq(queued.una),
-            ]
+            m.d.sync += [w_state.eq(W_LOAD), w_qpn.eq(queued.qpn), w_reset.eq(0),
+                         w_una.eq(queued.una), w_new_lo.eq(queued.una)]
 
-        # LOAD: the QP's pool_lo is in; return its chunks from pool_lo's up to w_end.
-        lo_chunk = reads.pool_lo.data[cb:]
-        count = (w_end - lo_chunk)[:CHUNK_NUMBER_BITS]
+        # LOAD: the QP's pool_lo and next PSN are in. It holds the chunks of the PSNs from
+        # pool_lo up to its next PSN. A release returns those wholly below una, and the last
+        # one too when una is the next PSN (nothing in flight); a QP_WRITE returns all.
+        lo = reads.pool_lo.data
+        next_psn = Mux(w_reset, w_next, reads.next_psn.data)
+        una = Mux(w_reset, w_next, w_una)
+        load_tail = una == next_psn
+        end = Mux(load_tail, (next_psn + PSN_CHUNK - 1)[cb:PSN], una[cb:])
+        count = (end - lo[cb:])[:CHUNK_NUMBER_BITS]
         # A QP never holds more chunks than its chunk map has entries: a count beyond that
         # (una behind pool_lo) returns nothing.
-        load_walk = w_any & (count != 0) & (count <= chunk_map_slots(cfg))
+        load_walk = (lo != next_psn) & (count != 0) & (count <= chunk_map_slots(cfg))
         walk_next = (w_cur + 1)[:CHUNK_NUMBER_BITS]
         walk_done = (w_state == W_WALK) & (walk_next == w_end)
         m.d.comb += [
-            reads.chunk_map.addr.eq(Cat(Mux(w_state == W_LOAD, lo_chunk, walk_next)[:slot_bits],
+            reads.chunk_map.addr.eq(Cat(Mux(w_state == W_LOAD, lo[cb:], walk_next)[:slot_bits],
                                         w_qpn)),
             free_push.eq(w_state == W_WALK), free_chunk.eq(reads.chunk_map.data),
             lo_write.addr.eq(w_qpn), lo_write.data.eq(w_new_lo),
             lo_write.en.eq(((w_state == W_LOAD) & ~load_walk) | walk_done),
+            # The segmenter sends nothing of a QP whose last chunk is being returned: whether
+            # its next PSN needs a chunk depends on it.
+            alloc.hold.eq(((w_state == W_LOAD) & (w_reset | load_tail))
+                          | ((w_state == W_WALK) & w_tail)),
+            alloc.hold_qpn.eq(w_qpn),
         ]
         with m.If(w_state == W_LOAD):
-            m.d.sync += [w_cur.eq(lo_chunk), w_state.eq(Mux(load_walk, W_WALK, W_IDLE))]
+            m.d.sync += [w_cur.eq(lo[cb:]), w_end.eq(end), w_tail.eq(w_reset | load_tail),
+                         w_state.eq(Mux(load_walk, W_WALK, W_IDLE))]
         with m.If(w_state == W_WALK):
             m.d.sync += w_cur.eq(walk_next)
             with m.If(walk_done):

@@ -74,11 +74,10 @@ def requester_tables(config):
         # The chunk map: per QP, the chunk holding PSN chunk n at entry n % chunk_map_slots
         # (the segmenter writes it as it takes a chunk from the pool).
         "chunk_map": (unsigned(psn_chunk_bits(config)), qps * chunk_map_slots(config), 4),
-        # The chunk of the QP's last PSN sent (`held`: it sent one since its QP_WRITE).
-        "tail_chunk": (data.StructLayout({"held": 1, "chunk": psn_chunk_bits(config)}),
-                       qps, 2),
-        # The PSN pool's own table: the QP's chunks before the one holding `lo` are back in
-        # the pool (its una at the last reclaim).
+        # The chunk of the QP's last PSN sent (the segmenter's, for the QP's next WR).
+        "tail_chunk": (unsigned(psn_chunk_bits(config)), qps, 1),
+        # The PSN pool's own table: the QP holds the chunks of its PSNs from `pool_lo` up to
+        # its next PSN (none when they are equal); pool_lo is its una at the last reclaim.
         "pool_lo": (unsigned(PSN), qps, 3),
         # The WR ring: per QP, the WR pool entries of its outstanding WRs in WR order, from
         # `cq.head` up to `sq.tail` (the intake appends, the completion engine walks it).
@@ -134,7 +133,7 @@ TABLE_ACCESS = {
                        "chunk_map"), ()),
     "send": ((), ("meta",)),
     "ev_reports": (("chunk_map",), ("ev",)),
-    "psn_pool": (("next_psn", "tail_chunk", "chunk_map", "pool_lo"), ("pool_lo",)),
+    "psn_pool": (("next_psn", "chunk_map", "pool_lo"), ("pool_lo",)),
     "ack": (("cfg", "next_psn", "ack", "acked", "trig_set", "trig_seen", "cc", "ev",
              "chunk_map"),
             ("ack", "acked", "cc", "trig_set", "progress")),

@@ -376,6 +376,10 @@ class Requester(wiring.Component):
         fifo_in(arm_fifo, segmenter.arm)
         wiring.connect(m, segmenter.o, sender.new)
         wiring.connect(m, psnpool.alloc, segmenter.alloc)
+        lo_write = psnpool.tables.write.pool_lo
+        m.d.comb += [segmenter.pool_lo_write.addr.eq(lo_write.addr),
+                     segmenter.pool_lo_write.data.eq(lo_write.data),
+                     segmenter.pool_lo_write.en.eq(lo_write.en)]
 
         # -- resends: trim queue, walker, retx -> retransmitter -> send register -----------
         fifo_out(timeout_walks, walker.timeout)

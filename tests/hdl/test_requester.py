@@ -21,8 +21,10 @@ from hdl.packet.headers import PacketKind
 from hdl.transport.req_defs import (
     CC_MAX_STEPS,
     CC_MIN_WINDOW,
+    PSN_CHUNK,
     REQUESTER_COUNTERS,
     RequesterCommand,
+    psn_chunks,
 )
 from hdl.transport.requester import Requester, block_ram_bits
 from sim.model.requester import RequesterModel
@@ -181,9 +183,10 @@ class Bench:
 
     def check_counters(self, ctx):
         # Timing-dependent, not modelled: feedback dropped at a full output, WRs that found
-        # the WR pool empty (the gateware frees an entry a few cycles after its completion).
+        # the WR pool empty (the gateware frees an entry a few cycles after its completion),
+        # packets that waited for a PSN pool chunk (returned a few cycles after una passes).
         for name in REQUESTER_COUNTERS:
-            if name not in ("feedback_dropped", "wr_pool_waits"):
+            if name not in ("feedback_dropped", "wr_pool_waits", "psn_pool_waits"):
                 assert ctx.get(self.dut.counters[name]) == self.model.counters[name], name
 
 
@@ -266,15 +269,19 @@ def random_wr(rng, qpns, mtu):
             "rkey": rng.getrandbits(32), "length": length, "imm": rng.getrandbits(32)}
 
 
-@pytest.mark.parametrize("seed, bubbles, backpressure, feedback_backpressure, wr_pool", [
-    (1, 0.3, 0.3, None, 32), (2, 0.0, 0.0, None, 32), (3, 0.5, 0.5, None, 32),
-    (4, 0.1, 0.3, 0.9, 32),
+@pytest.mark.parametrize("seed, bubbles, backpressure, feedback_backpressure, wr_pool, psn_pool", [
+    (1, 0.3, 0.3, None, 32, 4096), (2, 0.0, 0.0, None, 32, 4096),
+    (3, 0.5, 0.5, None, 32, 4096), (4, 0.1, 0.3, 0.9, 32, 4096),
     # Six WR pool entries for the three QPs' twelve slots: WRs wait for the pool.
-    (1, 0.3, 0.3, None, 6)])
+    (1, 0.3, 0.3, None, 6, 4096),
+    # Three or two PSN pool chunks for three QPs: packets wait for a chunk, and the chunks
+    # are reused over and over (QP 3 across the 24-bit PSN wrap).
+    (5, 0.3, 0.3, None, 32, 48), (6, 0.2, 0.4, None, 32, 32)])
 def test_random_traffic_matches_model(seed, bubbles, backpressure, feedback_backpressure,
-                                      wr_pool):
-    bench = Bench(CONFIG.replace(wr_pool=wr_pool), bubbles=bubbles, backpressure=backpressure,
-                  seed=seed, feedback_backpressure=feedback_backpressure)
+                                      wr_pool, psn_pool):
+    bench = Bench(CONFIG.replace(wr_pool=wr_pool, psn_pool=psn_pool), bubbles=bubbles,
+                  backpressure=backpressure, seed=seed,
+                  feedback_backpressure=feedback_backpressure)
     rng = random.Random(seed)
     qpns = [0, 3, 5]
     psn0 = {0: 0, 3: 0xFFFFF4, 5: rng.getrandbits(24)}     # QP 3 wraps
@@ -319,8 +326,13 @@ def test_random_traffic_matches_model(seed, bubbles, backpressure, feedback_back
             assert ctx.get(bench.dut.counters.feedback_dropped) > 0
         if wr_pool < 3 * CONFIG.wr_slots:
             assert ctx.get(bench.dut.counters.wr_pool_waits) > 0
+        if psn_pool < 3 * PSN_CHUNK:
+            assert ctx.get(bench.dut.counters.psn_pool_waits) > 0
         await ctx.tick().repeat(10)
         assert ctx.get(bench.dut.wr_pool_free) == wr_pool        # every entry came back
+        # Every chunk came back but those of PSNs still outstanding (QPs left in ERROR).
+        assert (ctx.get(bench.dut.psn_pool_free)
+                == psn_chunks(bench.config) - bench.model.psn_chunks_used())
 
     bench.run(testbench)
 
