@@ -330,24 +330,29 @@ class Segmenter(wiring.Component):
     takes the next WR in the cycle it offers the current one's last packet, so back-to-back
     WRs leave back to back.
 
-    Each packet's per-PSN state is in a chunk of the shared PSN pool: the first PSN of a
-    chunk, and the QP's first PSN after its QP_WRITE, takes a free chunk (``alloc``) and
-    writes it into the QP's chunk map and ``tail_chunk``; the other PSNs use the chunk of
-    the PSN before. A packet that needs a chunk waits while none is free, while the QP's
+    Each packet's per-PSN state is in a chunk of the shared PSN pool
+    (:class:`~.req_psnpool.PsnPool`): the QP holds the chunks of its PSNs from its
+    ``pool_lo`` up to its next PSN. A packet that starts a chunk, or finds the QP holding
+    none (``pool_lo`` is its PSN: nothing in flight), takes a free chunk (``alloc``) and
+    writes it into the QP's chunk map and ``tail_chunk``; the others use the chunk of the
+    PSN before. A packet that needs a chunk waits while none is free, or while the QP's
     chunks would span more than :func:`~.req_defs.chunk_map_slots` chunk numbers from its
-    ``pool_lo`` (its chunks below una are not back in the pool yet), or while the PSN pool
-    returns the QP's chunks after its QP_WRITE; the first cycle of each such wait counts
-    ``psn_pool_waits``. The chunk goes to the send register with the packet (``chunk``).
+    ``pool_lo`` (its chunks below una are not back in the pool yet); the first cycle of
+    each such wait counts ``psn_pool_waits``. No packet of a QP goes while the PSN pool
+    returns its last chunk (``alloc.hold``). The chunk goes to the send register with the
+    packet (``chunk``).
 
     Hazards: una comes with the WR for the first cycle (the ``ack`` and ``cc`` reads are for
     the new QP from the second); an ACK applied meanwhile is seen through the transparent
-    ports. ``pool_lo`` also comes with the WR for the first cycle (an older value: it only
-    grows between QP_WRITEs, so the span check errs on the side of waiting). The QP's
+    ports. ``pool_lo`` also comes with the WR for the first cycle, with the PSN pool's
+    write of the cycle the WR is taken forwarded (``pool_lo_write``); a later write in that
+    first cycle only moves it towards una (the PSN pool holds the QP while a write changes
+    whether it holds any chunk), so the span check errs on the side of waiting. The QP's
     ``tail_chunk`` comes with the WR too, but a WR of the QP the segmenter last worked on
     takes the chunk from the segmenter's own register (its last write may not be in yet;
     a QP_WRITE of that QP clears it). A QP that fails (``ack.error``) stops the WR at once.
-    Nothing is offered while the control holds; a QP_WRITE resets ``next_psn`` and
-    ``tail_chunk`` (``control.write``).
+    Nothing is offered while the control holds; a QP_WRITE resets ``next_psn``
+    (``control.write``).
 
     Members
     -------
@@ -360,6 +365,8 @@ class Segmenter(wiring.Component):
         New packets, to the send register.
     alloc : ``In(chunk_alloc_signature(config))``
         The PSN pool's free list (:class:`~.req_psnpool.PsnPool`).
+    pool_lo_write : ``In(WritePort.Signature(addr_width=config.qpn_bits, shape=PSN))``
+        The PSN pool's ``pool_lo`` write port, forwarded into a WR taken in its cycle.
     arm : ``Out(stream.Signature(arm_layout(config)))``
     events : ``Out(events_layout(COUNTERS))``
     obs : ``Out(segmenter_observation_layout(config))``

@@ -57,30 +57,34 @@ class PsnPool(wiring.Component):
     """The free list of the shared per-PSN state's chunks, and their reclaimer.
 
     The per-PSN tables (``meta``, ``ev``) hold :func:`~.req_defs.psn_chunks` chunks of
-    ``PSN_CHUNK`` PSNs. The segmenter takes a chunk (``alloc``) when it sends the first PSN
-    of a chunk, or the first PSN of a QP after its QP_WRITE, and writes it into the QP's
-    chunk map. Free chunks: those never handed out first, in index order (a counter, so a
-    reset needs no table initialised), then a FIFO as deep as the pool (one block RAM, its
-    registered read addressed a cycle ahead and transparent for the write, so the oldest
-    chunk is ready whenever the FIFO is not empty).
+    ``PSN_CHUNK`` PSNs. A QP holds the chunks of its PSNs from its ``pool_lo`` up to its next
+    PSN (none when the two are equal), each named by its chunk map entry. The segmenter
+    takes a chunk (``alloc``) when it sends the first PSN of a chunk, or a PSN while the QP
+    holds none, and writes it into the QP's chunk map. Free chunks: those never handed out
+    first, in index order (a counter, so a reset needs no table initialised), then a FIFO as
+    deep as the pool (one block RAM, its registered read addressed a cycle ahead and
+    transparent for the write, so the oldest chunk is ready whenever the FIFO is not empty).
 
-    The reclaimer returns chunks: a ``release`` (QP, una; the completion engine sends one
-    per visit) returns the QP's chunks wholly below una, and a QP_WRITE (``control.write``)
-    all the QP's chunks (those from its ``pool_lo`` chunk to the one holding its last PSN
-    sent, read from ``next_psn`` and ``tail_chunk`` in that cycle: the engines are held, so
-    nothing changes them). A job reads the QP's ``pool_lo`` (IDLE), then its first chunk
-    map entry (LOAD), then returns one chunk per cycle (WALK), each read from the QP's
-    chunk map a cycle ahead, and writes ``pool_lo`` (una, or the QP_WRITE's PSN) with the
-    last: 2 cycles plus one per chunk returned. Releases wait in a small queue (``release``
-    not ready while it is full). A chunk is in exactly one place: never handed out, in the
-    FIFO, or in one QP's chunk map from its ``pool_lo`` chunk to its last PSN's
-    (``hdl/formal/requester_invariants.py``), so the FIFO always has room.
+    The reclaimer returns chunks, one job at a time. A ``release`` (QP, una; the completion
+    engine sends one per visit, so after every advance of una) returns the QP's chunks
+    wholly below una, and its last one too when una is its next PSN (nothing in flight);
+    ``pool_lo`` becomes una. A QP_WRITE (``control.write``) returns all the QP's chunks (its
+    next PSN read in that cycle, before the write: the engines are held) and sets
+    ``pool_lo`` to the QP_WRITE's PSN. A job reads the QP's ``pool_lo`` and next PSN (IDLE),
+    decides (LOAD), then returns one chunk per cycle (WALK), each read from the QP's chunk
+    map a cycle ahead, and writes ``pool_lo`` with the last: 2 cycles plus one per chunk.
+    Releases wait in a small queue (``release`` not ready while it is full). A chunk is in
+    exactly one place: never handed out, in the FIFO, or in one QP's chunk map, so the FIFO
+    always has room.
 
-    Hazards: the segmenter keeps a QP's chunks within :func:`~.req_defs.chunk_map_slots`
-    chunks of its ``pool_lo`` (so a chunk map entry is never overwritten before its chunk is
-    returned), and takes none for a QP whose QP_WRITE chunks are being returned
-    (``alloc.resetting``). The control waits for the reclaimer to be idle and its queue
-    empty (``busy``) before a command.
+    Hazards: whether the segmenter's next PSN of a QP needs a chunk depends on the QP's
+    ``pool_lo``: while a job returns a QP's last chunk (from LOAD) the segmenter sends
+    nothing of that QP (``alloc.hold``); it sees ``pool_lo``'s write a cycle later through
+    its transparent port (and forwards the write into a WR it takes in that cycle). The
+    segmenter keeps a QP's chunks within :func:`~.req_defs.chunk_map_slots` chunk numbers of
+    its ``pool_lo``, so a chunk map entry is never overwritten before its chunk is returned.
+    The control waits for the reclaimer to be idle and its queue empty (``busy``) before a
+    command.
 
     Members
     -------

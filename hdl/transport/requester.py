@@ -1,6 +1,6 @@
 """The requester: work requests in, data-packet send requests out, SACK/NACK/NAK in, completions
-out. Per-QP send state, per-PSN metadata, the per-QP WR rings and the shared WR pool live in
-block RAM.
+out. Per-QP send state, the per-QP WR rings and chunk maps, the shared WR pool and the
+shared per-PSN state live in block RAM.
 
 :class:`Requester` is the top: it instantiates the engines below and the FIFOs between them
 and wires them; it has no logic of its own beyond the counters. Each engine is a component
@@ -17,8 +17,8 @@ of its own, with its latency, throughput and hazards in its docstring:
   cycle, each checked against the window (``next_psn - una < mpr * 128``);
 * **walker** (:class:`~.req_retransmit.Walker`) turns PSN ranges (timeout and inferred
   losses) into single PSNs for the retransmitter;
-* **retransmitter** (:class:`~.req_retransmit.Retransmitter`, R0-R3) rebuilds a PSN's packet
-  from its metadata and WR slot;
+* **retransmitter** (:class:`~.req_retransmit.Retransmitter`, R0, RM, R1-R3) rebuilds a
+  PSN's packet from its metadata and WR slot;
 * **send register** (:class:`~.req_send.SendRegister`) registers ``send``, resends first,
   and writes each PSN's metadata;
 * **ACK processing** (:class:`~.req_ack.AckProcessor`, A0-A2) applies one MRC 1.0 SACK, NACK
@@ -31,6 +31,10 @@ of its own, with its latency, throughput and hazards in its docstring:
   expires its retransmit timer (``docs/recovery.md``);
 * **completion engine** (:class:`~.req_completion.CompletionEngine`) walks a QP's WR ring
   from the oldest slot, completes WRs in order and returns their pool entries;
+* **PSN pool** (:class:`~.req_psnpool.PsnPool`): the free list of the chunks of the shared
+  per-PSN state (``meta``, ``ev``; ``psn_pool`` PSNs in chunks of ``PSN_CHUNK``) that the
+  segmenter takes as it sends, and the reclaimer that returns a QP's chunks once una passes
+  them (a release per completion-engine visit) or its QP_WRITE;
 * **feedback merge** (:class:`~.req_send.FeedbackMerge`) queues the ACK side's and the
   retransmitter's feedback into ``feedback``;
 * **NSCC** (:class:`~.req_nscc.NsccEngine`, in a build with ``nscc``) keeps UET's NSCC
@@ -131,7 +135,7 @@ class Requester(wiring.Component):
 
     Latencies: a WR's first send request leaves 3 cycles after the WR is taken (intake, then
     the segmenter, then the output register); an ACK updates the QP 2 cycles after it is
-    taken; a retransmit request leaves 4 cycles after it is taken; a completion leaves a few
+    taken; a retransmit request leaves 5 cycles after it is taken; a completion leaves a few
     cycles after the ACK that allows it (4 cycles per QP the completion engine visits), then
     one per cycle for the same QP.
 
