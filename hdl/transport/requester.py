@@ -42,10 +42,12 @@ of its own, with its latency, throughput and hazards in its docstring:
   ``cc_nscc``.
 
 Every read port is transparent for its table's write port, so a read sees every write of the
-same cycle and earlier. Two engines forward what a read cannot see yet: ACK processing, which
-decides an ACK a cycle after its tables' data is registered, takes the write-back of the ACK
-ahead from its write ports; the intake keeps the next PSN of the QP the segmenter works on (a
-register: the WR being segmented has not written it yet).
+same cycle and earlier. Three engines forward what a read cannot see yet: ACK processing,
+which decides an ACK a cycle after its tables' data is registered, takes the write-back of
+the ACK ahead from its write ports; the intake keeps the next PSN of the QP the segmenter
+works on (a register: the WR being segmented has not written it yet); the segmenter keeps the
+PSN pool chunk of the QP it last worked on, and takes the PSN pool's ``pool_lo`` write of the
+cycle it takes a WR.
 """
 
 
