@@ -43,6 +43,7 @@ from .req_defs import (
 )
 from .req_infer import infer_request_layout
 from .req_nscc import ACKED_BITS, nscc_event_layout
+from .req_psnpool import chunk_map_lend_signature
 from .req_retransmit import trim_layout
 from .req_tables import table_access_signature
 
@@ -120,6 +121,8 @@ class AckProcessor(wiring.Component):
     exceed : ``In(stream.Signature(config.qpn_bits))``
     trim_level, qp_error_level : ``In(range(depth + 1))``
     trim : ``Out(stream.Signature(trim_layout(config)))``
+    map_lend : ``In(chunk_map_lend_signature(config))``
+        The ``chunk_map`` read port, lent to the PSN pool in the cycles A0 takes no packet.
     trigger : ``Out(stream.Signature(ack_trigger_layout(config)))``
     qp_error : ``Out(stream.Signature(qp_error_layout(config)))``
     feedback : ``Out(stream.Signature(feedback_layout(config)))``
@@ -156,6 +159,7 @@ class AckProcessor(wiring.Component):
             "qp_error_level": In(range(qp_error_depth + 1)),
             "trim": Out(stream.Signature(trim_layout(config))),
             "trigger": Out(stream.Signature(ack_trigger_layout(config))),
+            "map_lend": In(chunk_map_lend_signature(config)),
             "qp_error": Out(stream.Signature(qp_error_layout(config))),
             "feedback": Out(stream.Signature(feedback_layout(config))),
             "infer": Out(stream.Signature(infer_request_layout(config), always_ready=True)),
@@ -211,9 +215,14 @@ class AckProcessor(wiring.Component):
         # The PSN's EV is in the PSN pool: A0 reads the QP's chunk map, A1 the `ev` entry.
         cb = log2(PSN_CHUNK)
         slot_bits = log2(chunk_map_slots(cfg))
-        m.d.comb += [reads.chunk_map.addr.eq(Cat(rx_psn[cb:cb + slot_bits],
-                                                 rx_header.bth.dqpn[:qb])),
-                     reads.chunk_map.en.eq(rx_take)]
+        # The PSN pool borrows the chunk map port in the cycles A0 takes no packet (A1 uses
+        # the data only for a packet).
+        lend = self.map_lend
+        m.d.comb += [reads.chunk_map.addr.eq(Mux(rx_take, Cat(rx_psn[cb:cb + slot_bits],
+                                                              rx_header.bth.dqpn[:qb]),
+                                                 lend.addr)),
+                     reads.chunk_map.en.eq(rx_take | lend.req),
+                     lend.grant.eq(~rx_take), lend.data.eq(reads.chunk_map.data)]
         a1_exceed = Signal()            # retries exhausted for QP a1_qpn (not a packet)
         a1_known = Signal()             # a SACK/NACK/NAK for a QP that exists
         a1_qpn = Signal(qb)

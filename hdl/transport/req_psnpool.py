@@ -6,13 +6,15 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
 
 from ..util import validating
 from .req_common import PSN, ControlSignature, check_config, check_observe, log2
 from .req_defs import PSN_CHUNK, chunk_map_slots, psn_chunk_bits, psn_chunks
 from .req_tables import table_access_signature
 
-__all__ = ["release_layout", "chunk_alloc_signature", "psn_pool_observation_layout", "PsnPool"]
+__all__ = ["release_layout", "chunk_alloc_signature", "chunk_map_lend_signature",
+           "psn_pool_observation_layout", "PsnPool"]
 
 #: Bits of a chunk number (a PSN's chunk: ``psn // PSN_CHUNK``, modulo the 24-bit wrap).
 CHUNK_NUMBER_BITS = PSN - log2(PSN_CHUNK)
@@ -38,11 +40,24 @@ def chunk_alloc_signature(config):
     })
 
 
+def chunk_map_lend_signature(config):
+    """The chunk map read port ACK processing lends the PSN pool, from the pool's side:
+    ``req`` with ``addr`` (an entry: ``Cat(chunk number % chunk_map_slots, qpn)``) asks for a
+    read, ``grant`` says it is done this cycle (ACK processing takes no packet), ``data`` is
+    the entry of the last granted read from the cycle after it until the next read."""
+    return wiring.Signature({
+        "req": Out(1),
+        "addr": Out(ceil_log2(config.qps * chunk_map_slots(config))),
+        "grant": In(1),
+        "data": In(psn_chunk_bits(config)),
+    })
+
+
 def psn_pool_observation_layout(config):
     """What ``PsnPool(observe=True)`` shows on ``obs``: the free list (the chunks never
     handed out, ``fresh`` and up; the FIFO's storage, oldest position, next write position
-    and fill) and the reclaimer (walking, the QP, the chunk number it returns next and the
-    one it stops at)."""
+    and fill) and the reclaimer (walking, the QP, the chunk number whose map entry it reads
+    next and the one it stops at)."""
     chunks = psn_chunks(config)
     bits = psn_chunk_bits(config)
     return data.StructLayout({"fresh": range(chunks + 1),
@@ -65,14 +80,17 @@ class PsnPool(wiring.Component):
     deep as the pool (one block RAM, its registered read addressed a cycle ahead and
     transparent for the write, so the oldest chunk is ready whenever the FIFO is not empty).
 
-    The reclaimer returns chunks, one job at a time. A ``release`` (QP, una; the completion
-    engine sends one per visit, so after every advance of una) returns the QP's chunks
+    The reclaimer returns chunks, one job at a time, reading the QP's chunk map through ACK
+    processing's read port (``map_read``), lent in the cycles ACK processing takes no
+    packet. A ``release`` (QP, una; the completion engine sends one per visit, so after
+    every advance of una) returns the QP's chunks
     wholly below una, and its last one too when una is its next PSN (nothing in flight);
     ``pool_lo`` becomes una. A QP_WRITE (``control.write``) returns all the QP's chunks (its
     next PSN read in that cycle, before the write: the engines are held) and sets
     ``pool_lo`` to the QP_WRITE's PSN. A job reads the QP's ``pool_lo`` and next PSN (IDLE),
-    decides (LOAD), then returns one chunk per cycle (WALK), each read from the QP's chunk
-    map a cycle ahead, and writes ``pool_lo`` with the last: 2 cycles plus one per chunk.
+    decides (LOAD), then reads the chunk map entries of the chunks it returns, one per cycle
+    ACK processing lends the port, returns each the cycle after its read (WALK), and writes
+    ``pool_lo`` after the last: 3 cycles plus one per chunk while no ACK arrives.
     Releases wait in a small queue (``release`` not ready while it is full). A chunk is in
     exactly one place: never handed out, in the FIFO, or in one QP's chunk map, so the FIFO
     always has room.
@@ -92,6 +110,7 @@ class PsnPool(wiring.Component):
     control : ``In(ControlSignature(config))``
     release : ``In(stream.Signature(release_layout(config)))``
     alloc : ``Out(chunk_alloc_signature(config))``
+    map_read : ``Out(chunk_map_lend_signature(config))``
     free_chunks : ``Out(range(psn_chunks(config) + 1))``
         Free chunks: a status for tests and debugging.
     busy : ``Out(1)``
@@ -113,6 +132,7 @@ class PsnPool(wiring.Component):
             "control": In(ControlSignature(config)),
             "release": In(stream.Signature(release_layout(config))),
             "alloc": Out(chunk_alloc_signature(config)),
+            "map_read": Out(chunk_map_lend_signature(config)),
             "free_chunks": Out(range(psn_chunks(config) + 1)),
             "busy": Out(1),
             **({"obs": Out(psn_pool_observation_layout(config))} if observe else {}),
@@ -181,7 +201,8 @@ class PsnPool(wiring.Component):
         w_tail = Signal()               # the job returns the QP's last chunk too
         w_end = Signal(CHUNK_NUMBER_BITS)   # the first chunk number not returned
         w_new_lo = Signal(PSN)
-        w_cur = Signal(CHUNK_NUMBER_BITS)
+        w_rd = Signal(CHUNK_NUMBER_BITS)    # the chunk number whose map entry is read next
+        w_pend = Signal()               # a read was granted last cycle: its chunk is in
         idle = w_state == W_IDLE
         take_release = idle & ~ctl.write & releases.r_rdy
         qpn = Mux(idle, Mux(take_release, queued.qpn, ctl.qpn), w_qpn)
@@ -211,33 +232,36 @@ class PsnPool(wiring.Component):
         # A QP never holds more chunks than its chunk map has entries: a count beyond that
         # (una behind pool_lo) returns nothing.
         load_walk = (lo != next_psn) & (count != 0) & (count <= chunk_map_slots(cfg))
-        walk_next = (w_cur + 1)[:CHUNK_NUMBER_BITS]
-        walk_done = (w_state == W_WALK) & (walk_next == w_end)
+        walking = w_state == W_WALK
+        read_left = w_rd != w_end
+        map_read = self.map_read
+        granted = map_read.req & map_read.grant
+        walk_done = walking & ~read_left & ~w_pend
         m.d.comb += [
-            reads.chunk_map.addr.eq(Cat(Mux(w_state == W_LOAD, lo[cb:], walk_next)[:slot_bits],
-                                        w_qpn)),
-            free_push.eq(w_state == W_WALK), free_chunk.eq(reads.chunk_map.data),
+            map_read.req.eq(walking & read_left),
+            map_read.addr.eq(Cat(w_rd[:slot_bits], w_qpn)),
+            free_push.eq(walking & w_pend), free_chunk.eq(map_read.data),
             lo_write.addr.eq(w_qpn), lo_write.data.eq(w_new_lo),
             lo_write.en.eq(((w_state == W_LOAD) & ~load_walk) | walk_done),
             # The segmenter sends nothing of a QP whose last chunk is being returned: whether
             # its next PSN needs a chunk depends on it.
-            alloc.hold.eq(((w_state == W_LOAD) & (w_reset | load_tail))
-                          | ((w_state == W_WALK) & w_tail)),
+            alloc.hold.eq(((w_state == W_LOAD) & (w_reset | load_tail)) | (walking & w_tail)),
             alloc.hold_qpn.eq(w_qpn),
         ]
+        m.d.sync += w_pend.eq(granted)
+        with m.If(granted):
+            m.d.sync += w_rd.eq(w_rd + 1)
         with m.If(w_state == W_LOAD):
-            m.d.sync += [w_cur.eq(lo[cb:]), w_end.eq(end), w_tail.eq(w_reset | load_tail),
+            m.d.sync += [w_rd.eq(lo[cb:]), w_end.eq(end), w_tail.eq(w_reset | load_tail),
                          w_state.eq(Mux(load_walk, W_WALK, W_IDLE))]
-        with m.If(w_state == W_WALK):
-            m.d.sync += w_cur.eq(walk_next)
-            with m.If(walk_done):
-                m.d.sync += w_state.eq(W_IDLE)
+        with m.If(walk_done):
+            m.d.sync += w_state.eq(W_IDLE)
 
         if self._observe:
             obs = self.obs
             m.d.comb += [obs.fresh.eq(fresh), obs.free_rd.eq(free_rd), obs.free_wr.eq(free_wr),
                          obs.free_count.eq(free_count), obs.walk.eq(w_state == W_WALK),
-                         obs.qpn.eq(w_qpn), obs.cur.eq(w_cur), obs.end.eq(w_end)]
+                         obs.qpn.eq(w_qpn), obs.cur.eq(w_rd), obs.end.eq(w_end)]
             for index in range(chunks):
                 port = free_list.read_port(domain="comb")
                 m.d.comb += [port.addr.eq(index), obs.free_entries[index].eq(port.data)]

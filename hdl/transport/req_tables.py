@@ -73,7 +73,7 @@ def requester_tables(config):
         "ev": (unsigned(config.ev_index_bits), chunks * PSN_CHUNK, 2),
         # The chunk map: per QP, the chunk holding PSN chunk n at entry n % chunk_map_slots
         # (the segmenter writes it as it takes a chunk from the pool).
-        "chunk_map": (unsigned(psn_chunk_bits(config)), qps * chunk_map_slots(config), 4),
+        "chunk_map": (unsigned(psn_chunk_bits(config)), qps * chunk_map_slots(config), 3),
         # The chunk of the QP's last PSN sent (the segmenter's, for the QP's next WR).
         "tail_chunk": (unsigned(psn_chunk_bits(config)), qps, 1),
         # The PSN pool's own table: the QP holds the chunks of its PSNs from `pool_lo` up to
@@ -133,7 +133,8 @@ TABLE_ACCESS = {
                        "chunk_map"), ()),
     "send": ((), ("meta",)),
     "ev_reports": (("chunk_map",), ("ev",)),
-    "psn_pool": (("next_psn", "chunk_map", "pool_lo"), ("pool_lo",)),
+    # The PSN pool also reads `chunk_map`, through ACK processing's port (lent).
+    "psn_pool": (("next_psn", "pool_lo"), ("pool_lo",)),
     "ack": (("cfg", "next_psn", "ack", "acked", "trig_set", "trig_seen", "cc", "ev",
              "chunk_map"),
             ("ack", "acked", "cc", "trig_set", "progress")),

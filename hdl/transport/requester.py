@@ -419,6 +419,7 @@ class Requester(wiring.Component):
         m.d.comb += [self.wr_pool_free.eq(intake.pool_free),
                      self.psn_pool_free.eq(psnpool.free_chunks)]
         wiring.connect(m, completion.release, psnpool.release)
+        wiring.connect(m, psnpool.map_read, ack.map_lend)
         wiring.connect(m, completion.completion, wiring.flipped(self.completion))
         wiring.connect(m, feedback.o, wiring.flipped(self.feedback))
         fifo_out(qp_error_fifo, self.qp_error)
