@@ -11,7 +11,12 @@ from dataclasses import dataclass
 
 from . import protocol as P
 
-__all__ = ["NicConfig", "ConfigError"]
+__all__ = ["NicConfig", "ConfigError", "PSN_CHUNK"]
+
+#: The requester's shared per-PSN state (``psn_pool``) is handed out to QPs in chunks of this
+#: many consecutive PSNs, aligned to multiples of it (*project choice*: a QP takes one chunk
+#: per 16 packets, and its chunk map holds one entry per 16 PSNs of its window).
+PSN_CHUNK = 16
 
 
 class ConfigError(ValueError):
@@ -43,6 +48,8 @@ _PARAMETERS = {
     "wr_slots": (16, _range(1, 64), "outstanding work requests per QP (completion ring)"),
     "wr_pool": (1024, _range(2, 16384),
                 "outstanding work requests over all QPs (shared WR pool), at least wr_slots"),
+    "psn_pool": (4096, _range(32, 262144),
+                 "data packets in flight over all QPs (shared per-PSN state), a multiple of 16"),
     "ip_version": (6, _choice(4, 6), "IP version of the underlay the NIC builds"),
     "trim_dscp": (P.DEFAULT_TRIM_DSCP, _range(0, 63), "DSCP code point marking trimmed packets"),
     "clock_hz": (125_000_000, _range(1_000_000, 500_000_000), "engine clock frequency in Hz"),
@@ -56,7 +63,7 @@ class NicConfig:
     Parameters
     ----------
     data_width, ports, qps, mpr_units, ev_profiles, evs_per_profile, mtu,
-    max_wimm, wr_slots, wr_pool, ip_version, trim_dscp, clock_hz
+    max_wimm, wr_slots, wr_pool, psn_pool, ip_version, trim_dscp, clock_hz
         See :meth:`describe` (or ``docs/configuration.md``) for meaning and allowed range.
     """
     data_width: int = _PARAMETERS["data_width"][0]
@@ -69,6 +76,7 @@ class NicConfig:
     max_wimm: int = _PARAMETERS["max_wimm"][0]
     wr_slots: int = _PARAMETERS["wr_slots"][0]
     wr_pool: int = _PARAMETERS["wr_pool"][0]
+    psn_pool: int = _PARAMETERS["psn_pool"][0]
     ip_version: int = _PARAMETERS["ip_version"][0]
     trim_dscp: int = _PARAMETERS["trim_dscp"][0]
     clock_hz: int = _PARAMETERS["clock_hz"][0]
@@ -88,6 +96,9 @@ class NicConfig:
         if self.wr_pool < self.wr_slots:
             raise ConfigError("wr_pool", f"must be at least wr_slots ({self.wr_slots}), "
                                          f"not {self.wr_pool!r}")
+        if self.psn_pool % PSN_CHUNK:
+            raise ConfigError("psn_pool", f"must be a multiple of {PSN_CHUNK} (the PSNs of "
+                                          f"a chunk), not {self.psn_pool!r}")
 
     # -- derived values ------------------------------------------------------------------------
 

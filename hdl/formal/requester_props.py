@@ -36,7 +36,7 @@ from amaranth.asserts import AnyConst
 from amaranth.hdl import Assert, Assume, Cover
 
 from .. import protocol as P
-from ..config import NicConfig
+from ..config import PSN_CHUNK, NicConfig
 from ..packet.headers import PacketKind
 from ..transport.req_defs import RequesterCommand
 from ..transport.requester import Requester
@@ -50,9 +50,12 @@ CHECKS = ("window", "cover")
 
 def formal_config():
     """The smallest configuration: 2 QPs, a 128-PSN window, 2 WR slots, a WR pool of 4
-    entries (every value of its 2-bit index an entry), 64-bit datapath."""
+    entries (every value of its 2-bit index an entry), a PSN pool of 2 chunks (every value
+    of its 1-bit index a chunk: fewer than one QP's window needs, so packets wait for one),
+    64-bit datapath."""
     return NicConfig(qps=2, mpr_units=1, data_width=64, ports=1,
-                     evs_per_profile=4, ev_profiles=1, max_wimm=1, wr_slots=2, wr_pool=4)
+                     evs_per_profile=4, ev_profiles=1, max_wimm=1, wr_slots=2, wr_pool=4,
+                     psn_pool=2 * PSN_CHUNK)
 
 
 def drive_inputs(m, dut):

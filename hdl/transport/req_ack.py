@@ -36,11 +36,14 @@ from .req_defs import (
     CWND_BITS,
     NACK_COUNTERS,
     NAK_COUNTERS,
+    PSN_CHUNK,
     bitmap_psns,
+    chunk_map_slots,
     qp_error_layout,
 )
 from .req_infer import infer_request_layout
 from .req_nscc import ACKED_BITS, nscc_event_layout
+from .req_psnpool import chunk_map_lend_signature
 from .req_retransmit import trim_layout
 from .req_tables import table_access_signature
 
@@ -87,7 +90,9 @@ class AckProcessor(wiring.Component):
     (``trim``),
     the failed QP (``qp_error``), feedback for the EV the named PSN last went out on
     (``feedback``: ACKED, ECN, LOST for an ALWAYS_SKIP mark, TRIMMED; none for a probe
-    answer or a PSN whose EV entry no longer holds it; dropped and counted when not ready),
+    answer or a PSN not outstanding before the packet applies, whose EV entry may no longer
+    hold it: a PSN's chunk of the PSN pool goes back once una passes it; the EV is read
+    through the QP's chunk map in A0 and A1; dropped and counted when not ready),
     and the SACK bits for the inference unit. With CONFIG ``cc_nscc``, A3 (the cycle after
     A2) offers NSCC's event for the packet (``nscc``: a SACK, not a probe answer, that
     acknowledges PSNs or echoes CE, with the PSNs it newly acknowledges, cumulatively and by
@@ -116,6 +121,8 @@ class AckProcessor(wiring.Component):
     exceed : ``In(stream.Signature(config.qpn_bits))``
     trim_level, qp_error_level : ``In(range(depth + 1))``
     trim : ``Out(stream.Signature(trim_layout(config)))``
+    map_lend : ``In(chunk_map_lend_signature(config))``
+        The ``chunk_map`` read port, lent to the PSN pool in the cycles A0 takes no packet.
     trigger : ``Out(stream.Signature(ack_trigger_layout(config)))``
     qp_error : ``Out(stream.Signature(qp_error_layout(config)))``
     feedback : ``Out(stream.Signature(feedback_layout(config)))``
@@ -152,6 +159,7 @@ class AckProcessor(wiring.Component):
             "qp_error_level": In(range(qp_error_depth + 1)),
             "trim": Out(stream.Signature(trim_layout(config))),
             "trigger": Out(stream.Signature(ack_trigger_layout(config))),
+            "map_lend": In(chunk_map_lend_signature(config)),
             "qp_error": Out(stream.Signature(qp_error_layout(config))),
             "feedback": Out(stream.Signature(feedback_layout(config))),
             "infer": Out(stream.Signature(infer_request_layout(config), always_ready=True)),
@@ -204,8 +212,17 @@ class AckProcessor(wiring.Component):
             m.d.comb += [port.addr.eq(Mux(x_take, self.exceed.payload,
                                           rx_header.bth.dqpn[:qb])),
                          port.en.eq(rx_take | x_take)]
-        m.d.comb += [reads.ev.addr.eq(Cat(rx_psn[:wb], rx_header.bth.dqpn[:qb])),
-                     reads.ev.en.eq(rx_take)]
+        # The PSN's EV is in the PSN pool: A0 reads the QP's chunk map, A1 the `ev` entry.
+        cb = log2(PSN_CHUNK)
+        slot_bits = log2(chunk_map_slots(cfg))
+        # The PSN pool borrows the chunk map port in the cycles A0 takes no packet (A1 uses
+        # the data only for a packet).
+        lend = self.map_lend
+        m.d.comb += [reads.chunk_map.addr.eq(Mux(rx_take, Cat(rx_psn[cb:cb + slot_bits],
+                                                              rx_header.bth.dqpn[:qb]),
+                                                 lend.addr)),
+                     reads.chunk_map.en.eq(rx_take | lend.req),
+                     lend.grant.eq(~rx_take), lend.data.eq(reads.chunk_map.data)]
         a1_exceed = Signal()            # retries exhausted for QP a1_qpn (not a packet)
         a1_known = Signal()             # a SACK/NACK/NAK for a QP that exists
         a1_qpn = Signal(qb)
@@ -285,9 +302,12 @@ class AckProcessor(wiring.Component):
         m.d.sync += [acked_read.eq(reads.acked.data), acked_prev.eq(writes.acked.data),
                      acked_from_prev.eq(writes.acked.en & (writes.acked.addr == a1_qpn))]
         stored["acked"] = Mux(acked_from_prev, acked_prev, acked_read)
-        for name in ("cfg", "next_psn", "ev"):
+        for name in ("cfg", "next_psn"):
             stored[name] = Signal.like(getattr(reads, name).data, name=f"a2_{name}")
             m.d.sync += stored[name].eq(getattr(reads, name).data)
+        m.d.comb += [reads.ev.addr.eq(Cat(a1_psn[:cb], reads.chunk_map.data)),
+                     reads.ev.en.eq(1)]
+        stored["ev"] = reads.ev.data
         # trig_seen (the completion engine's) is read a cycle later, in A1, so that A2 sees
         # a trigger the completion engine took up to the cycle before A2 writes: an ACK that
         # finds one still queued writes before the engine reads the QP for it.
@@ -317,9 +337,9 @@ class AckProcessor(wiring.Component):
         new_una = sig(Mux(advance, a2_cum1, a_una), "a_new_una")
         outstanding = sig(Mux(advance, psn_ge(a2_psn, a2_cum1), psn_ge(a2_psn, a_una))
                           & psn_gt(a_next, a2_psn), "a_outstanding")
-        # The PSN the packet names was sent and its EV entry still holds it.
-        psn_sent = sig(psn_gt(a_next, a2_psn) & (psn_sub(a_next, a2_psn) <= window),
-                       "a_psn_sent")
+        # The PSN the packet names is outstanding (before this packet applies): its EV entry
+        # holds it (a PSN's chunk goes back to the PSN pool once una passes it).
+        psn_sent = sig(psn_gt(a_next, a2_psn) & psn_ge(a2_psn, a_una), "a_psn_sent")
         a_live = sig((stored["cfg"].state == P.QpState.RTS) & ~a_ack.error, "a_live")
         a_drop = sig(~a2_known | ~a_live | ~(is_ack | fatal | trim | out_of_window) | beyond
                      | (fatal & ~outstanding), "a_drop")

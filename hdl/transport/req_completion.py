@@ -19,6 +19,7 @@ from .req_common import (
     psn_gt,
 )
 from .req_defs import pool_index_bits, slot_depth
+from .req_psnpool import release_layout
 from .req_tables import table_access_signature
 
 __all__ = ["ack_trigger_layout", "completion_observation_layout", "CompletionEngine"]
@@ -75,6 +76,10 @@ class CompletionEngine(wiring.Component):
     completion : ``Out(stream.Signature(completion_layout(config)))``
     free : ``Out(stream.Signature(pool_index_bits(config)))``
         The pool entry of each completion taken (the intake's free list, always ready).
+    release : ``Out(stream.Signature(release_layout(config)))``
+        The QP and the una LOAD read, once per visit, for the PSN pool
+        (:class:`~.req_psnpool.PsnPool`) to take back the QP's chunks below una; LOAD
+        waits while it is not ready.
     busy : ``Out(1)``
         Not idle.
     events : ``Out(events_layout(COUNTERS))``
@@ -97,6 +102,7 @@ class CompletionEngine(wiring.Component):
             "wr_trigger": In(stream.Signature(config.qpn_bits)),
             "completion": Out(stream.Signature(completion_layout(config))),
             "free": Out(stream.Signature(pool_index_bits(config))),
+            "release": Out(stream.Signature(release_layout(config))),
             "busy": Out(1),
             "events": Out(events_layout(self.COUNTERS)),
             **({"obs": Out(completion_observation_layout(config))} if observe else {}),
@@ -186,13 +192,14 @@ class CompletionEngine(wiring.Component):
                 with m.If(e_pick):
                     m.d.sync += [e_qpn.eq(e_pick_qpn), e_state.eq(E_LOAD)]
             with m.Case(E_LOAD):
-                m.d.sync += [
-                    e_head.eq(e_cq.head), e_wimm.eq(e_cq.wimm), e_err_done.eq(e_cq.err_done),
-                    e_tail.eq(e_sq.tail), e_una.eq(e_ack.una),
-                    e_error.eq(e_ack.error), e_err_psn.eq(e_ack.err_psn),
-                    e_err_status.eq(e_ack.err_status),
-                    e_state.eq(Mux(e_cq.head == e_sq.tail, E_IDLE, E_RING)),
-                ]
+                with m.If(self.release.ready):
+                    m.d.sync += [
+                        e_head.eq(e_cq.head), e_wimm.eq(e_cq.wimm), e_err_done.eq(e_cq.err_done),
+                        e_tail.eq(e_sq.tail), e_una.eq(e_ack.una),
+                        e_error.eq(e_ack.error), e_err_psn.eq(e_ack.err_psn),
+                        e_err_status.eq(e_ack.err_status),
+                        e_state.eq(Mux(e_cq.head == e_sq.tail, E_IDLE, E_RING)),
+                    ]
             with m.Case(E_RING):
                 m.d.sync += [e_entry.eq(ring_port.data), e_state.eq(E_CHECK)]
             with m.Case(E_CHECK):
@@ -215,7 +222,9 @@ class CompletionEngine(wiring.Component):
                 wps["cq"].data.wimm.eq(e_wimm + done.is_imm),
                 wps["cq"].data.err_done.eq(e_err_done | e_takes_error),
             ]
-        m.d.comb += [self.free.valid.eq(e_transfer), self.free.payload.eq(e_entry)]
+        m.d.comb += [self.free.valid.eq(e_transfer), self.free.payload.eq(e_entry),
+                     self.release.valid.eq(e_state == E_LOAD),
+                     self.release.payload.qpn.eq(e_qpn), self.release.payload.una.eq(e_ack.una)]
         ok = e_status == P.CompletionStatus.SUCCESS
         m.d.comb += [self.events.completions.eq(e_transfer & ok),
                      self.events.error_completions.eq(e_transfer & ~ok)]

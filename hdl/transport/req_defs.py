@@ -11,12 +11,14 @@ from amaranth.hdl import unsigned
 from amaranth.lib import data, enum
 
 from .. import protocol as P
+from ..config import PSN_CHUNK
 
 __all__ = [
     "RequesterCommand", "requester_command_layout", "requester_response_layout",
     "send_context_layout", "sent_layout", "retx_layout", "qp_error_layout",
     "REQUESTER_COUNTERS", "MAX_WR_PACKETS", "TIME_SHIFT", "TIME_BITS", "ACKREQ_EVERY_BITS",
-    "bitmap_psns", "slot_depth", "pool_entries", "pool_index_bits", "wr_refusal", "wr_packets",
+    "bitmap_psns", "slot_depth", "pool_entries", "pool_index_bits", "PSN_CHUNK", "psn_chunks",
+    "psn_chunk_bits", "chunk_map_slots", "wr_refusal", "wr_packets",
     "FATAL_NAK_STATUS",
     "QP_WRITE_STATES", "WalkKind", "walk_layout", "retry_expiry", "RetryExpiry",
     "RETRY_EXPONENT_MAX", "RETRY_COUNT_BITS", "INFER_K_BITS", "INFER_K_DEFAULT",
@@ -261,6 +263,8 @@ REQUESTER_COUNTERS = (
     "reorder_expiries",
     # WRs that waited for an entry of the shared WR pool (``wr_pool``).
     "wr_pool_waits",
+    # Packets that waited for a chunk of the shared per-PSN state (``psn_pool``).
+    "psn_pool_waits",
 )
 
 #: The counter of each AETH NAK code (fatal) ...
@@ -318,3 +322,24 @@ def wr_refusal(config, opcode, length, state):
     if wr_packets(config, length) > MAX_WR_PACKETS:
         return P.CompletionStatus.LOC_LEN_ERR
     return None
+
+
+def psn_chunks(config):
+    """Chunks of the shared per-PSN state (:data:`~hdl.config.PSN_CHUNK` PSNs each):
+    ``psn_pool / PSN_CHUNK``, but no more than every QP's chunk map can hold
+    (``qps x`` :func:`chunk_map_slots`): a larger ``psn_pool`` is not built."""
+    return min(config.psn_pool // PSN_CHUNK, config.qps * chunk_map_slots(config))
+
+
+def psn_chunk_bits(config):
+    """Bits of a chunk index of the shared per-PSN state (:func:`psn_chunks`)."""
+    return max(1, (psn_chunks(config) - 1).bit_length())
+
+
+def chunk_map_slots(config):
+    """Entries of a QP's chunk map: chunk ``n`` (PSNs ``n x PSN_CHUNK`` on) sits at entry
+    ``n % chunk_map_slots``. Twice the chunks of the window: a QP's window spans at most one
+    chunk more than ``bitmap_psns / PSN_CHUNK``, and the chunks wholly below una go back to
+    the pool a few cycles after una passes them, so the QP's chunks never share an entry
+    while the segmenter keeps them within this span."""
+    return 2 * bitmap_psns(config) // PSN_CHUNK

@@ -3,7 +3,7 @@ its WR slot and WR pool entry, the segmenter (:class:`Segmenter`) cuts it into p
 
 from amaranth import *
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.memory import Memory
+from amaranth.lib.memory import Memory, WritePort
 from amaranth.lib.wiring import In, Out
 
 from .. import protocol as P
@@ -24,10 +24,14 @@ from .req_defs import (
     ACKREQ_EVERY_BITS,
     MAX_WR_PACKETS,
     MSN_BITS,
+    PSN_CHUNK,
+    chunk_map_slots,
     pool_entries,
     pool_index_bits,
+    psn_chunk_bits,
     slot_depth,
 )
+from .req_psnpool import chunk_alloc_signature
 from .req_send import send_item_layout
 from .req_tables import table_access_signature
 from .req_timer import arm_layout
@@ -38,13 +42,14 @@ __all__ = ["segment_job_layout", "intake_observation_layout", "segmenter_observa
 
 def segment_job_layout(config):
     """An accepted WR for the segmenter: its QP, first PSN, WR pool entry (``slot``) and ring
-    position (``pos``), length, addresses, immediate data, METH numbers, and the QP's MPR and
-    una when it was checked."""
+    position (``pos``), length, addresses, immediate data, METH numbers, and the QP's MPR,
+    una, ``tail_chunk`` (``chunk``) and ``pool_lo`` (``lo``) entries when it was checked."""
     return data.StructLayout({
         "qpn": config.qpn_bits, "psn": PSN, "slot": pool_index_bits(config),
         "pos": log2(slot_depth(config)), "length": 32,
         "va": 64, "local": 64, "rkey": 32, "imm": 32, "is_imm": 1, "msn": MSN_BITS,
         "rqmsn": MSN_BITS, "mpr": 4, "una": PSN,
+        "chunk": psn_chunk_bits(config), "lo": PSN,
     })
 
 
@@ -159,7 +164,7 @@ class WrIntake(wiring.Component):
         s1 = Signal(work_request_layout(cfg))
         s1_take = Signal()
         s1_accept = Signal()
-        for name in ("cfg", "sq", "next_psn", "ack", "cq"):
+        for name in ("cfg", "sq", "next_psn", "ack", "cq", "tail_chunk", "pool_lo"):
             m.d.comb += getattr(reads, name).addr.eq(Mux(s1_take, self.wr.payload.qpn, s1.qpn))
         s1_cfg, s1_sq, s1_ack, s1_cq = (getattr(reads, n).data for n in ("cfg", "sq", "ack", "cq"))
 
@@ -294,7 +299,8 @@ class WrIntake(wiring.Component):
             job.length.eq(s1.length), job.va.eq(s1.remote_addr), job.local.eq(s1.local_addr),
             job.rkey.eq(s1.rkey), job.imm.eq(s1.imm), job.is_imm.eq(s1_is_imm),
             job.msn.eq(s1_sq.msgs), job.rqmsn.eq(s1_sq.imm_msgs), job.mpr.eq(s1_cfg.mpr),
-            job.una.eq(s1_ack.una),
+            job.una.eq(s1_ack.una), job.chunk.eq(reads.tail_chunk.data),
+            job.lo.eq(reads.pool_lo.data),
         ]
         with m.If(s1_accept_send):
             m.d.sync += [fwd_valid.eq(1), fwd_qpn.eq(s1.qpn), fwd_end.eq(s1_end)]
@@ -324,10 +330,29 @@ class Segmenter(wiring.Component):
     takes the next WR in the cycle it offers the current one's last packet, so back-to-back
     WRs leave back to back.
 
+    Each packet's per-PSN state is in a chunk of the shared PSN pool
+    (:class:`~.req_psnpool.PsnPool`): the QP holds the chunks of its PSNs from its
+    ``pool_lo`` up to its next PSN. A packet that starts a chunk, or finds the QP holding
+    none (``pool_lo`` is its PSN: nothing in flight), takes a free chunk (``alloc``) and
+    writes it into the QP's chunk map and ``tail_chunk``; the others use the chunk of the
+    PSN before. A packet that needs a chunk waits while none is free, or while the QP's
+    chunks would span more than :func:`~.req_defs.chunk_map_slots` chunk numbers from its
+    ``pool_lo`` (its chunks below una are not back in the pool yet); the first cycle of
+    each such wait counts ``psn_pool_waits``. No packet of a QP goes while the PSN pool
+    returns its last chunk (``alloc.hold``). The chunk goes to the send register with the
+    packet (``chunk``).
+
     Hazards: una comes with the WR for the first cycle (the ``ack`` and ``cc`` reads are for
     the new QP from the second); an ACK applied meanwhile is seen through the transparent
-    ports. A QP that fails (``ack.error``) stops the WR at once. Nothing is offered while the
-    control holds; a QP_WRITE resets ``next_psn`` (``control.write``).
+    ports. ``pool_lo`` also comes with the WR for the first cycle, with the PSN pool's
+    write of the cycle the WR is taken forwarded (``pool_lo_write``); a later write in that
+    first cycle only moves it towards una (the PSN pool holds the QP while a write changes
+    whether it holds any chunk), so the span check errs on the side of waiting. The QP's
+    ``tail_chunk`` comes with the WR too, but a WR of the QP the segmenter last worked on
+    takes the chunk from the segmenter's own register (its last write may not be in yet;
+    a QP_WRITE of that QP clears it). A QP that fails (``ack.error``) stops the WR at once.
+    Nothing is offered while the control holds; a QP_WRITE resets ``next_psn``
+    (``control.write``).
 
     Members
     -------
@@ -338,13 +363,17 @@ class Segmenter(wiring.Component):
     i : ``In(stream.Signature(segment_job_layout(config)))``
     o : ``Out(stream.Signature(send_item_layout(config)))``
         New packets, to the send register.
+    alloc : ``In(chunk_alloc_signature(config))``
+        The PSN pool's free list (:class:`~.req_psnpool.PsnPool`).
+    pool_lo_write : ``In(WritePort.Signature(addr_width=config.qpn_bits, shape=PSN))``
+        The PSN pool's ``pool_lo`` write port, forwarded into a WR taken in its cycle.
     arm : ``Out(stream.Signature(arm_layout(config)))``
     events : ``Out(events_layout(COUNTERS))``
     obs : ``Out(segmenter_observation_layout(config))``
         Only with ``observe=True`` (the formal proofs); nothing else changes.
     """
 
-    COUNTERS = ("arm_dropped",)
+    COUNTERS = ("arm_dropped", "psn_pool_waits")
 
     def __init__(self, *, config, observe=False):
         with validating(self):
@@ -358,6 +387,8 @@ class Segmenter(wiring.Component):
             "now": In(32),
             "i": In(stream.Signature(segment_job_layout(config))),
             "o": Out(stream.Signature(send_item_layout(config))),
+            "alloc": In(chunk_alloc_signature(config)),
+            "pool_lo_write": In(WritePort.Signature(addr_width=config.qpn_bits, shape=PSN)),
             "arm": Out(stream.Signature(arm_layout(config))),
             "events": Out(events_layout(self.COUNTERS)),
             **({"obs": Out(segmenter_observation_layout(config))} if observe else {}),
@@ -410,11 +441,41 @@ class Segmenter(wiring.Component):
         s2_emit = self.o.valid & self.o.ready
         s2_ackreq = (s2_last | s2_closes
                      | ((ackreq_every != 0) & (s2_ackcnt == ackreq_every - 1)))
+        # The PSN pool: the QP holds the chunks of its PSNs from pool_lo up to this one. This
+        # packet takes a chunk when it starts one, or when the QP holds none (pool_lo is this
+        # PSN), within the chunk map's span of pool_lo.
+        cb = log2(PSN_CHUNK)
+        slots = chunk_map_slots(cfg)
+        alloc = self.alloc
+        s2_chunk = Signal(psn_chunk_bits(cfg))  # the chunk of the QP's last PSN sent
+        s2_lo = Signal(PSN)             # pool_lo at hand-off, until the table read is valid
+        s2_seen = Signal()              # s2_chunk is the QP s2_qpn's
+        s2_pool_waited = Signal()       # this packet has counted its wait for a chunk
+        m.d.comb += reads.pool_lo.addr.eq(s2_qpn)
+        s2_lo_now = Mux(s2_fresh, reads.pool_lo.data, s2_lo)
+        s2_need_chunk = (s2_psn[:cb] == 0) | (s2_lo_now == s2_psn)
+        s2_span = (s2_psn[cb:] - s2_lo_now[cb:])[:PSN - cb]
+        s2_chunk_ok = (~s2_need_chunk | (alloc.available & (s2_span < slots)))
+        s2_pool_hold = alloc.hold & (alloc.hold_qpn == s2_qpn)
+        s2_go = s2_active & ~s2_abort & s2_window_ok & s2_cc_ok & ~ctl.hold & ~s2_pool_hold
         m.d.comb += [
-            self.o.valid.eq(s2_active & ~s2_abort & s2_window_ok & s2_cc_ok & ~ctl.hold),
+            self.o.valid.eq(s2_go & s2_chunk_ok),
             self.i.ready.eq(~s2_active | s2_abort | (s2_emit & s2_last)),
+            self.events.psn_pool_waits.eq(s2_go & ~s2_chunk_ok & ~s2_pool_waited),
+            alloc.take.eq(s2_emit & s2_need_chunk),
         ]
-
+        s2_cur_chunk = Mux(s2_need_chunk, alloc.chunk, s2_chunk)
+        with m.If(s2_emit):
+            m.d.sync += [s2_chunk.eq(s2_cur_chunk), s2_pool_waited.eq(0)]
+        with m.Elif(self.events.psn_pool_waits):
+            m.d.sync += s2_pool_waited.eq(1)
+        map_wp, tail_wp = self.tables.write.chunk_map, self.tables.write.tail_chunk
+        m.d.comb += [map_wp.addr.eq(Cat(s2_psn[cb:cb + log2(slots)], s2_qpn)),
+                     map_wp.data.eq(alloc.chunk), map_wp.en.eq(alloc.take),
+                     tail_wp.addr.eq(s2_qpn), tail_wp.data.eq(alloc.chunk),
+                     tail_wp.en.eq(alloc.take)]
+        with m.If(ctl.write & (ctl.qpn == s2_qpn)):
+            m.d.sync += s2_seen.eq(0)
         with m.If(s2_emit):
             m.d.sync += [
                 s2_psn.eq(s2_psn + 1),
@@ -439,7 +500,14 @@ class Segmenter(wiring.Component):
                 s2_msn.eq(job.msn), s2_rqmsn.eq(job.rqmsn),
                 s2_mpr.eq(job.mpr), s2_una.eq(job.una), s2_fresh.eq(0),
                 s2_ackcnt.eq(0),
+                s2_seen.eq(1), s2_pool_waited.eq(0),
+                # pool_lo: the PSN pool's write of this cycle is not in the intake's read.
+                s2_lo.eq(Mux(self.pool_lo_write.en & (self.pool_lo_write.addr == job.qpn),
+                             self.pool_lo_write.data, job.lo)),
             ]
+            # The QP the segmenter last worked on: its own register, with this cycle's packet.
+            with m.If(~s2_seen | (job.qpn != s2_qpn)):
+                m.d.sync += s2_chunk.eq(job.chunk)
 
         wp = self.tables.write.next_psn
         with m.If(ctl.write):
@@ -458,7 +526,7 @@ class Segmenter(wiring.Component):
         item = self.o.payload
         request, ctx = item.request, item.request.context
         m.d.comb += [
-            item.slot.eq(s2_slot), item.walk.eq(0),
+            item.slot.eq(s2_slot), item.chunk.eq(s2_cur_chunk), item.walk.eq(0),
             request.qpn.eq(s2_qpn), request.avoid_ev_valid.eq(0), request.avoid_ev.eq(0),
             request.probe.eq(0), request.ev.eq(0),
             ctx.psn.eq(s2_psn), ctx.opcode.eq(data_opcode(s2_first, s2_last, s2_imm_now)),

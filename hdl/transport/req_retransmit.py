@@ -20,11 +20,14 @@ from .req_common import (
     psn_sub,
 )
 from .req_defs import (
+    PSN_CHUNK,
     TIME_BITS,
     YOUNG_CAP_LOG2,
     WalkKind,
     bitmap_psns,
+    chunk_map_slots,
     pool_index_bits,
+    psn_chunk_bits,
     retx_layout,
     walk_layout,
 )
@@ -103,18 +106,19 @@ class Walker(wiring.Component):
 class Retransmitter(wiring.Component):
     """Resend single PSNs: a trimmed PSN first, then the walker's, then ``retx`` requests.
 
-    R0 takes a PSN and reads the QP's state and the PSN's metadata; R1 checks that the PSN is
+    R0 takes a PSN and reads the QP's chunk map entry for it; RM reads the QP's state and the
+    PSN's metadata (in the PSN pool chunk the map names); R1 checks that the PSN is
     still outstanding (QP live, ``una <= psn < next_psn``, not SACKed) and, for a walk, worth
     resending (a TIMEOUT walk skips PSNs after its first sent less than the base timeout ago;
     an INFER or REORDER walk skips PSNs already resent), gives LOST feedback where due, and
     reads the PSN's WR pool entry (``wr_send``, the entry its metadata names); R2 rebuilds
     the packet (offset, length, opcode from the entry and the PSN's index in the WR) into R3,
     the output register, which offers it to the send register (no logic between the entry's
-    block RAM and ``o``). One PSN per cycle; 4 cycles
+    block RAM and ``o``). One PSN per cycle; 5 cycles
     from R0 to ``o``. A PSN that fails the check is dropped (``retx_ignored`` for a request,
     ``walk_skipped`` for a walk).
 
-    Hazards: reads other engines' tables through transparent ports in R0; a write in R1's
+    Hazards: reads other engines' tables through transparent ports in RM; a write in R1's
     cycle (an ACK that acknowledges the PSN) is not seen, so a PSN acknowledged in that
     cycle may still be resent (harmless: a duplicate). ``retx`` waits while the control
     holds; the trim queue and walks are drained (the control waits for them).
@@ -133,7 +137,7 @@ class Retransmitter(wiring.Component):
     o : ``Out(stream.Signature(send_item_layout(config)))``
         Rebuilt packets (``walk`` set for a walker's), for the send register.
     busy : ``Out(1)``
-        R1, R2 or R3 holds a PSN.
+        RM, R1, R2 or R3 holds a PSN.
     events : ``Out(events_layout(EVENTS))``
         The counters of :attr:`COUNTERS` and ``lost_dropped`` (LOST feedback dropped, a
         part of ``feedback_dropped``).
@@ -173,12 +177,21 @@ class Retransmitter(wiring.Component):
         reads = self.tables.read
         events = self.events
 
+        cb = log2(PSN_CHUNK)
+        rm_valid = Signal()
+        rm_qpn = Signal(qb)
+        rm_psn = Signal(PSN)
+        rm_walk = Signal()              # from the walker (else TRIM queue or `retx`)
+        rm_kind = Signal(WalkKind)
+        rm_first = Signal()
         r1_valid = Signal()
         r1_qpn = Signal(qb)
         r1_psn = Signal(PSN)
-        r1_walk = Signal()              # from the walker (else TRIM queue or `retx`)
+        r1_walk = Signal()
         r1_kind = Signal(WalkKind)
         r1_first = Signal()
+        r1_chunk = Signal(psn_chunk_bits(cfg))
+        r2_chunk = Signal(psn_chunk_bits(cfg))
         r2_valid = Signal()
         r2_qpn = Signal(qb)
         r2_psn = Signal(PSN)
@@ -193,10 +206,12 @@ class Retransmitter(wiring.Component):
         r1_advance = Signal()
         r0_take = Signal()
         r2_load = Signal()
-        m.d.comb += [r0_take.eq(~r1_valid | r1_advance),
-                     self.busy.eq(r1_valid | r2_valid | r3_valid)]
+        rm_advance = Signal()
+        m.d.comb += [rm_advance.eq(rm_valid & (~r1_valid | r1_advance)),
+                     r0_take.eq(~rm_valid | rm_advance),
+                     self.busy.eq(rm_valid | r1_valid | r2_valid | r3_valid)]
 
-        # R0: take a PSN, read its QP and metadata.
+        # R0: take a PSN, read the QP's chunk map entry for it.
         from_trim = trim.valid
         from_walk = ~from_trim & walk.valid
         r0_qpn = Mux(from_trim, trim.payload.qpn, Mux(walk.valid, walk.payload.qpn,
@@ -211,14 +226,26 @@ class Retransmitter(wiring.Component):
             walk.ready.eq(r0_take & ~from_trim),
             retx.ready.eq(r0_take & ~from_trim & ~walk.valid & ~hold),
         ]
+        slot_bits = log2(chunk_map_slots(cfg))
+        m.d.comb += [reads.chunk_map.addr.eq(Cat(r0_psn[cb:cb + slot_bits], r0_qpn)),
+                     reads.chunk_map.en.eq(r0_accept)]
+        with m.If(r0_accept):
+            m.d.sync += [rm_valid.eq(1), rm_qpn.eq(r0_qpn), rm_psn.eq(r0_psn),
+                         rm_walk.eq(from_walk), rm_kind.eq(walk.payload.kind),
+                         rm_first.eq(walk.payload.first)]
+        with m.Elif(rm_advance):
+            m.d.sync += rm_valid.eq(0)
+
+        # RM: read the QP's state and the PSN's metadata, in the chunk the map names.
+        rm_chunk = reads.chunk_map.data
         for name in ("cfg", "next_psn", "ack", "acked", "meta", "ev"):
             port = getattr(reads, name)
-            addr = Cat(r0_psn[:wb], r0_qpn) if name in ("meta", "ev") else r0_qpn
-            m.d.comb += [port.addr.eq(addr), port.en.eq(r0_accept)]
-        with m.If(r0_accept):
-            m.d.sync += [r1_valid.eq(1), r1_qpn.eq(r0_qpn), r1_psn.eq(r0_psn),
-                         r1_walk.eq(from_walk), r1_kind.eq(walk.payload.kind),
-                         r1_first.eq(walk.payload.first)]
+            addr = Cat(rm_psn[:cb], rm_chunk) if name in ("meta", "ev") else rm_qpn
+            m.d.comb += [port.addr.eq(addr), port.en.eq(rm_advance)]
+        with m.If(rm_advance):
+            m.d.sync += [r1_valid.eq(1), r1_qpn.eq(rm_qpn), r1_psn.eq(rm_psn),
+                         r1_walk.eq(rm_walk), r1_kind.eq(rm_kind), r1_first.eq(rm_first),
+                         r1_chunk.eq(rm_chunk)]
         with m.Elif(r1_advance):
             m.d.sync += r1_valid.eq(0)
 
@@ -275,7 +302,7 @@ class Retransmitter(wiring.Component):
         ]
         with m.If(r2_load):
             m.d.sync += [r2_valid.eq(1), r2_qpn.eq(r1_qpn), r2_psn.eq(r1_psn), r2_walk.eq(r1_walk),
-                         r2_slot.eq(r1_meta.slot), r2_ev.eq(reads.ev.data)]
+                         r2_slot.eq(r1_meta.slot), r2_ev.eq(reads.ev.data), r2_chunk.eq(r1_chunk)]
         with m.Elif(r2_emit):
             m.d.sync += r2_valid.eq(0)
 
@@ -292,7 +319,7 @@ class Retransmitter(wiring.Component):
         item = Signal(send_item_layout(cfg))
         request, ctx = item.request, item.request.context
         m.d.comb += [
-            item.slot.eq(r2_slot), item.walk.eq(r2_walk),
+            item.slot.eq(r2_slot), item.chunk.eq(r2_chunk), item.walk.eq(r2_walk),
             request.qpn.eq(r2_qpn), request.avoid_ev_valid.eq(1), request.avoid_ev.eq(r2_ev),
             request.probe.eq(0), request.ev.eq(0),
             ctx.psn.eq(r2_psn), ctx.opcode.eq(data_opcode(r2_index == 0, r2_last, r2_imm)),

@@ -10,7 +10,7 @@ from .. import protocol as P
 from ..interfaces import feedback_layout, path_request_layout
 from ..util import validating
 from .req_common import check_config, check_depth, events_layout, log2
-from .req_defs import TIME_BITS, bitmap_psns, pool_index_bits, send_context_layout
+from .req_defs import PSN_CHUNK, TIME_BITS, pool_index_bits, psn_chunk_bits, send_context_layout
 from .req_tables import table_access_signature
 
 __all__ = ["send_item_layout", "SendRegister", "FeedbackMerge"]
@@ -18,10 +18,12 @@ __all__ = ["send_item_layout", "SendRegister", "FeedbackMerge"]
 
 def send_item_layout(config):
     """A packet for the send register: the path request, the WR pool entry of its WR
-    (``slot``), and ``walk`` for a resend the walker asked for."""
+    (``slot``), the PSN pool chunk holding its per-PSN state (``chunk``), and ``walk`` for a
+    resend the walker asked for."""
     return data.StructLayout({
         "request": path_request_layout(config, context=send_context_layout(config)),
         "slot": pool_index_bits(config),
+        "chunk": psn_chunk_bits(config),
         "walk": 1,
     })
 
@@ -34,7 +36,7 @@ class SendRegister(wiring.Component):
     still on its way out (``lost_pending``), so path selection applies the LOST (and any fate
     sweep) before it picks the resend's EV. The packet taken is registered (one cycle) and
     its PSN's ``meta`` entry written in the same cycle (WR pool entry, send time, resent or
-    not).
+    not), in the PSN pool chunk the item names.
     One packet per cycle.
 
     Members
@@ -68,7 +70,7 @@ class SendRegister(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        wb = log2(bitmap_psns(self._config))
+        cb = log2(PSN_CHUNK)
         out = Signal(self.o.payload.shape())
         out_valid = Signal()
         out_load = Signal()
@@ -86,7 +88,7 @@ class SendRegister(wiring.Component):
             with m.If(emit):
                 psn = item.request.context.psn
                 m.d.sync += [out_valid.eq(1), out.eq(item.request)]
-                m.d.comb += [meta_wp.addr.eq(Cat(psn[:wb], item.request.qpn)), meta_wp.en.eq(1),
+                m.d.comb += [meta_wp.addr.eq(Cat(psn[:cb], item.chunk)), meta_wp.en.eq(1),
                              meta_wp.data.slot.eq(item.slot),
                              meta_wp.data.time.eq(self.now[:TIME_BITS]),
                              meta_wp.data.retx.eq(item.request.context.retransmission)]

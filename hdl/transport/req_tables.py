@@ -21,11 +21,15 @@ from .req_common import PSN, WIMM_BITS, check_config, check_observe, log2
 from .req_defs import (
     CWND_BITS,
     MSN_BITS,
+    PSN_CHUNK,
     RETRY_COUNT_BITS,
     TIME_BITS,
     bitmap_psns,
+    chunk_map_slots,
     pool_entries,
     pool_index_bits,
+    psn_chunk_bits,
+    psn_chunks,
     slot_depth,
 )
 
@@ -41,13 +45,14 @@ def requester_tables(config):
     count_bits = log2(slots) + 1
     qps = config.qps
     pool = pool_entries(config)
+    chunks = psn_chunks(config)
     return {
         "cfg": (data.StructLayout({"state": 3, "mpr": 4, "max_wimm": 8, "timeout": 5,
                                    "retry_linear": 3, "retry_exp": 5}), qps, 5),
         # Messages (and WRITE_IMM messages) the QP started, modulo 2**16: the METH numbers.
         "sq": (data.StructLayout({"tail": count_bits, "wimm": WIMM_BITS, "msgs": MSN_BITS,
                                   "imm_msgs": MSN_BITS}), qps, 3),
-        "next_psn": (unsigned(PSN), qps, 5),
+        "next_psn": (unsigned(PSN), qps, 6),
         "ack": (data.StructLayout({"una": PSN, "error": 1, "err_status": P.CompletionStatus,
                                    "err_psn": PSN}), qps, 7),
         "cq": (data.StructLayout({"head": count_bits, "wimm": WIMM_BITS, "err_done": 1}),
@@ -57,13 +62,23 @@ def requester_tables(config):
         # completion engine clears: one writer each).
         "trig_set": (unsigned(1), qps, 2),
         "trig_seen": (unsigned(1), qps, 2),
+        # The shared per-PSN state, in chunks of PSN_CHUNK PSNs: PSN p of a QP is entry
+        # `chunk * PSN_CHUNK + p % PSN_CHUNK`, its chunk the one the QP's chunk map names.
         # `slot`: the WR pool entry of the PSN's WR.
         "meta": (data.StructLayout({"slot": pool_index_bits(config), "time": TIME_BITS,
                                     "retx": 1}),
-                 qps * window, 1),
+                 chunks * PSN_CHUNK, 1),
         # The EV each PSN last went out on: read by the retransmitter (LOST feedback) and by
         # ACK processing (the EV a SACK or NACK names by its PSN).
-        "ev": (unsigned(config.ev_index_bits), qps * window, 2),
+        "ev": (unsigned(config.ev_index_bits), chunks * PSN_CHUNK, 2),
+        # The chunk map: per QP, the chunk holding PSN chunk n at entry n % chunk_map_slots
+        # (the segmenter writes it as it takes a chunk from the pool).
+        "chunk_map": (unsigned(psn_chunk_bits(config)), qps * chunk_map_slots(config), 3),
+        # The chunk of the QP's last PSN sent (the segmenter's, for the QP's next WR).
+        "tail_chunk": (unsigned(psn_chunk_bits(config)), qps, 1),
+        # The PSN pool's own table: the QP holds the chunks of its PSNs from `pool_lo` up to
+        # its next PSN (none when they are equal); pool_lo is its una at the last reclaim.
+        "pool_lo": (unsigned(PSN), qps, 3),
         # The WR ring: per QP, the WR pool entries of its outstanding WRs in WR order, from
         # `cq.head` up to `sq.tail` (the intake appends, the completion engine walks it).
         "wr_ring": (unsigned(pool_index_bits(config)), qps * slots, 1),
@@ -110,12 +125,18 @@ def block_ram_bits(config, *, copies=True):
 TABLE_ACCESS = {
     "control": (("cfg", "sq", "next_psn", "ack", "cq", "tmr", "cc", "trig_set", "trig_seen"),
                 ("cfg",)),
-    "intake": (("cfg", "sq", "next_psn", "ack", "cq"), ("sq", "wr_ring", "wr_done", "wr_send")),
-    "segmenter": (("ack", "cc", "nscc_window"), ("next_psn",)),
-    "retransmitter": (("cfg", "next_psn", "ack", "acked", "meta", "ev", "wr_send"), ()),
+    "intake": (("cfg", "sq", "next_psn", "ack", "cq", "tail_chunk", "pool_lo"),
+               ("sq", "wr_ring", "wr_done", "wr_send")),
+    "segmenter": (("ack", "cc", "nscc_window", "pool_lo"),
+                  ("next_psn", "chunk_map", "tail_chunk")),
+    "retransmitter": (("cfg", "next_psn", "ack", "acked", "meta", "ev", "wr_send",
+                       "chunk_map"), ()),
     "send": ((), ("meta",)),
-    "ev_reports": ((), ("ev",)),
-    "ack": (("cfg", "next_psn", "ack", "acked", "trig_set", "trig_seen", "cc", "ev"),
+    "ev_reports": (("chunk_map",), ("ev",)),
+    # The PSN pool also reads `chunk_map`, through ACK processing's port (lent).
+    "psn_pool": (("next_psn", "pool_lo"), ("pool_lo",)),
+    "ack": (("cfg", "next_psn", "ack", "acked", "trig_set", "trig_seen", "cc", "ev",
+             "chunk_map"),
             ("ack", "acked", "cc", "trig_set", "progress")),
     "inference": (("infer",), ("infer",)),
     "scanner": (("cfg", "ack", "next_psn", "tmr", "progress"), ("tmr",)),
@@ -174,7 +195,7 @@ def table_access_signature(config, engine):
 
 
 class RequesterTables(wiring.Component):
-    """The requester's per-QP, per-PSN and WR pool tables in block RAM.
+    """The requester's per-QP tables, its shared per-PSN state and its WR pool in block RAM.
 
     Each read port is synchronous: ``data`` is the entry at the ``addr`` of the previous cycle
     in which ``en`` was high (``en`` idles high), and transparent: it already holds a write of
@@ -195,9 +216,9 @@ class RequesterTables(wiring.Component):
     -------
     <engine> : ``Out(table_access_signature(config, engine))``
         One port per engine named in :data:`TABLE_ACCESS` (``control``, ``intake``,
-        ``segmenter``, ``retransmitter``, ``send``, ``ev_reports``, ``ack``, ``inference``,
-        ``scanner``, ``completion``, ``nscc``), with the read and write ports it gives that
-        engine.
+        ``segmenter``, ``retransmitter``, ``send``, ``ev_reports``, ``psn_pool``, ``ack``,
+        ``inference``, ``scanner``, ``completion``, ``nscc``), with the read and write ports
+        it gives that engine.
     obs_qpn : ``In(config.qpn_bits)`` (``observe`` only)
     obs_pos, obs_head : ``In(log2(slot_depth(config)))`` (``observe`` only)
     obs_slot : ``In(pool_index_bits(config))`` (``observe`` only)

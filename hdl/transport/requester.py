@@ -1,6 +1,6 @@
 """The requester: work requests in, data-packet send requests out, SACK/NACK/NAK in, completions
-out. Per-QP send state, per-PSN metadata, the per-QP WR rings and the shared WR pool live in
-block RAM.
+out. Per-QP send state, the per-QP WR rings and chunk maps, the shared WR pool and the
+shared per-PSN state live in block RAM.
 
 :class:`Requester` is the top: it instantiates the engines below and the FIFOs between them
 and wires them; it has no logic of its own beyond the counters. Each engine is a component
@@ -17,8 +17,8 @@ of its own, with its latency, throughput and hazards in its docstring:
   cycle, each checked against the window (``next_psn - una < mpr * 128``);
 * **walker** (:class:`~.req_retransmit.Walker`) turns PSN ranges (timeout and inferred
   losses) into single PSNs for the retransmitter;
-* **retransmitter** (:class:`~.req_retransmit.Retransmitter`, R0-R3) rebuilds a PSN's packet
-  from its metadata and WR slot;
+* **retransmitter** (:class:`~.req_retransmit.Retransmitter`, R0, RM, R1-R3) rebuilds a
+  PSN's packet from its metadata and WR slot;
 * **send register** (:class:`~.req_send.SendRegister`) registers ``send``, resends first,
   and writes each PSN's metadata;
 * **ACK processing** (:class:`~.req_ack.AckProcessor`, A0-A2) applies one MRC 1.0 SACK, NACK
@@ -31,6 +31,10 @@ of its own, with its latency, throughput and hazards in its docstring:
   expires its retransmit timer (``docs/recovery.md``);
 * **completion engine** (:class:`~.req_completion.CompletionEngine`) walks a QP's WR ring
   from the oldest slot, completes WRs in order and returns their pool entries;
+* **PSN pool** (:class:`~.req_psnpool.PsnPool`): the free list of the chunks of the shared
+  per-PSN state (``meta``, ``ev``; ``psn_pool`` PSNs in chunks of ``PSN_CHUNK``) that the
+  segmenter takes as it sends, and the reclaimer that returns a QP's chunks once una passes
+  them (a release per completion-engine visit) or its QP_WRITE;
 * **feedback merge** (:class:`~.req_send.FeedbackMerge`) queues the ACK side's and the
   retransmitter's feedback into ``feedback``;
 * **NSCC** (:class:`~.req_nscc.NsccEngine`, in a build with ``nscc``) keeps UET's NSCC
@@ -38,10 +42,12 @@ of its own, with its latency, throughput and hazards in its docstring:
   ``cc_nscc``.
 
 Every read port is transparent for its table's write port, so a read sees every write of the
-same cycle and earlier. Two engines forward what a read cannot see yet: ACK processing, which
-decides an ACK a cycle after its tables' data is registered, takes the write-back of the ACK
-ahead from its write ports; the intake keeps the next PSN of the QP the segmenter works on (a
-register: the WR being segmented has not written it yet).
+same cycle and earlier. Three engines forward what a read cannot see yet: ACK processing,
+which decides an ACK a cycle after its tables' data is registered, takes the write-back of
+the ACK ahead from its write ports; the intake keeps the next PSN of the QP the segmenter
+works on (a register: the WR being segmented has not written it yet); the segmenter keeps the
+PSN pool chunk of the QP it last worked on, and takes the PSN pool's ``pool_lo`` write of the
+cycle it takes a WR.
 """
 
 
@@ -65,9 +71,11 @@ from .req_common import PSN, check_observe, log2
 from .req_completion import CompletionEngine, completion_observation_layout
 from .req_control import RequesterControl, control_observation_layout
 from .req_defs import (
+    PSN_CHUNK,
     REQUESTER_COUNTERS,
-    bitmap_psns,
+    chunk_map_slots,
     pool_entries,
+    psn_chunks,
     qp_error_layout,
     requester_command_layout,
     requester_response_layout,
@@ -85,6 +93,7 @@ from .req_intake import (
     segmenter_observation_layout,
 )
 from .req_nscc import NSCC_TIME_BITS, NsccEngine, nscc_constants
+from .req_psnpool import PsnPool
 from .req_retransmit import Retransmitter, Walker
 from .req_send import FeedbackMerge, SendRegister
 from .req_tables import (
@@ -128,7 +137,7 @@ class Requester(wiring.Component):
 
     Latencies: a WR's first send request leaves 3 cycles after the WR is taken (intake, then
     the segmenter, then the output register); an ACK updates the QP 2 cycles after it is
-    taken; a retransmit request leaves 4 cycles after it is taken; a completion leaves a few
+    taken; a retransmit request leaves 5 cycles after it is taken; a completion leaves a few
     cycles after the ACK that allows it (4 cycles per QP the completion engine visits), then
     one per cycle for the same QP.
 
@@ -200,6 +209,9 @@ class Requester(wiring.Component):
     wr_pool_free : ``Out(range(pool_entries(config) + 1))``
         Free entries of the shared WR pool (:func:`~.req_defs.pool_entries`): a status for
         tests and debugging.
+    psn_pool_free : ``Out(range(psn_chunks(config) + 1))``
+        Free chunks of the shared per-PSN state (:func:`~.req_defs.psn_chunks`): a status
+        for tests and debugging.
     obs_qpn : ``In(config.qpn_bits)`` (``observe`` only)
     obs : ``Out(requester_observation_layout(config))`` (``observe`` only)
     """
@@ -238,6 +250,7 @@ class Requester(wiring.Component):
             "now_units": In(32),
             "counters": Out(data.StructLayout({name: 32 for name in REQUESTER_COUNTERS})),
             "wr_pool_free": Out(range(pool_entries(config) + 1)),
+            "psn_pool_free": Out(range(psn_chunks(config) + 1)),
             **({"obs_qpn": In(config.qpn_bits),
                 "obs": Out(requester_observation_layout(config))} if observe else {}),
         })
@@ -250,7 +263,6 @@ class Requester(wiring.Component):
         m = Module()
         cfg = self._config
         qb = cfg.qpn_bits
-        wb = log2(bitmap_psns(cfg))
         now = self.now_units
 
         observe = self._observe
@@ -269,6 +281,7 @@ class Requester(wiring.Component):
         m.submodules.inference = inference = InferenceUnit(config=cfg)
         m.submodules.scanner = scanner = TimerScanner(config=cfg)
         m.submodules.completion = completion = CompletionEngine(config=cfg, observe=observe)
+        m.submodules.psnpool = psnpool = PsnPool(config=cfg, observe=observe)
         m.submodules.feedback = feedback = FeedbackMerge(
             config=cfg, feedback_depth=self.FEEDBACK_DEPTH, lost_depth=self.LOST_DEPTH)
 
@@ -278,17 +291,28 @@ class Requester(wiring.Component):
                    "inference": inference, "scanner": scanner, "completion": completion}
         for name, engine in engines.items():
             wiring.connect(m, getattr(tables, name), engine.tables)
-        # The `ev` table's writer: the EV each PSN went out on.
-        ev_write = tables.ev_reports.write.ev
+        wiring.connect(m, tables.psn_pool, psnpool.tables)
+        # The `ev` table's writer: the EV each PSN went out on, written the cycle after its
+        # report, in the chunk the QP's chunk map names.
+        cb = log2(PSN_CHUNK)
+        ev_map, ev_write = tables.ev_reports.read.chunk_map, tables.ev_reports.write.ev
+        sent = self.sent.payload
+        sent_valid = Signal()
+        sent_psn = Signal(cb)
+        sent_ev = Signal.like(sent.ev)
         m.d.comb += [
             self.sent.ready.eq(1),
-            ev_write.addr.eq(Cat(self.sent.payload.psn[:wb], self.sent.payload.qpn)),
-            ev_write.data.eq(self.sent.payload.ev),
-            ev_write.en.eq(self.sent.valid),
+            ev_map.addr.eq(Cat(sent.psn[cb:cb + log2(chunk_map_slots(cfg))], sent.qpn)),
+            ev_map.en.eq(self.sent.valid),
+            ev_write.addr.eq(Cat(sent_psn, ev_map.data)),
+            ev_write.data.eq(sent_ev),
+            ev_write.en.eq(sent_valid),
         ]
+        m.d.sync += [sent_valid.eq(self.sent.valid), sent_psn.eq(sent.psn[:cb]),
+                     sent_ev.eq(sent.ev)]
         wiring.connect(m, control.control, intake.control, segmenter.control,
                        retransmitter.control, ack.control, inference.control, scanner.control,
-                       completion.control)
+                       completion.control, psnpool.control)
         for engine in (segmenter, retransmitter, sender, ack, inference, scanner):
             m.d.comb += engine.now.eq(now)
 
@@ -340,7 +364,7 @@ class Requester(wiring.Component):
         # -- control ------------------------------------------------------------------------
         wiring.connect(m, wiring.flipped(self.ctl), control.cmd)
         wiring.connect(m, control.resp, wiring.flipped(self.ctl_resp))
-        busy = ack.busy | completion.busy | inference.busy | scanner.busy
+        busy = ack.busy | completion.busy | inference.busy | scanner.busy | psnpool.busy
         if self._nscc is not None:
             busy |= nscc.busy
         m.d.comb += [
@@ -357,6 +381,11 @@ class Requester(wiring.Component):
         wiring.connect(m, intake.o, segmenter.i)
         fifo_in(arm_fifo, segmenter.arm)
         wiring.connect(m, segmenter.o, sender.new)
+        wiring.connect(m, psnpool.alloc, segmenter.alloc)
+        lo_write = psnpool.tables.write.pool_lo
+        m.d.comb += [segmenter.pool_lo_write.addr.eq(lo_write.addr),
+                     segmenter.pool_lo_write.data.eq(lo_write.data),
+                     segmenter.pool_lo_write.en.eq(lo_write.en)]
 
         # -- resends: trim queue, walker, retx -> retransmitter -> send register -----------
         fifo_out(timeout_walks, walker.timeout)
@@ -387,7 +416,10 @@ class Requester(wiring.Component):
         fifo_out(ack_triggers, completion.ack_trigger)
         fifo_out(wr_triggers, completion.wr_trigger)
         wiring.connect(m, completion.free, intake.free)
-        m.d.comb += self.wr_pool_free.eq(intake.pool_free)
+        m.d.comb += [self.wr_pool_free.eq(intake.pool_free),
+                     self.psn_pool_free.eq(psnpool.free_chunks)]
+        wiring.connect(m, completion.release, psnpool.release)
+        wiring.connect(m, psnpool.map_read, ack.map_lend)
         wiring.connect(m, completion.completion, wiring.flipped(self.completion))
         wiring.connect(m, feedback.o, wiring.flipped(self.feedback))
         fifo_out(qp_error_fifo, self.qp_error)

@@ -36,6 +36,7 @@ from hdl.transport.req_defs import (
     MSN_BITS,
     NACK_COUNTERS,
     NAK_COUNTERS,
+    PSN_CHUNK,
     QP_WRITE_STATES,
     REQUESTER_COUNTERS,
     RETRY_COUNT_BITS,
@@ -46,6 +47,7 @@ from hdl.transport.req_defs import (
     WalkKind,
     bitmap_psns,
     cc_page,
+    psn_chunks,
     retry_expiry,
     timer_page,
     wr_packets,
@@ -147,7 +149,9 @@ class RequesterModel:
         The counters of :data:`~hdl.transport.req_defs.REQUESTER_COUNTERS`, except
         ``wr_pool_waits`` (0 here: when a freed WR pool entry is back in the gateware's free
         list is a matter of cycles; the limit itself, ``wr_pool`` WRs outstanding over all
-        QPs, is modelled).
+        QPs, is modelled) and ``psn_pool_waits`` (0 here, likewise: the gateware returns a
+        chunk a few cycles after una passes it; the limit itself is modelled, see
+        :meth:`psn_chunks_used`).
     """
 
     def __init__(self, config):
@@ -156,6 +160,7 @@ class RequesterModel:
         self._qps = [_Qp() for _ in range(config.qps)]
         self._queue = deque()           # posted WRs not yet taken (one queue: HOL blocking)
         self._pool_used = 0             # WRs outstanding over all QPs (the shared WR pool)
+        self._chunks = psn_chunks(config)   # chunks of the shared per-PSN state (psn_pool)
         self._current = None            # [qpn, slot, psn, remaining, index] being segmented
         self._retx = deque()            # (qpn, psn) waiting to be resent
         self._walks = deque()           # [kind, qpn, psn, count, first] ranges to walk
@@ -301,6 +306,9 @@ class RequesterModel:
                 window = min(window, qp.cwnd if qp.nscc is None else qp.nscc.window_psns())
             if ahead >= window:
                 return None                     # window full: wait for ACKs
+            if ((psn % PSN_CHUNK == 0 or qp.una == psn)
+                    and self.psn_chunks_used() >= self._chunks):
+                return None                     # no free chunk in the PSN pool: wait
             dma_len = min(self.config.mtu, remaining)
             last = remaining <= self.config.mtu
             every = self.ackreq_every
@@ -468,8 +476,9 @@ class RequesterModel:
         flight = P.psn_diff(qp.next_psn, qp.una)  # PSNs in flight before it
         psn_outstanding = (P.psn_diff(psn, new_una) >= 0
                            and P.psn_diff(qp.next_psn, psn) > 0)
-        # The PSN was sent and its EV entry still holds it (the window of the `ev` table).
-        psn_sent = 0 < P.psn_diff(qp.next_psn, psn) <= self.window
+        # The PSN is outstanding before this packet applies: its EV entry holds it (a PSN's
+        # chunk of the PSN pool goes back once una passes it).
+        psn_sent = P.psn_diff(qp.next_psn, psn) > 0 and P.psn_diff(psn, qp.una) >= 0
         fatal = code is not None
         if fatal and not psn_outstanding:
             return self._bad()
@@ -539,6 +548,20 @@ class RequesterModel:
         """PSNs of QP ``qpn`` sent and not yet cumulatively acknowledged, oldest first."""
         qp = self._qps[qpn]
         return [P.psn_add(qp.una, i) for i in range(P.psn_diff(qp.next_psn, qp.una))]
+
+    def psn_chunks_used(self):
+        """Chunks of the PSN pool the QPs hold: each QP holds the chunks (``PSN_CHUNK``
+        aligned PSNs each) of its outstanding PSNs, from una to its last PSN sent, so at most
+        ``psn_pool`` PSNs are ever in flight over all QPs, in whole chunks. A new PSN that
+        starts a chunk, or is its QP's only outstanding one, waits while all are held. The
+        gateware returns a chunk a few cycles after una passes it, so it may send such a PSN
+        a few cycles later than the model; what it sends, and in what order, is the same."""
+        used = 0
+        for qp in self._qps:
+            if qp.una != qp.next_psn:
+                last = P.psn_add(qp.next_psn, -1) // PSN_CHUNK
+                used += (last - qp.una // PSN_CHUNK + 1) % (P.PSN_MODULUS // PSN_CHUNK)
+        return used
 
     # -- internals ---------------------------------------------------------------------------
 

@@ -27,6 +27,9 @@ def test_defaults_are_the_flagship_configuration():
     ("wr_pool", 1, "must be an integer from 2 to 16384, not 1"),
     ("wr_pool", 16385, "must be an integer from 2 to 16384, not 16385"),
     ("wr_pool", 8, "must be at least wr_slots (16), not 8"),
+    ("psn_pool", 16, "must be an integer from 32 to 262144, not 16"),
+    ("psn_pool", 262160, "must be an integer from 32 to 262144, not 262160"),
+    ("psn_pool", 100, "must be a multiple of 16 (the PSNs of a chunk), not 100"),
     ("ports", "8", "must be an integer, not '8'"),
     ("ports", True, "must be an integer, not True"),
 ])
@@ -81,3 +84,13 @@ def test_psn_serial_arithmetic_wraps():
     assert psn_add(0xFFFFFF, 2) == 1
     assert psn_diff(1, 0xFFFFFF) == 2 and psn_diff(0xFFFFFF, 1) == -2
     assert psn_lt(0xFFFFF0, 0x10) and not psn_lt(0x10, 0xFFFFF0)
+
+
+def test_psn_pool_builds_at_most_what_the_qps_chunk_maps_can_hold():
+    """The requester builds psn_pool / 16 chunks, but no more than every QP's chunk map holds
+    (2 x window / 16 each): a larger psn_pool is not built."""
+    from hdl.transport.req_defs import chunk_map_slots, psn_chunk_bits, psn_chunks
+    config = NicConfig()
+    assert (psn_chunks(config), psn_chunk_bits(config), chunk_map_slots(config)) == (256, 8, 32)
+    assert psn_chunks(NicConfig(qps=2, mpr_units=1)) == 2 * 16
+    assert psn_chunks(NicConfig(qps=1024, psn_pool=262144)) == 16384

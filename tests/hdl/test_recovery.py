@@ -634,7 +634,7 @@ def test_counter_names_are_appended():
     assert REQUESTER_COUNTERS[16:] == (
         "timeouts", "retry_exceeded", "timeout_retransmissions", "inferred_losses",
         "lost_feedback", "walk_skipped", "arm_dropped", "infer_dropped", "reorder_expiries",
-        "wr_pool_waits")
+        "wr_pool_waits", "psn_pool_waits")
 
 
 # -- every QP fails cleanly, and works again -----------------------------------------------------

@@ -21,8 +21,10 @@ from hdl.packet.headers import PacketKind
 from hdl.transport.req_defs import (
     CC_MAX_STEPS,
     CC_MIN_WINDOW,
+    PSN_CHUNK,
     REQUESTER_COUNTERS,
     RequesterCommand,
+    psn_chunks,
 )
 from hdl.transport.requester import Requester, block_ram_bits
 from sim.model.requester import RequesterModel
@@ -181,9 +183,10 @@ class Bench:
 
     def check_counters(self, ctx):
         # Timing-dependent, not modelled: feedback dropped at a full output, WRs that found
-        # the WR pool empty (the gateware frees an entry a few cycles after its completion).
+        # the WR pool empty (the gateware frees an entry a few cycles after its completion),
+        # packets that waited for a PSN pool chunk (returned a few cycles after una passes).
         for name in REQUESTER_COUNTERS:
-            if name not in ("feedback_dropped", "wr_pool_waits"):
+            if name not in ("feedback_dropped", "wr_pool_waits", "psn_pool_waits"):
                 assert ctx.get(self.dut.counters[name]) == self.model.counters[name], name
 
 
@@ -266,15 +269,19 @@ def random_wr(rng, qpns, mtu):
             "rkey": rng.getrandbits(32), "length": length, "imm": rng.getrandbits(32)}
 
 
-@pytest.mark.parametrize("seed, bubbles, backpressure, feedback_backpressure, wr_pool", [
-    (1, 0.3, 0.3, None, 32), (2, 0.0, 0.0, None, 32), (3, 0.5, 0.5, None, 32),
-    (4, 0.1, 0.3, 0.9, 32),
+@pytest.mark.parametrize("seed, bubbles, backpressure, feedback_backpressure, wr_pool, psn_pool", [
+    (1, 0.3, 0.3, None, 32, 4096), (2, 0.0, 0.0, None, 32, 4096),
+    (3, 0.5, 0.5, None, 32, 4096), (4, 0.1, 0.3, 0.9, 32, 4096),
     # Six WR pool entries for the three QPs' twelve slots: WRs wait for the pool.
-    (1, 0.3, 0.3, None, 6)])
+    (1, 0.3, 0.3, None, 6, 4096),
+    # Three or two PSN pool chunks for three QPs: packets wait for a chunk, and the chunks
+    # are reused over and over (QP 3 across the 24-bit PSN wrap).
+    (5, 0.3, 0.3, None, 32, 48), (6, 0.2, 0.4, None, 32, 32)])
 def test_random_traffic_matches_model(seed, bubbles, backpressure, feedback_backpressure,
-                                      wr_pool):
-    bench = Bench(CONFIG.replace(wr_pool=wr_pool), bubbles=bubbles, backpressure=backpressure,
-                  seed=seed, feedback_backpressure=feedback_backpressure)
+                                      wr_pool, psn_pool):
+    bench = Bench(CONFIG.replace(wr_pool=wr_pool, psn_pool=psn_pool), bubbles=bubbles,
+                  backpressure=backpressure, seed=seed,
+                  feedback_backpressure=feedback_backpressure)
     rng = random.Random(seed)
     qpns = [0, 3, 5]
     psn0 = {0: 0, 3: 0xFFFFF4, 5: rng.getrandbits(24)}     # QP 3 wraps
@@ -319,8 +326,13 @@ def test_random_traffic_matches_model(seed, bubbles, backpressure, feedback_back
             assert ctx.get(bench.dut.counters.feedback_dropped) > 0
         if wr_pool < 3 * CONFIG.wr_slots:
             assert ctx.get(bench.dut.counters.wr_pool_waits) > 0
+        if psn_pool < 3 * PSN_CHUNK:
+            assert ctx.get(bench.dut.counters.psn_pool_waits) > 0
         await ctx.tick().repeat(10)
         assert ctx.get(bench.dut.wr_pool_free) == wr_pool        # every entry came back
+        # Every chunk came back but those of PSNs still outstanding (QPs left in ERROR).
+        assert (ctx.get(bench.dut.psn_pool_free)
+                == psn_chunks(bench.config) - bench.model.psn_chunks_used())
 
     bench.run(testbench)
 
@@ -629,15 +641,21 @@ def test_one_ack_per_cycle_alternating_qps():
 
 def test_block_ram_bits_of_default_build():
     bits = block_ram_bits(NicConfig(), copies=False)
-    # The per-PSN metadata names its WR by its entry of the 1024-entry WR pool (10 bits).
-    assert bits["meta"] == 256 * 256 * (10 + 16 + 1)
+    # The per-PSN metadata is a pool of psn_pool PSNs (4096) whatever the QP count; it names
+    # its WR by its entry of the 1024-entry WR pool (10 bits).
+    assert bits["meta"] == 4096 * (10 + 16 + 1)
+    assert bits["ev"] == 4096 * 6
+    # Each QP's chunk map: 2 x 256 / 16 entries naming one of 4096 / 16 chunks (8 bits).
+    assert bits["chunk_map"] == 256 * 32 * 8
     assert bits["acked"] == 256 * 256
     # The WR pool holds wr_pool WRs, whatever the QP count; each QP's ring names them.
     assert bits["wr_send"] == 1024 * 281 and bits["wr_done"] == 1024 * 126
     assert bits["wr_ring"] == 256 * 16 * 10
     # No more entries are built than the QPs' slots together could use.
     small = block_ram_bits(NicConfig(qps=16), copies=False)
-    assert small["wr_send"] == 16 * 16 * 281 and small["meta"] == 16 * 256 * (8 + 16 + 1)
+    assert small["wr_send"] == 16 * 16 * 281 and small["meta"] == 4096 * (8 + 16 + 1)
+    tiny = block_ram_bits(NicConfig(qps=4), copies=False)
+    assert tiny["meta"] == 4 * 32 * 16 * (6 + 16 + 1)
 
 
 def test_qp_write_waits_until_no_packet_of_the_qp_is_left_in_the_send_register():
@@ -833,5 +851,96 @@ def test_wr_pool_entries_come_back_after_a_flush_and_a_reset_and_are_reused_inta
         bench.check_counters(ctx)
         await ctx.tick().repeat(10)
         assert ctx.get(bench.dut.wr_pool_free) == 6
+
+    bench.run(testbench)
+
+
+# Four chunks of 16 PSNs for every QP's packets.
+PSN_POOL_CONFIG = CONFIG.replace(psn_pool=4 * PSN_CHUNK)
+
+
+@pytest.mark.parametrize("seed", [91, 92])
+def test_psn_pool_chunks_come_back_after_a_fatal_nak_a_flush_and_a_reset(seed):
+    """QP 0 starts 8 PSNs before the 24-bit wrap and holds two chunks (one each side of it),
+    QP 1 one, QP 3 one: the pool is empty and QP 2's WR waits (counted once). A fatal NAK
+    fails QP 0: its chunks stay held (its PSNs are still outstanding) until software
+    re-initialises it, mid-chunk; then QP 2's WR goes. New WRs on QP 0 reuse the returned
+    chunks, and resends (NACK TRIMMED) rebuilt from the per-PSN state in them carry the new
+    WRs' addresses. A software ERROR on QP 1 flushes its WRs and a reset returns its chunk.
+    When every PSN is acknowledged every chunk is free, and a second round across the wrap
+    reuses them intact."""
+    bench = Bench(PSN_POOL_CONFIG, seed=seed)
+    wr = lambda qpn, wr_id, length: {"qpn": qpn, "opcode": W.RDMA_WRITE,  # noqa: E731
+                                     "wr_id": wr_id, "length": length,
+                                     "remote_addr": 0x10000 + (wr_id << 12),
+                                     "local_addr": 0x80000 + (wr_id << 12)}
+    mtu = PSN_POOL_CONFIG.mtu
+    start = {0: 0xFFFFF8, 1: 100, 2: 40, 3: 3}
+
+    async def free(ctx, expected):
+        """``expected`` chunks are free, in the gateware and in the model."""
+        await ctx.tick().repeat(10)
+        assert ctx.get(bench.dut.psn_pool_free) == expected
+        assert expected == 4 - bench.model.psn_chunks_used()
+
+    async def testbench(ctx):
+        for qpn in (0, 1, 2, 3):
+            await bench.control(ctx, RequesterCommand.QP_WRITE, qpn=qpn, state=P.QpState.RTS,
+                                psn=start[qpn], mpr=1, max_wimm=1)
+        await free(ctx, 4)
+        # QP 0: PSNs 0xFFFFF8 to 0x000001 (two chunks); QP 1: 100, 101; QP 3: 3.
+        bench.post([wr(0, i, 3 * mtu + 1) for i in range(3)] + [wr(1, 3, 2 * mtu),
+                                                                wr(3, 4, 10), wr(2, 5, 10)])
+        await bench.settle_sends(ctx)
+        assert bench.model.pending_wrs == 0 and bench.model.psn_chunks_used() == 4
+        assert 2 not in {int(p.qpn) for p in bench.send.items}
+        await free(ctx, 0)
+        assert ctx.get(bench.dut.counters.psn_pool_waits) == 1
+        await bench.report_evs(ctx)
+        # A fatal NAK on QP 0: its WRs fail, its PSNs stay outstanding and its chunks held.
+        await bench.receive(ctx, [ack_header(0, 0xFFFFFA),
+                                  nak_header(0, 0xFFFFFB, P.NakCode.REMOTE_ACCESS)])
+        await bench.settle_sends(ctx)
+        await free(ctx, 0)
+        await bench.control(ctx, RequesterCommand.QP_WRITE, qpn=0, state=P.QpState.RTS,
+                            psn=0x7, mpr=1, max_wimm=1)
+        await bench.settle_sends(ctx)                        # QP 2's WR goes
+        assert 2 in {int(p.qpn) for p in bench.send.items}
+        await free(ctx, 1)
+        await bench.report_evs(ctx)
+        # New WRs on QP 0 (PSNs 7 to 12) take the free chunk; trims resend from it.
+        bench.post([wr(0, 10, 2 * mtu), wr(0, 11, 4 * mtu)])
+        await bench.settle_sends(ctx)
+        await bench.report_evs(ctx)
+        await bench.receive(ctx, [nack_header(0, 8), nack_header(0, 11)])
+        await bench.settle_sends(ctx)
+        resent = [const_to_dict(p) for p in bench.send.items if p.context.retransmission]
+        assert sorted((p["qpn"], p["context"]["psn"]) for p in resent) == [(0, 8), (0, 11)]
+        assert [p["context"]["va"] for p in sorted(resent, key=lambda p: p["context"]["psn"])] \
+            == [0x10000 + (10 << 12) + mtu, 0x10000 + (11 << 12) + 2 * mtu]
+        await bench.report_evs(ctx)
+        # Software ERROR on QP 1 flushes its WR; a reset returns its chunk.
+        await bench.control(ctx, RequesterCommand.QP_WRITE, qpn=1, state=P.QpState.ERROR,
+                            mpr=1, max_wimm=1)
+        await bench.completion.wait(ctx, len(bench.model.completions))
+        await free(ctx, 0)
+        await bench.control(ctx, RequesterCommand.QP_WRITE, qpn=1, state=P.QpState.RTS,
+                            psn=0xFFFFFE, mpr=1, max_wimm=1)
+        await free(ctx, 1)
+        await bench.receive(ctx, [ack_header(0, 12), ack_header(2, 40), ack_header(3, 3)])
+        await free(ctx, 4)
+        # A second round: QP 1 across the wrap (PSNs 0xFFFFFE to 0x000009, two chunks).
+        bench.post([wr(1, 20 + i, 3 * mtu) for i in range(4)])
+        await bench.settle_sends(ctx)
+        await free(ctx, 2)
+        await bench.report_evs(ctx)
+        await bench.receive(ctx, [nack_header(1, 0xFFFFFF), nack_header(1, 0x3)])
+        await bench.settle_sends(ctx)
+        await bench.report_evs(ctx)
+        await bench.receive(ctx, [ack_header(1, 0x9)])
+        await free(ctx, 4)
+        bench.check_completions()
+        bench.check_feedback(ctx)
+        bench.check_counters(ctx)
 
     bench.run(testbench)
