@@ -482,6 +482,28 @@ def test_deep_gap_acks_at_once_while_coalescing(depth):
     check(got, want, model)
 
 
+@pytest.mark.parametrize("new_holes", [0, 1])
+def test_new_hole_acks_at_once_while_coalescing(new_holes):
+    """With ``coalesce_gaps`` and ``ack_new_holes``, a packet that opens a new hole (placed
+    above the expected PSN while the PSN just below it has not arrived) is ACKed at once; one
+    that lands above a hole whose top PSN had arrived is not (the hole was reported)."""
+    commands = setup_commands([1], psn=lambda q: 7, ack_every=16)
+    commands[0].update(coalesce_gaps=1, ack_new_holes=new_holes)
+    # 2: opens the hole 0-1; 3: above it, PSN 2 arrived (no ACK); 5: opens the hole at 4;
+    # 0: fills the bottom (in order: not a hole); 1 fills up to 3; 4 fills the rest; 7: a hole.
+    order = [2, 3, 5, 0, 1, 4, 7, 6]
+    packets = [(header(Op.RDMA_WRITE_ONLY, qpn=1, psn=7 + n, va=BASE + (1 << 20) + 4 * n,
+                       length=4), bytes([n]) * 4) for n in order]
+    model = ResponderModel(CONFIG)
+    for cmd in commands:
+        model.command(cmd)
+    want = expect(model, packets)
+    assert [ack["bth"]["psn"] + ack["ctl"]["sack"]["seth"]["ack_psn_offset"] - 7
+            for ack in want["acks"]] == ([] if new_holes == 0 else [2, 5, 7])
+    got = run(packets, commands, counts=counts_of(want))
+    check(got, want, model)
+
+
 def test_sack_bitmap_placed_by_an_offset_other_than_one():
     """A trigger more than 64 PSNs above cack_psn gets its 64-aligned block as the bitmap
     (sack_psn_offset above 1); nearer ones the 64 PSNs above cack_psn. Gateware = model."""
