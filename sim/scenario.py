@@ -252,9 +252,9 @@ class Scenario:
     retry_linear: int = P.RETRY_LINEAR_MAX
     retry_exponential: int = P.RETRY_INFINITE
     infer_k: int = 8
-    reo_wnd: int = 24
+    reo_wnd: int = 48
     port_wnd: int = 20
-    port_quiet: int = 20
+    port_quiet: int = 40
     fate: int = 1
     cc: int = 1
     cc_algorithm: str = "ecn"

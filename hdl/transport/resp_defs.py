@@ -110,8 +110,8 @@ def responder_command_layout(config):
         # or after ack_delay), not at once: fewer ACKs under spraying, the SACK bitmap
         # still carries every arrival. 0 (reset): at once.
         "coalesce_gaps": unsigned(1),
-        # 1..15: a packet placed above a hole that makes it the gap_depth-th or later PSN
-        # received above the hole is ACKed at once, even with coalesce_gaps: the ACK whose SACK
+        # 1..15: a packet placed above a hole that makes it the gap_depth-th PSN received
+        # above the hole is ACKed at once, even with coalesce_gaps: the ACK whose SACK
         # bitmap lets a requester with infer_k <= gap_depth infer the loss leaves without
         # waiting for ack_every or ack_delay. 0 (reset): off.
         "gap_depth": unsigned(GAP_DEPTH_BITS),

@@ -511,8 +511,9 @@ class Responder(wiring.Component):
         s.count_next = qp.ack_count + 1
         s.ack_now = Signal()
         timer_room = s.timers_used < self._timers
-        # A packet placed above a hole as the gap_depth-th (or later) PSN received above it.
-        deep = (s.gap_depth != 0) & (s.distance != 0) & (qp.above + 1 >= s.gap_depth)
+        # A packet placed above a hole as the gap_depth-th PSN received above it (once per
+        # hole: the ones after it wait for the count or the timer).
+        deep = (s.gap_depth != 0) & (s.distance != 0) & (qp.above + 1 == s.gap_depth)
         # A packet that opens a new hole: placed above the expected PSN while the PSN just
         # below it has not arrived (one arrival above a hole that was already reported is not).
         below = (s.offset - 1)[:len(s.offset)]

@@ -300,8 +300,8 @@ class ResponderModel:
         new_hole = self.ack_new_holes and distance != 0 and \
             P.psn_add(psn, -1) not in qp.received
         qp.received.add(psn)
-        # Placed above a hole as the gap_depth-th (or later) PSN received above it.
-        deep = bool(self.gap_depth) and distance != 0 and len(qp.received) >= self.gap_depth
+        # Placed above a hole as the gap_depth-th PSN received above it (once per hole).
+        deep = bool(self.gap_depth) and distance != 0 and len(qp.received) == self.gap_depth
         if opcode in P.LAST_OPCODES:
             qp.last.add(psn)
         if opcode in P.IMMEDIATE_OPCODES:
