@@ -37,10 +37,10 @@ def _units(ns):
 
 class PortWatchModel:
     """Per port, the transmit times of the data packets sent on it that no ACK on the port has
-    covered, and when a frame (any kind) last arrived on it. A port whose oldest uncovered send lags the
-    newest echo on any port by ``window`` units or more, while no frame arrived on it for
-    ``quiet`` units, is reported down (1-based, as EV entries number ports) and its sends are
-    written off.
+    covered, and when a frame (any kind) last arrived on it. A port whose oldest uncovered send
+    lags the newest echo on any port by ``window`` units or more, while no frame arrived on it
+    for ``quiet`` units, is reported down (1-based, as EV entries number ports) and its sends
+    are written off.
 
     The lag only grows with an ACK (``newest`` moves), the silence with time: :meth:`ack`
     checks at each ACK, :meth:`due` says when a lagging port's silence will be long enough

@@ -458,8 +458,8 @@ def test_out_of_order_arrivals_ack_at_once_unless_coalesced(coalesce):
 @pytest.mark.parametrize("depth", [0, 3])
 def test_deep_gap_acks_at_once_while_coalescing(depth):
     """With ``coalesce_gaps`` and ``gap_depth`` D, the packet that is the D-th received above a
-    hole is ACKed at once (the ones after it are coalesced), so a requester with K <= D can infer the loss
-    without waiting for ack_every. The count of PSNs above the hole is a per-QP register
+    hole is ACKed at once (the ones after it are coalesced), so a requester with K <= D can
+    infer the loss without waiting for ack_every. The count of PSNs above the hole is a per-QP register
     (+1 per placed packet, - advance per step); the WRITE_IMMs below make a filled hole
     release two completions in two steps, and the next hole must count from zero again."""
     commands = setup_commands([1], psn=lambda q: 7, ack_every=16)
