@@ -459,9 +459,10 @@ def test_out_of_order_arrivals_ack_at_once_unless_coalesced(coalesce):
 def test_deep_gap_acks_at_once_while_coalescing(depth):
     """With ``coalesce_gaps`` and ``gap_depth`` D, the packet that is the D-th received above a
     hole is ACKed at once (the ones after it are coalesced), so a requester with K <= D can
-    infer the loss without waiting for ack_every. The count of PSNs above the hole is a per-QP register
-    (+1 per placed packet, - advance per step); the WRITE_IMMs below make a filled hole
-    release two completions in two steps, and the next hole must count from zero again."""
+    infer the loss without waiting for ack_every. The count of PSNs above the hole is a
+    per-QP register (+1 per placed packet, - advance per step); the WRITE_IMMs below make a
+    filled hole release two completions in two steps, and the next hole must count from zero
+    again."""
     commands = setup_commands([1], psn=lambda q: 7, ack_every=16)
     commands[0].update(coalesce_gaps=1, gap_depth=depth)
     order = [1, 2, 3, 0, 5, 6, 7, 4, 9, 8]
