@@ -410,7 +410,8 @@ def line_rate_gbps(config):
     return config.data_width * config.clock_hz / 1e9
 
 
-#: How often the control plane probes every ASSUMED_BAD EV (RTL bench and model run).
+#: How often the fuzz bench's control plane probes every ASSUMED_BAD EV (the fabric benches
+#: and the model runs probe on a per-EV backoff: sim.probing).
 PROBE_INTERVAL_US = 10.0
 
 
