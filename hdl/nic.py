@@ -248,6 +248,8 @@ class MrcNic(wiring.Component):
             watch.ack_port.eq(ack_in.p.header.port),
             watch.ack_echo.eq(Mux(ack_is_sack, ack_in.p.header.ctl.sack.cc_state.tx_timestamp,
                                   ack_in.p.header.ctl.neth.tx_timestamp)),
+            watch.rx_valid.eq(rx_demux.i.valid & rx_demux.i.ready & rx_demux.i.p.first),
+            watch.rx_port.eq(rx_demux.i.p.header.port),
             path.port_down_valid.eq(watch.down_valid),
             path.port_down_port.eq(watch.down_port),
         ]

@@ -69,8 +69,10 @@ FLAGS = [
     ("--ack-delay", "ack_delay", int, "responder: ACK delay timer, engine cycles"),
     ("--coalesce-gaps", "coalesce_gaps", int, "responder: 1 = out-of-order arrivals are "
      "ACKed like in-order ones (coalesced), 0 = at once"),
-    ("--gap-depth", "gap_depth", int, "responder: ACK at once a packet that is the Nth or "
-     "later received above a hole, even when coalescing (0: off)"),
+    ("--gap-depth", "gap_depth", int, "responder: ACK at once a packet that is the Nth "
+     "received above a hole, even when coalescing (0: off)"),
+    ("--ack-new-holes", "ack_new_holes", int, "responder: 1 = ACK at once a packet that opens "
+     "a new hole (the PSN below it not yet arrived), even when coalescing"),
     ("--fate", "fate", int, "port fate sharing: 1 = a loss abandons its whole plane until "
      "probes answer, 0 = per EV only"),
     ("--cc", "cc", str, "congestion window: ecn = the RTL's ECN window (each QP takes 1/8 off "

@@ -28,7 +28,14 @@ from hdl import protocol as P
 from hdl.config import ConfigError, NicConfig
 from hdl.path.watch import WATCH_WINDOW_BITS
 from hdl.transport.req_defs import INFER_K_BITS, REO_WND_BITS
-from hdl.transport.resp_defs import GAP_DEPTH_BITS
+from hdl.transport.resp_defs import (
+    DEFAULT_ACK_DELAY,
+    DEFAULT_ACK_EVERY,
+    DEFAULT_ACK_NEW_HOLES,
+    DEFAULT_COALESCE_GAPS,
+    DEFAULT_GAP_DEPTH,
+    GAP_DEPTH_BITS,
+)
 
 # The requester's congestion window when ``cc`` is 1: ``ecn`` (the RTL's) or ``nscc`` (the
 # model NIC's only, for now).
@@ -151,6 +158,7 @@ _RULES = {
     "ack_delay": _int(1, (1 << 32) - 1),
     "coalesce_gaps": _int(0, 1),
     "gap_depth": _int(0, (1 << GAP_DEPTH_BITS) - 1),
+    "ack_new_holes": _int(0, 1),
     "seed": _int(0, (1 << 31) - 1),
     "backend": _choice("rtl", "model"),
     "baseline": _choice("ecmp", None),
@@ -244,16 +252,17 @@ class Scenario:
     retry_linear: int = P.RETRY_LINEAR_MAX
     retry_exponential: int = P.RETRY_INFINITE
     infer_k: int = 8
-    reo_wnd: int = 24
+    reo_wnd: int = 48
     port_wnd: int = 20
-    port_quiet: int = 20
+    port_quiet: int = 40
     fate: int = 1
     cc: int = 1
     cc_algorithm: str = "ecn"
-    ack_every: int = 4
-    ack_delay: int = 128
-    coalesce_gaps: int = 0
-    gap_depth: int = 0
+    ack_every: int = DEFAULT_ACK_EVERY
+    ack_delay: int = DEFAULT_ACK_DELAY
+    coalesce_gaps: int = DEFAULT_COALESCE_GAPS
+    gap_depth: int = DEFAULT_GAP_DEPTH
+    ack_new_holes: int = DEFAULT_ACK_NEW_HOLES
     seed: int = 1
     backend: str = "rtl"
     baseline: str | None = None
@@ -401,7 +410,8 @@ def line_rate_gbps(config):
     return config.data_width * config.clock_hz / 1e9
 
 
-#: How often the control plane probes every ASSUMED_BAD EV (RTL bench and model run).
+#: How often the fuzz bench's control plane probes every ASSUMED_BAD EV (the fabric benches
+#: and the model runs probe on a per-EV backoff: sim.probing).
 PROBE_INTERVAL_US = 10.0
 
 

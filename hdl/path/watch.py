@@ -9,14 +9,23 @@ covered yet (a FIFO), and the newest transmit time any ACK on any port has echoe
 (``newest``). When a port's oldest uncovered send is more than ``window`` older than
 ``newest`` (a packet sent a window later on another plane made the round trip, this one's
 plane answered nothing since),
-and no ACK at all has come back on the port for ``quiet`` (a congested plane whose queue
-makes its round trip longer than the others' still answers every few microseconds; a dead
-one answers nothing), the port is reported *down* once: path selection sweeps it as port
+and no frame at all has come back on the port for ``quiet`` (a congested plane whose queue
+makes its round trip longer than the others' still delivers every few microseconds; a dead
+one delivers nothing), the port is reported *down* once: path selection sweeps it as port
 fate sharing does (every GOOD EV of the port in a fate-sharing profile goes ASSUMED_BAD,
 floor permitting, ``docs/path-select.md``), and probes bring it back. RACK's rule, applied
 per plane and across all QPs instead of per QP, so a blackholed plane is found about one
 round trip plus the window after it died, whatever K and the QPs' windows.
 ``docs/recovery.md``, "Port watch".
+
+Why any frame, not only ACKs, makes a port not quiet: the responder coalesces its ACKs (one
+for several data packets, ``docs/responder.md``), and an ACK leaves by the port of the one
+packet it answers, so with ACKs coalesced a healthy port can go tens of microseconds without
+an ACK on it while its packets are SACKed through other ports. The lag alone then says little;
+the quiet rule is what tells a dead port from one whose ACKs were coalesced away, and the
+frames of the other direction (the peer's data, its probes) arrive on a healthy port every few
+microseconds while traffic flows both ways. With traffic one way only the ACKs are left, and
+a quiet time shorter than a port's gap between ACKs reports healthy ports too.
 
 An ACK on port p covers every send on p up to its echo (a packet the responder skipped over
 is lost by itself, which the SACK rules deal with, not a sign of a dead plane). After a report
@@ -117,14 +126,17 @@ class PortWatch(wiring.Component):
         How far (1.024 us units) a port's oldest uncovered send may lag the newest echo before
         the port is reported down; 0 turns the watch off (nothing reported, sends still kept).
     quiet : ``In(WATCH_WINDOW_BITS)``
-        And for more than how many whole 1.024 us units (counted as ACK arrivals are kept,
-        so at least that much real time) no ACK may have arrived on the port; 0: no such
+        And for more than how many whole 1.024 us units (counted as arrivals are kept, so at
+        least that much real time) no frame at all may have arrived on the port; 0: no such
         condition (the lag alone decides).
     sent_valid, sent_port, sent_ts : ``In``
         A data packet left for port ``sent_port`` (0-based) stamped ``sent_ts``.
     ack_valid, ack_port, ack_echo : ``In``
         A SACK or NACK arrived on port ``ack_port`` (0-based) echoing the 16-bit wire timestamp
         ``ack_echo``.
+    rx_valid, rx_port : ``In``
+        A frame of any kind (data, acknowledgement, probe) arrived on port ``rx_port``
+        (0-based): the port is not quiet.
     down_valid, down_port : ``Out``
         One-cycle report: port ``down_port`` (1..P, as EV entries number ports) is down.
     downs : ``Out(32)``
@@ -152,6 +164,8 @@ class PortWatch(wiring.Component):
             "ack_valid": In(1),
             "ack_port": In(PORT_BITS),
             "ack_echo": In(TIMESTAMP_BITS),
+            "rx_valid": In(1),
+            "rx_port": In(PORT_BITS),
             "down_valid": Out(1),
             "down_port": Out(EV_PORT_BITS),
             "downs": Out(32),
@@ -211,7 +225,7 @@ class PortWatch(wiring.Component):
         with m.Elif((now - newest) >= WATCH_STALE_STAMPS):
             m.d.sync += fresh.eq(0)
         for p in range(P):
-            with m.If(ours & (self.ack_port == p)):
+            with m.If((ours & (self.ack_port == p)) | (self.rx_valid & (self.rx_port == p))):
                 m.d.sync += heard[p].eq(now_units)
 
         # The check visits one port per cycle: A registers its oldest uncovered send's lag,

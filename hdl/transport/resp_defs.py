@@ -11,7 +11,8 @@ from .. import protocol as P
 
 __all__ = [
     "ResponderVerdict", "ResponderCommand", "PD_BITS", "ACK_TCLASS", "ACK_HOP_LIMIT",
-    "DEFAULT_ACK_EVERY", "DEFAULT_ACK_DELAY", "DEFAULT_NAK_INTERVAL", "VERDICT_NAK", "VERDICT_NACK",
+    "DEFAULT_ACK_EVERY", "DEFAULT_ACK_DELAY", "DEFAULT_NAK_INTERVAL", "DEFAULT_COALESCE_GAPS",
+    "DEFAULT_GAP_DEPTH", "DEFAULT_ACK_NEW_HOLES", "VERDICT_NAK", "VERDICT_NACK",
     "OOO_COUNT_MAX", "RCVD_BYTES_BITS",
     "responder_command_layout", "responder_response_layout", "RESPONDER_COUNTERS",
 ]
@@ -30,10 +31,16 @@ OOO_COUNT_MAX = (1 << 15) - 1
 RCVD_BYTES_BITS = 24
 
 # Reset values of the CONFIG registers (*project choice*).
-DEFAULT_ACK_EVERY = 4           #: ACK every 4 in-order packets ...
-DEFAULT_ACK_DELAY = 128         #: ... or 128 cycles (1 us at 125 MHz) after the first unACKed one
+# The ACK policy (docs/responder.md, "The default ACK policy"): coalesced, out-of-order
+# arrivals included, with an ACK at once for a CE mark, ackreq, a trim (NACK) and a hole
+# gap_depth deep.
+DEFAULT_ACK_EVERY = 16          #: ACK every 16 packets ...
+DEFAULT_ACK_DELAY = 4096        #: ... or 4096 cycles (33 us at 125 MHz) after the first unACKed one
 DEFAULT_NAK_INTERVAL = 1024     #: at most one out-of-window NAK per QP per 1024 cycles
-GAP_DEPTH_BITS = 4              #: CONFIG gap_depth: 0 (off, reset) .. 15
+DEFAULT_COALESCE_GAPS = 1       #: out-of-order arrivals coalesced like in-order ones ...
+DEFAULT_GAP_DEPTH = 8           #: ... but the 8th PSN above a hole ACKed at once (K = 8)
+DEFAULT_ACK_NEW_HOLES = 0       #: a new hole not ACKed at once (under spraying most are reordering)
+GAP_DEPTH_BITS = 4              #: CONFIG gap_depth: 0 (off) .. 15
 
 
 class ResponderVerdict(enum.Enum, shape=4):
@@ -103,11 +110,15 @@ def responder_command_layout(config):
         # or after ack_delay), not at once: fewer ACKs under spraying, the SACK bitmap
         # still carries every arrival. 0 (reset): at once.
         "coalesce_gaps": unsigned(1),
-        # 1..15: a packet placed above a hole that makes it the gap_depth-th or later PSN
-        # received above the hole is ACKed at once, even with coalesce_gaps: the ACK whose SACK
+        # 1..15: a packet placed above a hole that makes it the gap_depth-th PSN received
+        # above the hole is ACKed at once, even with coalesce_gaps: the ACK whose SACK
         # bitmap lets a requester with infer_k <= gap_depth infer the loss leaves without
         # waiting for ack_every or ack_delay. 0 (reset): off.
         "gap_depth": unsigned(GAP_DEPTH_BITS),
+        # 1: a packet that opens a new hole (placed above the expected PSN while the PSN just
+        # below it has not arrived) is ACKed at once, even with coalesce_gaps: the requester
+        # sees the hole one ACK after it appears. 0: off.
+        "ack_new_holes": unsigned(1),
     })
 
 

@@ -30,6 +30,9 @@ from .resp_complete import CompletionReorder
 from .resp_defs import (
     DEFAULT_ACK_DELAY,
     DEFAULT_ACK_EVERY,
+    DEFAULT_ACK_NEW_HOLES,
+    DEFAULT_COALESCE_GAPS,
+    DEFAULT_GAP_DEPTH,
     DEFAULT_NAK_INTERVAL,
     GAP_DEPTH_BITS,
     OOO_COUNT_MAX,
@@ -255,8 +258,9 @@ class Responder(wiring.Component):
         s.ack_every = Signal(8, init=DEFAULT_ACK_EVERY)
         s.ack_delay = Signal(32, init=DEFAULT_ACK_DELAY)
         s.nak_interval = Signal(32, init=DEFAULT_NAK_INTERVAL)
-        s.coalesce_gaps = Signal()
-        s.gap_depth = Signal(GAP_DEPTH_BITS)
+        s.coalesce_gaps = Signal(init=DEFAULT_COALESCE_GAPS)
+        s.gap_depth = Signal(GAP_DEPTH_BITS, init=DEFAULT_GAP_DEPTH)
+        s.ack_new_holes = Signal(init=DEFAULT_ACK_NEW_HOLES)
 
         self._stages(m, s)
         self._classify(m, s)
@@ -507,9 +511,16 @@ class Responder(wiring.Component):
         s.count_next = qp.ack_count + 1
         s.ack_now = Signal()
         timer_room = s.timers_used < self._timers
-        # A packet placed above a hole as the gap_depth-th (or later) PSN received above it.
-        deep = (s.gap_depth != 0) & (s.distance != 0) & (qp.above + 1 >= s.gap_depth)
+        # A packet placed above a hole as the gap_depth-th PSN received above it (once per
+        # hole: the ones after it wait for the count or the timer).
+        deep = (s.gap_depth != 0) & (s.distance != 0) & (qp.above + 1 == s.gap_depth)
+        # A packet that opens a new hole: placed above the expected PSN while the PSN just
+        # below it has not arrived (one arrival above a hole that was already reported is not).
+        below = (s.offset - 1)[:len(s.offset)]
+        new_hole = as_signal(m, s.ack_new_holes & (s.distance != 0) &
+                             ~s.st.bm.rcv.bit_select(below, 1), "new_hole")
         m.d.comb += s.ack_now.eq(h.bth.ackreq | s.ce | (gap & ~s.coalesce_gaps) | deep |
+                                 new_hole |
                                  (s.count_next >= s.ack_every) |
                                  ((qp.ack_count == 0) & ~timer_room))
         s.start_timer = s.placed & ~s.ack_now & (qp.ack_count == 0)
@@ -651,7 +662,8 @@ class Responder(wiring.Component):
                     m.d.sync += [s.ack_every.eq(cmd.ack_every), s.ack_delay.eq(cmd.ack_delay),
                                  s.nak_interval.eq(cmd.nak_interval),
                                  s.coalesce_gaps.eq(cmd.coalesce_gaps),
-                                 s.gap_depth.eq(cmd.gap_depth)]
+                                 s.gap_depth.eq(cmd.gap_depth),
+                                 s.ack_new_holes.eq(cmd.ack_new_holes)]
         m.d.comb += [
             s.mr_write.slot.eq(cmd.slot[:mr_bits]),
             s.mr_write.entry.valid.eq(cmd.valid), s.mr_write.entry.rkey.eq(cmd.rkey),

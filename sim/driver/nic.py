@@ -105,12 +105,13 @@ class NicDriver(RegisterDriver):
         await self.configure("settings", port_wnd=window, port_quiet=quiet)
 
     async def configure_acks(self, *, ack_every=4, ack_delay=128, nak_interval=1024,
-                             coalesce_gaps=False, gap_depth=0):
+                             coalesce_gaps=False, gap_depth=0, ack_new_holes=False):
         if not 0 <= gap_depth < 1 << GAP_DEPTH_BITS:
             self._error(P.Errno.EINVAL, "responder", {"gap_depth": gap_depth})
         await self.command("responder", cmd=ResponderCommand.CONFIG, ack_every=ack_every,
                            ack_delay=ack_delay, nak_interval=nak_interval,
-                           coalesce_gaps=int(coalesce_gaps), gap_depth=gap_depth)
+                           coalesce_gaps=int(coalesce_gaps), gap_depth=gap_depth,
+                           ack_new_holes=int(ack_new_holes))
 
     # -- EV profiles --------------------------------------------------------------------------
 

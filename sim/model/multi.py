@@ -29,7 +29,8 @@ import time
 
 from hdl import protocol as P
 from sim.defaults import MR_BASE, MR_LENGTH, default_profile_spec
-from sim.scenario import PROBE_INTERVAL_US, Scenario, nic_config_for
+from sim.probing import ProbeBackoff
+from sim.scenario import Scenario, nic_config_for
 from sim.workload import make_work as shared_make_work
 
 from .nic import ModelNic
@@ -253,26 +254,30 @@ def run_nics(scenario, *, network, progress=None):
     def finished():
         return all(len(nics[i].completions) >= expected[i] for i in nics)
 
+    # The control plane stand-in, as in sim.model.pair: a per-EV probe backoff per NIC.
     probe_rtt = 2 * scn.latency_us * 1e3 + 2000.0
-    next_probe = PROBE_INTERVAL_US * 1e3
+    probing = {index: ProbeBackoff() for index in nics}
     answers = []
 
+    def next_probe():
+        due = [t for t in (p.next_due_us() for p in probing.values()) if t is not None]
+        return min(due) * 1e3 if due else None
+
     def control_plane(now):
-        nonlocal next_probe
         for item in [a for a in answers if a[0] <= now]:
             answers.remove(item)
             nics[item[1]].probe_answered(0, item[2], item[0])
-        if now >= next_probe:
-            next_probe = now + PROBE_INTERVAL_US * 1e3
-            for index, nic in nics.items():
-                for ev, port in nic.assumed_bad():
-                    if network.plane_up(port - 1, now, now + probe_rtt):
-                        answers.append((now + probe_rtt, index, ev))
+        for index, nic in nics.items():
+            ports = dict(nic.assumed_bad())
+            probing[index].track(ports, now / 1e3)
+            for ev in probing[index].due(now / 1e3):
+                if network.plane_up(ports[ev] - 1, now, now + probe_rtt):
+                    answers.append((now + probe_rtt, index, ev))
 
     index_of = {name: i for i, name in enumerate(names)}
     while not finished():
         times = [t for t in (*(nic.next_event_ns() for nic in nics.values()),
-                             network.next_arrival(), next_probe,
+                             network.next_arrival(), next_probe(),
                              *(a[0] for a in answers)) if t is not None]
         if not times:
             break
@@ -304,6 +309,7 @@ def run_nics(scenario, *, network, progress=None):
     return {
         "backend": "model",
         "sim_us": sim_ns / 1e3,
+        "probes_sent": {names[i]: probing[i].sent for i in nics},
         "cycles": int(sim_ns * config.clock_hz / 1e9),
         "wall_s": time.monotonic() - started,
         "finished": done,

@@ -222,13 +222,14 @@ class ModelNic:
         self._check(self.responder.mr_write(slot, valid=0), "responder", {"slot": slot})
 
     def configure_acks(self, *, ack_every=4, ack_delay=128, nak_interval=1024,
-                       coalesce_gaps=False, gap_depth=0):
+                       coalesce_gaps=False, gap_depth=0, ack_new_holes=False):
         if not 0 <= gap_depth < 1 << GAP_DEPTH_BITS:
             raise DriverError(P.Errno.EINVAL, "responder", {"gap_depth": gap_depth})
         self._check(self.responder.configure(ack_every=ack_every, ack_delay=ack_delay,
                                              nak_interval=nak_interval,
                                              coalesce_gaps=coalesce_gaps,
-                                             gap_depth=gap_depth), "responder",
+                                             gap_depth=gap_depth,
+                                             ack_new_holes=ack_new_holes), "responder",
                     {"ack_every": ack_every})
 
     def ev_profile_online(self, profile_id, profile, *, num_evs, min_active=1, adaptive=False,
@@ -344,6 +345,7 @@ class ModelNic:
             return
         header, payload = parsed
         kind = header["kind"] = PacketKind(header["kind"])   # the models compare enums
+        self.watch.arrived(plane, now_ns)
         if kind == PacketKind.RPROBE:
             reply = self.responder.probe(header)
             if reply is not None:

@@ -28,7 +28,8 @@ from sim.defaults import (
     ip_int,
     mac_int,
 )
-from sim.scenario import PROBE_INTERVAL_US, Scenario, nic_config_for
+from sim.probing import ProbeBackoff
+from sim.scenario import Scenario, nic_config_for
 from sim.workload import fabric_config_for
 from sim.workload import make_work as shared_make_work
 
@@ -192,7 +193,8 @@ def configure_engines(nic, scn, config, spec):
     nic.set_port_watch(scn.port_wnd, scn.port_quiet)
     nic.configure_acks(ack_every=scn.ack_every, ack_delay=scn.ack_delay,
                        nak_interval=extra.get("nak_interval", 1024),
-                       coalesce_gaps=bool(scn.coalesce_gaps), gap_depth=scn.gap_depth)
+                       coalesce_gaps=bool(scn.coalesce_gaps), gap_depth=scn.gap_depth,
+                       ack_new_holes=bool(scn.ack_new_holes))
     nic.ev_profile_online(0, spec.profile, num_evs=scn.evs,
                           min_active=extra.get("min_active", min(2, scn.evs)),
                           fate=bool(scn.fate),
@@ -294,28 +296,31 @@ def run_model(scenario, *, network=None, progress=None):
     def finished():
         return all(len(nics[s].completions) >= expected[s] for s in SIDES)
 
-    # The control plane stand-in: every PROBE_INTERVAL_US each side probes its ASSUMED_BAD
-    # EVs; a probe is answered one base round trip later if its plane stayed up meanwhile
-    # (the RTL bench sends real probe frames; the model has none).
+    # The control plane stand-in: each side probes its ASSUMED_BAD EVs on a per-EV backoff
+    # (sim.probing, as the RTL bench); a probe is answered one base round trip later if its
+    # plane stayed up meanwhile (the RTL bench sends real probe frames; the model has none).
     probe_rtt = 2 * scenario.latency_us * 1e3 + 2000.0
-    next_probe = PROBE_INTERVAL_US * 1e3
+    probing = {side: ProbeBackoff() for side in SIDES}
     answers = []                        # (time, side, ev)
 
+    def next_probe():
+        due = [t for t in (p.next_due_us() for p in probing.values()) if t is not None]
+        return min(due) * 1e3 if due else None
+
     def control_plane(now):
-        nonlocal next_probe
         for item in [a for a in answers if a[0] <= now]:
             answers.remove(item)
             nics[item[1]].probe_answered(0, item[2], item[0])
-        if now >= next_probe:
-            next_probe = now + PROBE_INTERVAL_US * 1e3
-            for side in SIDES:
-                for index, port in nics[side].assumed_bad():
-                    if network.plane_up(port - 1, now, now + probe_rtt):
-                        answers.append((now + probe_rtt, side, index))
+        for side in SIDES:
+            ports = dict(nics[side].assumed_bad())
+            probing[side].track(ports, now / 1e3)
+            for index in probing[side].due(now / 1e3):
+                if network.plane_up(ports[index] - 1, now, now + probe_rtt):
+                    answers.append((now + probe_rtt, side, index))
 
     while not finished():
         times = [t for t in (nics["a"].next_event_ns(), nics["b"].next_event_ns(),
-                             network.next_arrival(), next_probe,
+                             network.next_arrival(), next_probe(),
                              *(a[0] for a in answers)) if t is not None]
         if not times:
             break
@@ -347,6 +352,7 @@ def run_model(scenario, *, network=None, progress=None):
     return {
         "backend": "model",
         "sim_us": sim_ns / 1e3,
+        "probes_sent": {side: probing[side].sent for side in SIDES},
         "cycles": int(sim_ns * config.clock_hz / 1e9),
         "wall_s": time.monotonic() - started,
         "finished": done,

@@ -27,6 +27,9 @@ from hdl.transport.resp_defs import (
     ACK_TCLASS,
     DEFAULT_ACK_DELAY,
     DEFAULT_ACK_EVERY,
+    DEFAULT_ACK_NEW_HOLES,
+    DEFAULT_COALESCE_GAPS,
+    DEFAULT_GAP_DEPTH,
     DEFAULT_NAK_INTERVAL,
     GAP_DEPTH_BITS,
     OOO_COUNT_MAX,
@@ -172,8 +175,9 @@ class ResponderModel:
         self.ack_every = DEFAULT_ACK_EVERY
         self.ack_delay = DEFAULT_ACK_DELAY
         self.nak_interval = DEFAULT_NAK_INTERVAL
-        self.coalesce_gaps = False
-        self.gap_depth = 0
+        self.coalesce_gaps = bool(DEFAULT_COALESCE_GAPS)
+        self.gap_depth = DEFAULT_GAP_DEPTH
+        self.ack_new_holes = bool(DEFAULT_ACK_NEW_HOLES)
         self.counters = dict.fromkeys(RESPONDER_COUNTERS, 0)
         self._timers = deque()      # (deadline_cycle, qpn, header, arrival_ns), FIFO order
 
@@ -212,12 +216,13 @@ class ResponderModel:
         return P.Errno.OK
 
     def configure(self, *, ack_every, ack_delay, nak_interval, coalesce_gaps=False,
-                  gap_depth=0):
+                  gap_depth=0, ack_new_holes=False):
         if not 1 <= ack_every <= 255:
             return P.Errno.EINVAL
         self.ack_every, self.ack_delay, self.nak_interval = ack_every, ack_delay, nak_interval
         self.coalesce_gaps = bool(coalesce_gaps)
         self.gap_depth = gap_depth % (1 << GAP_DEPTH_BITS)      # the field's width
+        self.ack_new_holes = bool(ack_new_holes)
         return P.Errno.OK
 
     def command(self, cmd):
@@ -241,7 +246,8 @@ class ResponderModel:
         return self.configure(ack_every=get("ack_every", 0), ack_delay=get("ack_delay", 0),
                               nak_interval=get("nak_interval", 0),
                               coalesce_gaps=get("coalesce_gaps", 0),
-                              gap_depth=get("gap_depth", 0)), 0
+                              gap_depth=get("gap_depth", 0),
+                              ack_new_holes=get("ack_new_holes", 0)), 0
 
     # -- packets ---------------------------------------------------------------------------------
 
@@ -289,10 +295,13 @@ class ResponderModel:
             self.memory.write(h["reth"]["va"], payload)
             result.writes.append((h["reth"]["va"], payload))
         qp.rcvd_bytes = (qp.rcvd_bytes + h["reth"]["dma_len"]) % (1 << RCVD_BYTES_BITS)
-        qp.received.add(psn)
         distance = (psn - qp.epsn) % P.PSN_MODULUS
-        # Placed above a hole as the gap_depth-th (or later) PSN received above it.
-        deep = bool(self.gap_depth) and distance != 0 and len(qp.received) >= self.gap_depth
+        # Opens a new hole: above the expected PSN, and the PSN just below it has not arrived.
+        new_hole = self.ack_new_holes and distance != 0 and \
+            P.psn_add(psn, -1) not in qp.received
+        qp.received.add(psn)
+        # Placed above a hole as the gap_depth-th PSN received above it (once per hole).
+        deep = bool(self.gap_depth) and distance != 0 and len(qp.received) == self.gap_depth
         if opcode in P.LAST_OPCODES:
             qp.last.add(psn)
         if opcode in P.IMMEDIATE_OPCODES:
@@ -303,7 +312,7 @@ class ResponderModel:
             _, more = self._step(qp, bth["dqpn"], result)
 
         immediate = (bool(bth["ackreq"]) or (h["tclass"] & 3) == P.ECN_CE
-                     or (gap and not self.coalesce_gaps) or deep)
+                     or (gap and not self.coalesce_gaps) or deep or new_hole)
         if not immediate:
             if qp.ack_count + 1 >= self.ack_every:
                 immediate = True

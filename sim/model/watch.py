@@ -37,10 +37,10 @@ def _units(ns):
 
 class PortWatchModel:
     """Per port, the transmit times of the data packets sent on it that no ACK on the port has
-    covered, and when an ACK last arrived on it. A port whose oldest uncovered send lags the
-    newest echo on any port by ``window`` units or more, while no ACK arrived on it for
-    ``quiet`` units, is reported down (1-based, as EV entries number ports) and its sends are
-    written off.
+    covered, and when a frame (any kind) last arrived on it. A port whose oldest uncovered send
+    lags the newest echo on any port by ``window`` units or more, while no frame arrived on it
+    for ``quiet`` units, is reported down (1-based, as EV entries number ports) and its sends
+    are written off.
 
     The lag only grows with an ACK (``newest`` moves), the silence with time: :meth:`ack`
     checks at each ACK, :meth:`due` says when a lagging port's silence will be long enough
@@ -54,7 +54,7 @@ class PortWatchModel:
         self.window = 0
         self.quiet = 0
         self.sends = [deque() for _ in range(ports)]
-        self.heard = [0] * ports        # 1.024 us units of the last ACK on each port
+        self.heard = [0] * ports        # 1.024 us units of the last frame on each port
         self.newest = 0                 # stamp
         #: The stamp count (not wrapped) at which ``newest`` would read 0: it is fresh while
         #: less than WATCH_STALE_STAMPS older than now (``None``: no ACK yet).
@@ -88,6 +88,11 @@ class PortWatchModel:
         while sends and _not_before(echo, sends[0]):
             sends.popleft()
         return self.poll(now_ns)
+
+    def arrived(self, port, now_ns):
+        """A frame of any kind arrived on ``port`` (0-based) at ``now_ns``: it is not quiet."""
+        if 0 <= port < self.ports:
+            self.heard[port] = _units(now_ns)
 
     def _fresh(self, now_ns):
         """``newest`` is recent enough to measure lags against (the gateware's ``fresh``)."""

@@ -11,7 +11,8 @@ to the start of the transfer.
 
 The bench plays the NIC's control software too: it brings both NICs up through the register
 bus (:class:`sim.driver.nic.NicDriver`), polls EV events, and probes every ASSUMED_BAD EV
-periodically so that EVs of a recovered plane come back (probe recovery AUTO).
+on a per-EV backoff (:mod:`sim.probing`) so that EVs of a recovered plane come back (probe
+recovery AUTO).
 """
 
 import json
@@ -34,7 +35,8 @@ from sim.analysis import analyse
 from sim.defaults import MR_BASE, NIC_A, NIC_B, default_profile_spec, ip_int, mac_int
 from sim.driver.nic import NicDriver
 from sim.fabric import Fabric
-from sim.scenario import PROBE_INTERVAL_US, Scenario, nic_config_for
+from sim.probing import ProbeBackoff
+from sim.scenario import Scenario, nic_config_for
 from sim.tb.cocotb_host import CocotbBus
 from sim.tb.harness import (
     CycleLoop,
@@ -115,6 +117,7 @@ class Side:
         self.rkey_slot = rkey_slot
         self.ev_events = []
         self.assumed_bad = set()
+        self.probing = ProbeBackoff()
         self.dpi = dpi
         if dpi is not None:         # the C++ agents (sim/tb/dpi.py) are this side's ports
             self.memory = _DpiMemory(dpi, "ab".index(name))
@@ -169,7 +172,8 @@ class Side:
                             length=SCENARIO.bytes + 4096)
         await d.configure_acks(ack_every=SCENARIO.ack_every, ack_delay=SCENARIO.ack_delay,
                                nak_interval=1024, coalesce_gaps=bool(SCENARIO.coalesce_gaps),
-                               gap_depth=SCENARIO.gap_depth)
+                               gap_depth=SCENARIO.gap_depth,
+                               ack_new_holes=bool(SCENARIO.ack_new_holes))
         await d.configure_requester(infer_k=SCENARIO.infer_k, cc=bool(SCENARIO.cc),
                                     reo_wnd=SCENARIO.reo_wnd,
                                     cc_nscc=SCENARIO.cc_algorithm == "nscc")
@@ -253,8 +257,9 @@ async def _edges(clock, count):
 
 
 async def control_plane(side, now_us, stop):
-    """Poll EV events; probe ASSUMED_BAD EVs every PROBE_INTERVAL_US."""
-    last_probe = 0.0
+    """Poll EV events; probe ASSUMED_BAD EVs on a per-EV backoff (:class:`sim.probing.ProbeBackoff`,
+    kept in ``side.probing``)."""
+    probing = side.probing
     probe_id = 0
     while not stop["done"]:
         await _edges_from(side.loop, POLL_CYCLES)
@@ -268,11 +273,12 @@ async def control_plane(side, now_us, stop):
                 side.assumed_bad.add(event["index"])
             elif state == P.EvState.GOOD:
                 side.assumed_bad.discard(event["index"])
-        if side.assumed_bad and now_us() - last_probe >= PROBE_INTERVAL_US:
-            last_probe = now_us()
-            for index in sorted(side.assumed_bad):
-                probe_id += 1
-                await side.driver.send_probe(qpn=0, ev=index, probe_id=probe_id)
+        probing.track(side.assumed_bad, now_us())
+        due = probing.due(now_us())
+        for index in due:
+            probe_id += 1
+            await side.driver.send_probe(qpn=0, ev=index, probe_id=probe_id)
+        if due:
             await side.driver.poll_probe_results()
 
 
@@ -523,7 +529,8 @@ async def fabric_run(dut):
               "cycles": int(round(done_ns / PERIOD_NS)), "wall_s": wall_s,
               "completions": {}, "completion_us": {}, "work": {}, "memory_mismatches": [],
               "counters": {}, "ev_events": a.ev_events + b.ev_events,
-              "qp_errors": {}, "transfer_start_us": round(transfer_start_us, 3)}
+              "qp_errors": {}, "transfer_start_us": round(transfer_start_us, 3),
+              "probes_sent": {side.name: side.probing.sent for side in (a, b)}}
     cut = {}        # the cycle each side's completions are read out at
     for side in (a, b):
         cut[side.name] = loop.cycle

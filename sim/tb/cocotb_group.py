@@ -51,6 +51,7 @@ from sim.model.multi import (
     nic_plan,
     peers_of,
 )
+from sim.probing import ProbeBackoff
 from sim.scenario import Scenario, nic_config_for
 from sim.tb.cocotb_fabric import (
     BACKLOG_CYCLES,
@@ -91,6 +92,7 @@ class GroupSide:
         self.completion_times = []
         self.ev_events = []
         self.assumed_bad = set()
+        self.probing = ProbeBackoff()
 
     async def bring_up(self, profile):
         d = self.driver
@@ -100,7 +102,8 @@ class GroupSide:
         await d.configure_acks(ack_every=SCENARIO.ack_every, ack_delay=SCENARIO.ack_delay,
                                nak_interval=extra.get("nak_interval", 1024),
                                coalesce_gaps=bool(SCENARIO.coalesce_gaps),
-                               gap_depth=SCENARIO.gap_depth)
+                               gap_depth=SCENARIO.gap_depth,
+                               ack_new_holes=bool(SCENARIO.ack_new_holes))
         await d.configure_requester(infer_k=SCENARIO.infer_k, cc=bool(SCENARIO.cc),
                                     reo_wnd=SCENARIO.reo_wnd,
                                     cc_nscc=SCENARIO.cc_algorithm == "nscc")
@@ -257,7 +260,8 @@ async def group_run(dut):
               "completions": {}, "completion_times_us": {}, "counters": {}, "qp_errors": {},
               "ev_events": sorted((e for side in sides for e in side.ev_events),
                                   key=lambda e: (e["time_us"], e["nic"])),
-              "flows": [(names[s], names[d]) for s, d in flows]}
+              "flows": [(names[s], names[d]) for s, d in flows],
+              "probes_sent": {side.name: side.probing.sent for side in sides}}
     cut = loop.cycle
     for side in sides:
         result["counters"][side.name] = await side.driver.counters()

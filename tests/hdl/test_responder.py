@@ -457,11 +457,12 @@ def test_out_of_order_arrivals_ack_at_once_unless_coalesced(coalesce):
 
 @pytest.mark.parametrize("depth", [0, 3])
 def test_deep_gap_acks_at_once_while_coalescing(depth):
-    """With ``coalesce_gaps`` and ``gap_depth`` D, the packet that is the D-th (or later)
-    received above a hole is ACKed at once, so a requester with K <= D can infer the loss
-    without waiting for ack_every. The count of PSNs above the hole is a per-QP register
-    (+1 per placed packet, - advance per step); the WRITE_IMMs below make a filled hole
-    release two completions in two steps, and the next hole must count from zero again."""
+    """With ``coalesce_gaps`` and ``gap_depth`` D, the packet that is the D-th received above a
+    hole is ACKed at once (the ones after it are coalesced), so a requester with K <= D can
+    infer the loss without waiting for ack_every. The count of PSNs above the hole is a
+    per-QP register (+1 per placed packet, - advance per step); the WRITE_IMMs below make a
+    filled hole release two completions in two steps, and the next hole must count from zero
+    again."""
     commands = setup_commands([1], psn=lambda q: 7, ack_every=16)
     commands[0].update(coalesce_gaps=1, gap_depth=depth)
     order = [1, 2, 3, 0, 5, 6, 7, 4, 9, 8]
@@ -478,6 +479,45 @@ def test_deep_gap_acks_at_once_while_coalescing(depth):
     assert [ack["ctl"]["sack"]["seth"]["cack_psn"] for ack in want["acks"]] == \
         ([] if depth == 0 else [6, 10])
     assert len(want["completions"]) == 2
+    got = run(packets, commands, counts=counts_of(want))
+    check(got, want, model)
+
+
+def test_deep_gap_acks_once_per_hole_not_every_arrival_above_it():
+    """``gap_depth`` 3: the third PSN above the hole is ACKed at once; the fourth and fifth
+    wait (coalesced), and so does the packet that fills the hole."""
+    commands = setup_commands([1], psn=lambda q: 7, ack_every=16)
+    commands[0].update(coalesce_gaps=1, gap_depth=3)
+    packets = [(header(Op.RDMA_WRITE_ONLY, qpn=1, psn=7 + n, va=BASE + (1 << 20) + 4 * n,
+                       length=4), bytes([n]) * 4) for n in [1, 2, 3, 4, 5, 0]]
+    model = ResponderModel(CONFIG)
+    for cmd in commands:
+        model.command(cmd)
+    want = expect(model, packets)
+    assert [ack["bth"]["psn"] + ack["ctl"]["sack"]["seth"]["ack_psn_offset"] - 7
+            for ack in want["acks"]] == [3]
+    got = run(packets, commands, counts=counts_of(want))
+    check(got, want, model)
+
+
+@pytest.mark.parametrize("new_holes", [0, 1])
+def test_new_hole_acks_at_once_while_coalescing(new_holes):
+    """With ``coalesce_gaps`` and ``ack_new_holes``, a packet that opens a new hole (placed
+    above the expected PSN while the PSN just below it has not arrived) is ACKed at once; one
+    that lands above a hole whose top PSN had arrived is not (the hole was reported)."""
+    commands = setup_commands([1], psn=lambda q: 7, ack_every=16)
+    commands[0].update(coalesce_gaps=1, ack_new_holes=new_holes)
+    # 2: opens the hole 0-1; 3: above it, PSN 2 arrived (no ACK); 5: opens the hole at 4;
+    # 0: fills the bottom (in order: not a hole); 1 fills up to 3; 4 fills the rest; 7: a hole.
+    order = [2, 3, 5, 0, 1, 4, 7, 6]
+    packets = [(header(Op.RDMA_WRITE_ONLY, qpn=1, psn=7 + n, va=BASE + (1 << 20) + 4 * n,
+                       length=4), bytes([n]) * 4) for n in order]
+    model = ResponderModel(CONFIG)
+    for cmd in commands:
+        model.command(cmd)
+    want = expect(model, packets)
+    assert [ack["bth"]["psn"] + ack["ctl"]["sack"]["seth"]["ack_psn_offset"] - 7
+            for ack in want["acks"]] == ([] if new_holes == 0 else [2, 5, 7])
     got = run(packets, commands, counts=counts_of(want))
     check(got, want, model)
 
