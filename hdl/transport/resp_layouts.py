@@ -48,6 +48,8 @@ class ResponderLayouts:
             "msn": 24, "ack_count": 8, "nak_armed": 1, "last_nak": 32,
             "above": range(window + 1),  # PSNs received above the expected one (set rcv bits)
             "rcvd_bytes": RCVD_BYTES_BITS,  # payload bytes placed, modulo 2**24 (CC_STATE)
+            # The TSETH timestamp of the last packet placed: what a delayed ACK echoes.
+            "last_ts": P.TIMESTAMP_BITS,
             # WRITE_IMMs pending (valid `wimm_table` entries), kept here so that the
             # WIMM_OVERFLOW check is a compare of the entry, not a count of valid bits.
             "wimm_count": range(config.max_wimm + 1),

@@ -562,10 +562,12 @@ class Responder(wiring.Component):
     def _reply(self, m, s):
         config = self._config
         qp, h = s.st.qp, s.h
-        # The packet the reply answers: this one, or for a timer the one that started it.
+        # The packet the reply answers: this one, or for a timer the one that started it, with
+        # the timestamp of the last packet placed (so that the round trip the requester measures
+        # from the echo holds at most the time since the last arrival, not the ACK delay).
         s.tmpl = tmpl = Signal(s.layouts.template)
         with m.If(s.is_timer):
-            m.d.comb += tmpl.eq(s.e.timer.template)
+            m.d.comb += [tmpl.eq(s.e.timer.template), tmpl.tx_ts.eq(qp.last_ts)]
         with m.Else():
             m.d.comb += [
                 tmpl.port.eq(h.port), tmpl.eth_src.eq(h.eth_src), tmpl.eth_dst.eq(h.eth_dst),
@@ -764,7 +766,8 @@ class Responder(wiring.Component):
             new_qp.above.eq(s.new_above), new_qp.wimm_count.eq(s.new_wimm_count),
         ]
         with m.If(s.placed):
-            m.d.comb += new_qp.ack_count.eq(Mux(s.ack_now, 0, s.count_next))
+            m.d.comb += [new_qp.ack_count.eq(Mux(s.ack_now, 0, s.count_next)),
+                         new_qp.last_ts.eq(h.tseth.tx_timestamp)]
         with m.If(s.send_ack):
             m.d.comb += new_qp.ack_count.eq(0)
         with m.If(s.nak_set):
@@ -781,6 +784,7 @@ class Responder(wiring.Component):
                     new_qp.epsn.eq(cmd.psn), new_qp.epos.eq(0), new_qp.msn.eq(0),
                     new_qp.ack_count.eq(0), new_qp.nak_armed.eq(0), new_qp.last_nak.eq(0),
                     new_qp.above.eq(0), new_qp.rcvd_bytes.eq(0), new_qp.wimm_count.eq(0),
+                    new_qp.last_ts.eq(0),
                 ]
         m.d.comb += [
             s.new_state.bm.eq(Mux(s.set_rx, 0, s.new_bm)),

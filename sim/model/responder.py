@@ -135,6 +135,7 @@ class _Qp:
     nak_armed: bool = False
     last_nak: int = 0               #: cycle of the last out-of-window NACK
     rcvd_bytes: int = 0             #: payload bytes placed, modulo 2**24 (CC_STATE)
+    last_ts: int = 0                #: TSETH timestamp of the last packet placed
     received: set = field(default_factory=set)      #: PSNs received above epsn
     last: set = field(default_factory=set)          #: ... that end a message
     wimm: dict = field(default_factory=dict)        #: ... that end a WRITE_IMM: psn -> imm
@@ -197,7 +198,7 @@ class ResponderModel:
             P.QpState(state), remote_qpn, pd, mpr, caps, max_wimm
         if set_psn:
             qp.epsn, qp.msn, qp.ack_count, qp.nak_armed, qp.rcvd_bytes = psn, 0, 0, False, 0
-            qp.received, qp.last, qp.wimm = set(), set(), {}
+            qp.received, qp.last, qp.wimm, qp.last_ts = set(), set(), {}, 0
         return P.Errno.OK
 
     def qp_read(self, qpn):
@@ -295,6 +296,7 @@ class ResponderModel:
             self.memory.write(h["reth"]["va"], payload)
             result.writes.append((h["reth"]["va"], payload))
         qp.rcvd_bytes = (qp.rcvd_bytes + h["reth"]["dma_len"]) % (1 << RCVD_BYTES_BITS)
+        qp.last_ts = h["tseth"]["tx_timestamp"]
         distance = (psn - qp.epsn) % P.PSN_MODULUS
         # Opens a new hole: above the expected PSN, and the PSN just below it has not arrived.
         new_hole = self.ack_new_holes and distance != 0 and \
@@ -344,7 +346,8 @@ class ResponderModel:
             qp = self.qps[qpn]
             if qp.ack_count:
                 qp.ack_count = 0
-                replies.append(self._sack(h, qp))
+                # The packet that started the timer, with the last placed packet's timestamp.
+                replies.append(self._sack(h, qp, tx_timestamp=qp.last_ts))
                 self.counters["acks"] += 1
         return replies
 
@@ -408,9 +411,10 @@ class ResponderModel:
         qp.epsn = P.psn_add(qp.epsn, advance)
         return advance, more
 
-    def _sack(self, h, qp, *, probe_id=None):
+    def _sack(self, h, qp, *, probe_id=None, tx_timestamp=None):
         """The SACK answering packet header ``h`` (the trigger) with QP ``qp``'s current state,
-        or, with ``probe_id``, the pr = 1 SACK answering reliability probe ``h``."""
+        or, with ``probe_id``, the pr = 1 SACK answering reliability probe ``h``.
+        ``tx_timestamp``: the CC_STATE echo, if not the trigger's."""
         cack = P.psn_add(qp.epsn, -1)
         trigger = h["bth"]["psn"]
         distance = P.psn_diff(trigger, cack)
@@ -423,7 +427,8 @@ class ResponderModel:
                      if P.psn_add(base, i) in qp.received)
         if probe_id is None:
             mark = P.SackMark.SKIP_ONCE if (h["tclass"] & 3) == P.ECN_CE else P.SackMark.NONE
-            tx_timestamp = h["tseth"]["tx_timestamp"]
+            if tx_timestamp is None:
+                tx_timestamp = h["tseth"]["tx_timestamp"]
         else:
             mark, tx_timestamp = P.SackMark.NONE, h["ctl"]["peth"]["tx_timestamp"]
         return self._header(h, P.Opcode.RELIABILITY_SACK, qp.remote_qpn, cack, ctl={"sack": {

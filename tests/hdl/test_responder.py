@@ -413,14 +413,19 @@ def test_adversarial_packets_are_refused():
 def test_ack_after_delay_when_fewer_than_n_packets():
     delay = 60
     commands = setup_commands([1], psn=lambda q: 7, ack_every=8, ack_delay=delay)
-    packets = [(header(Op.RDMA_WRITE_ONLY, qpn=1, psn=7 + n, va=BASE + (1 << 20), length=4),
-                b"abcd") for n in range(3)]
+    packets = [(header(Op.RDMA_WRITE_ONLY, qpn=1, psn=7 + n, va=BASE + (1 << 20), length=4,
+                       tx_ts=0x100 + n), b"abcd") for n in range(3)]
     model = ResponderModel(CONFIG)
     for cmd in commands:
         model.command(cmd)
     want = expect(model, packets)
     assert want["acks"] == []
     delayed = model.expire(1 << 20)
+    # It answers the first packet (the one that started the timer) but echoes the last one's
+    # timestamp: the round trip measured from it holds no ACK delay.
+    (sack,) = delayed
+    assert sack["ctl"]["sack"]["seth"]["ack_psn_offset"] == -2
+    assert sack["ctl"]["sack"]["cc_state"]["tx_timestamp"] == 0x102
 
     async def after(ctx, dut, outs):
         for _ in range(400):
