@@ -79,8 +79,8 @@ class ParseWindows(wiring.Component):
     each stack's BTH position and the small result selected likewise (a decoder behind the
     window select would be slower).
 
-    Latency: one cycle (``o`` is D1; its registers load when ``i.valid``, ``o.valid`` follows
-    ``i.valid``). Throughput: one frame per cycle. Hazards: ``i.hot`` must have exactly one bit
+    Latency: one cycle (``o`` is D1; its registers load every cycle, ``o.valid`` follows
+    ``i.valid`` and says when they hold a frame). Throughput: one frame per cycle. Hazards: ``i.hot`` must have exactly one bit
     set (every stack code is in ``STACKS``).
 
     Parameters
@@ -108,8 +108,9 @@ class ParseWindows(wiring.Component):
         g = self._geometry
         d0, d1 = self.i, self.o
         cap_bytes = wire_bytes(d0.cap, g.cap_beats * g.lanes)
-        d1m = Module()             # D1 registers load when D0 holds a frame
-        m.submodules.d1 = EnableInserter(d0.valid)(d1m)
+        # D1 registers load every cycle, without an enable: ``o.valid`` says when they hold a
+        # frame (an enable from ``i.valid`` would fan out to every window bit).
+        d1m = m
         m.d.sync += d1.valid.eq(d0.valid)
         d1m.d.sync += [
             d1.eth.eq(d0.cap[:8 * DOT1Q.size]),
@@ -162,9 +163,9 @@ class ParseFields(wiring.Component):
     apply to the packet's kind or stack are 0 (the control headers share a union: only the
     kind's member is filled). ``payload_len`` is left 0: the verdict stage fills it in.
 
-    Latency: one cycle (``o`` is the D2 header, loaded when ``i.valid``). Throughput: one
-    frame per cycle. Hazards: the header of a frame that fails its checks is garbage; only the
-    verdict says which headers count.
+    Latency: one cycle (``o`` is the D2 header, loaded every cycle; it belongs to a frame when
+    ``i.valid`` was set a cycle earlier). Throughput: one frame per cycle. Hazards: the header
+    of a frame that fails its checks is garbage; only the verdict says which headers count.
 
     Parameters
     ----------
@@ -194,8 +195,9 @@ class ParseFields(wiring.Component):
         eth, outer, srh, inner, l4 = w.eth, w.outer, w.srh, w.inner, w.l4
         vlan = d1.flags.vlan
         inner_v4, data_ts = w.inner_v4, w.data_ts
-        d2m = Module()
-        m.submodules.d2 = EnableInserter(d1.valid)(d2m)
+        # The header register loads every cycle, without an enable: the frame's ``valid``
+        # travels beside it (an enable would fan out to every header bit).
+        d2m = m
 
         hdr = Signal(packet_header_layout(self._config))
         tx = EXT_AT
