@@ -35,7 +35,7 @@ Shared tables (stacks, offsets, sizes, the registers between stages) are in
 
 from amaranth.hdl import Module
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 
 from ..config import NicConfig
@@ -164,8 +164,10 @@ class Parser(wiring.Component):
         m.submodules.fifo = fifo = PacketFifo(width=g.data_width, depth=g.fifo_depth,
                                               registered_read=g.data_width <= 128)
         entry_layout = queue_entry_layout(cfg, g)
-        m.submodules.queue = queue = SyncFIFOBuffered(width=entry_layout.size,
-                                                      depth=HEADER_QUEUE_DEPTH)
+        # The header queue reads its LUT RAM directly: the reader copies the head into a bank
+        # at a frame's start, so an output register here would be a third copy of the header,
+        # with a reset and an enable fanned out to every bit.
+        m.submodules.queue = queue = SyncFIFO(width=entry_layout.size, depth=HEADER_QUEUE_DEPTH)
         m.submodules.input = input_ = ParseInput(config=cfg)
         m.submodules.icrc = icrc = ParseIcrc(config=cfg)
         m.submodules.capture = capture = ParseCapture(config=cfg)
