@@ -73,7 +73,8 @@ class _Windows:
 
 class ParseWindows(wiring.Component):
     """Cut the header windows (Ethernet, first IP header, SRH, inner IP header, UDP onwards)
-    out of a frozen capture at the offsets of its stack, and classify its opcode.
+    out of the capture of a frame that ended at the offsets of its stack, and classify its
+    opcode.
 
     The windows are an AND-OR select by the stack's one-hot register; the opcode is decoded at
     each stack's BTH position and the small result selected likewise (a decoder behind the
@@ -90,7 +91,7 @@ class ParseWindows(wiring.Component):
     Members
     -------
     i : ``In(frame_layout(geometry))``
-        The frame frozen when it ended (D0).
+        The frame that ended (D0); its capture is valid while ``i.valid`` is set.
     o : ``Out(windows_layout(geometry))``
         The windows, the opcode class, the frame's length facts.
     """

@@ -16,7 +16,7 @@ its latency, throughput and hazards in its docstring:
 * **ICRC feed** (:class:`~.parse_store.ParseIcrc`, s1 to s2 and the CRC-32 unit): variant
   fields masked, from the inner IP header on; the residue check;
 * **capture** (:class:`~.parse_store.ParseCapture`, s1 to D0): the first ``HEADER_BYTES``, the
-  packet FIFO write (commit, rollback of an oversized frame), the frame frozen when it ends;
+  packet FIFO write (commit, rollback of an oversized frame), the facts of a frame that ended;
 * **windows** (:class:`~.parse_decode.ParseWindows`, D1): header windows at the stack's
   offsets, the opcode class;
 * **fields** and **checks** (:class:`~.parse_decode.ParseFields`,
