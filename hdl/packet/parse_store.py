@@ -32,9 +32,9 @@ class ParseIcrc(wiring.Component):
     known.
 
     Latency: the masked beat is registered (s2) and enters the CRC unit the cycle after s1;
-    ``match`` is the verdict for a frame's last beat three cycles after that beat was in s1
+    ``match`` is the verdict for a frame's last beat four cycles after that beat was in s1
     (while the frame is in the decode's D2), and stays until the next frame's beats reach the
-    CRC loop. Throughput: one beat per cycle. Hazards: none; ``match`` of a frame whose beats
+    CRC loop (a cycle later than the unit's own ``match``). Throughput: one beat per cycle. Hazards: none; ``match`` of a frame whose beats
     were not all fed (none are dropped here) would be meaningless.
 
     Parameters
@@ -108,8 +108,10 @@ class ParseIcrc(wiring.Component):
             crc.first.eq(s2_first),
             crc.keep.eq(s2_keep),
             crc.data.eq(s2_data),
-            self.match.eq(crc.match),
         ]
+        # One more register: the decode's header windows take two stages (D1a, D1), and the
+        # verdict's D3 reads ``match`` for the frame in D2.
+        m.d.sync += self.match.eq(crc.match)
         return m
 
 

@@ -17,8 +17,8 @@ its latency, throughput and hazards in its docstring:
   fields masked, from the inner IP header on; the residue check;
 * **capture** (:class:`~.parse_store.ParseCapture`, s1 to D0): the first ``HEADER_BYTES``, the
   packet FIFO write (commit, rollback of an oversized frame), the facts of a frame that ended;
-* **windows** (:class:`~.parse_decode.ParseWindows`, D1): header windows at the stack's
-  offsets, the opcode class;
+* **windows** (:class:`~.parse_decode.ParseWindows`, D1a and D1): an 802.1Q frame's capture
+  shifted back by the tag, then header windows at the stack's offsets, the opcode class;
 * **fields** and **checks** (:class:`~.parse_decode.ParseFields`,
   :class:`~.parse_decode.ParseChecks`, D2, side by side): the parsed header; check bits,
   lengths and the checksum's first adder level;
