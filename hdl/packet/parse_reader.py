@@ -18,8 +18,9 @@ class ParseReader(wiring.Component):
 
     A frame starts when the reader is idle and ``entry`` is valid: the entry is taken and
     copied (its header into one of two banks, which follows the queue's head while the reader
-    is idle) and the reader seeks to the payload, or past the frame when it has none; when idle with the header queue empty, it seeks to
-    ``verdict_end``, releasing every frame that has had its verdict. Only registers decide
+    is idle) and the reader seeks to the payload, or past the frame when it has none; when
+    idle with the header queue empty, it seeks to ``verdict_end``, releasing every frame that
+    has had its verdict. Only registers decide
     this, so ``o.ready`` reaches no wide enable and no pointer adder. The realignment joins
     the previous and the current FIFO beat and shifts by the payload's start lane. ``o.header``
     selects the bank of the beat in the output register, so a frame can start while the

@@ -34,8 +34,9 @@ class ParseIcrc(wiring.Component):
     Latency: the masked beat is registered (s2) and enters the CRC unit the cycle after s1;
     ``match`` is the verdict for a frame's last beat four cycles after that beat was in s1
     (while the frame is in the decode's D2), and stays until the next frame's beats reach the
-    CRC loop (a cycle later than the unit's own ``match``). Throughput: one beat per cycle. Hazards: none; ``match`` of a frame whose beats
-    were not all fed (none are dropped here) would be meaningless.
+    CRC loop (a cycle later than the unit's own ``match``). Throughput: one beat per cycle.
+    Hazards: none; ``match`` of a frame whose beats were not all fed (none are dropped here)
+    would be meaningless.
 
     Parameters
     ----------

@@ -32,9 +32,9 @@ class ParseLengths(wiring.Component):
     verdict on the frame's last beat while the frame is in D2.
 
     Latency: one cycle (``o`` is D3, loaded when ``i.valid``, its header every cycle;
-    ``o.valid`` follows ``i.valid``). Throughput: one frame per cycle. Hazards: ``header`` and ``i`` must be the
-    same frame's D2 registers; ``icrc_match`` must belong to it (the CRC unit's timing
-    guarantees this for back-to-back frames).
+    ``o.valid`` follows ``i.valid``). Throughput: one frame per cycle. Hazards: ``header`` and
+    ``i`` must be the same frame's D2 registers; ``icrc_match`` must belong to it (the CRC
+    unit's timing guarantees this for back-to-back frames).
 
     Parameters
     ----------
