@@ -73,15 +73,19 @@ class _Windows:
 
 class ParseWindows(wiring.Component):
     """Cut the header windows (Ethernet, first IP header, SRH, inner IP header, UDP onwards)
-    out of a frozen capture at the offsets of its stack, and classify its opcode.
+    out of the capture of a frame that ended at the offsets of its stack, and classify its
+    opcode.
 
-    The windows are an AND-OR select by the stack's one-hot register; the opcode is decoded at
-    each stack's BTH position and the small result selected likewise (a decoder behind the
-    window select would be slower).
+    Two stages: D1a takes the capture and shifts an 802.1Q frame's back by the tag (every
+    offset of a tagged stack is its untagged twin's plus the tag), so D1 selects among the six
+    untagged stacks' offsets only. The windows are an AND-OR select by a one-hot register; the
+    opcode is decoded at each stack's BTH position and the small result selected likewise (a
+    decoder behind the window select would be slower).
 
-    Latency: one cycle (``o`` is D1; its registers load when ``i.valid``, ``o.valid`` follows
-    ``i.valid``). Throughput: one frame per cycle. Hazards: ``i.hot`` must have exactly one bit
-    set (every stack code is in ``STACKS``).
+    Latency: two cycles (``o`` is D1; its registers, and D1a's, load every cycle, ``o.valid``
+    follows ``i.valid`` two cycles later and says when they hold a frame). Throughput: one
+    frame per cycle. Hazards: ``i.hot`` must have exactly one bit set (every stack code is in
+    ``STACKS``); ``i.cap`` is read only in the cycle ``i.valid`` is set.
 
     Parameters
     ----------
@@ -90,7 +94,7 @@ class ParseWindows(wiring.Component):
     Members
     -------
     i : ``In(frame_layout(geometry))``
-        The frame frozen when it ended (D0).
+        The frame that ended (D0); its capture is valid while ``i.valid`` is set.
     o : ``Out(windows_layout(geometry))``
         The windows, the opcode class, the frame's length facts.
     """
@@ -107,50 +111,75 @@ class ParseWindows(wiring.Component):
         m = Module()
         g = self._geometry
         d0, d1 = self.i, self.o
-        cap_bytes = wire_bytes(d0.cap, g.cap_beats * g.lanes)
-        d1m = Module()             # D1 registers load when D0 holds a frame
-        m.submodules.d1 = EnableInserter(d0.valid)(d1m)
-        m.d.sync += d1.valid.eq(d0.valid)
-        d1m.d.sync += [
-            d1.eth.eq(d0.cap[:8 * DOT1Q.size]),
-            d1.len.eq(d0.len),
-            d1.too_long.eq(d0.len > g.max_frame),
-            d1.stack.eq(d0.stack),
-            d1.port.eq(d0.port),
-            d1.start.eq(d0.start),
-            d1.end.eq(d0.end),
+        # Every offset of an 802.1Q stack is its untagged twin's plus the tag: D1a shifts a
+        # tagged frame's capture back by the tag, so that D1 selects among the six untagged
+        # stacks' offsets only. The select is the widest crossbar of the parser (every window
+        # bit from a byte at any stack's offset); split over two stages, each half of it has
+        # a cycle of its own.
+        tag = DOT1Q.size - ETHERNET.size
+        untagged = [s for s in STACKS if not s.vlan]
+        twin = {s: next(t for t in STACKS if t.vlan and (t.mode, t.inner_v4) ==
+                        (s.mode, s.inner_v4)) for s in untagged}
+        for s, t in twin.items():
+            assert (t.l3, t.x, t.u, t.t) == (s.l3 + tag, s.x + tag, s.u + tag, s.t + tag)
+        index = {s: k for k, s in enumerate(STACKS)}
+
+        # D1a: registers load every cycle, without an enable (``valid`` travels beside them).
+        a = Signal(frame_layout(g))
+        a_eth = Signal(8 * DOT1Q.size)
+        a_hot = Signal(len(untagged))       # the untagged stack (or its tagged twin), one-hot
+        cap_bits = g.cap_beats * g.data_width
+        m.d.sync += [
+            a.eq(d0),
+            a.cap.eq(Mux(d0.flags.vlan, d0.cap[8 * tag:], d0.cap[:cap_bits])),
+            a_eth.eq(d0.cap[:8 * DOT1Q.size]),
+            a_hot.eq(Cat(d0.hot[index[s]] | d0.hot[index[twin[s]]] for s in untagged)),
         ]
-        d1m.d.sync += [d1.flags[name].eq(d0.flags[name]) for name in FLAG_NAMES]
-        with d1m.Switch(Cat(d0.flags.vlan, d0.flags.v4)):
+
+        # D1: registers load every cycle as well.
+        cap_bytes = wire_bytes(a.cap, g.cap_beats * g.lanes)
+        m.d.sync += [
+            d1.valid.eq(a.valid),
+            d1.eth.eq(a_eth),
+            d1.len.eq(a.len),
+            d1.too_long.eq(a.len > g.max_frame),
+            d1.stack.eq(a.stack),
+            d1.port.eq(a.port),
+            d1.start.eq(a.start),
+            d1.end.eq(a.end),
+        ]
+        m.d.sync += [d1.flags[name].eq(a.flags[name]) for name in FLAG_NAMES]
+        with m.Switch(Cat(a.flags.vlan, a.flags.v4)):
             for vlan in (0, 1):
                 for v4 in (0, 1):
-                    with d1m.Case(vlan | v4 << 1):
+                    with m.Case(vlan | v4 << 1):
                         before = (DOT1Q.size if vlan else ETHERNET.size) + (0 if v4 else IPV6.size)
-                        d1m.d.sync += d1.ip_room.eq(d0.len - before)
+                        m.d.sync += d1.ip_room.eq(a.len - before)
 
         def window(offset, size):
             return Cat(*cap_bytes[offset:offset + size])
 
         opcode_at = field_offset(L.BTH, "opcode")
         opcode_class = {}
-        for s in STACKS:
+        for s in untagged:
             code = Signal(5, name=f"opcode_class_{s.code}")    # Cat(ok, imm, kind)
             opcode_class[s.code] = code
-            with d1m.Switch(cap_bytes[s.t + opcode_at]):
+            with m.Switch(cap_bytes[s.t + opcode_at]):
                 for op in sorted(P.SUPPORTED_OPCODES):
                     kind = opcode_kind(op)
-                    with d1m.Case(op):
-                        d1m.d.comb += code.eq(Cat(Const(1, 1),
-                                                  Const(op in P.IMMEDIATE_OPCODES, 1),
-                                                  Const(kind.value, 3)))
-        hot = d0.hot
-        d1m.d.sync += [
-            d1.outer.eq(onehot_select(hot, [window(s.l3, IPV6.size) for s in STACKS])),
-            d1.srh.eq(onehot_select(hot, [window(s.l3 + IPV6.size, SRH.size) for s in STACKS])),
-            d1.inner.eq(onehot_select(hot, [window(s.x, IPV6.size) for s in STACKS])),
-            d1.l4.eq(onehot_select(hot, [window(s.u, L4_WINDOW) for s in STACKS])),
+                    with m.Case(op):
+                        m.d.comb += code.eq(Cat(Const(1, 1),
+                                                Const(op in P.IMMEDIATE_OPCODES, 1),
+                                                Const(kind.value, 3)))
+        hot = a_hot
+        m.d.sync += [
+            d1.outer.eq(onehot_select(hot, [window(s.l3, IPV6.size) for s in untagged])),
+            d1.srh.eq(onehot_select(hot, [window(s.l3 + IPV6.size, SRH.size)
+                                          for s in untagged])),
+            d1.inner.eq(onehot_select(hot, [window(s.x, IPV6.size) for s in untagged])),
+            d1.l4.eq(onehot_select(hot, [window(s.u, L4_WINDOW) for s in untagged])),
             Cat(d1.opcode_ok, d1.imm, d1.kind.as_value()).eq(
-                onehot_select(hot, [opcode_class[s.code] for s in STACKS])),
+                onehot_select(hot, [opcode_class[s.code] for s in untagged])),
         ]
         return m
 
@@ -162,9 +191,9 @@ class ParseFields(wiring.Component):
     apply to the packet's kind or stack are 0 (the control headers share a union: only the
     kind's member is filled). ``payload_len`` is left 0: the verdict stage fills it in.
 
-    Latency: one cycle (``o`` is the D2 header, loaded when ``i.valid``). Throughput: one
-    frame per cycle. Hazards: the header of a frame that fails its checks is garbage; only the
-    verdict says which headers count.
+    Latency: one cycle (``o`` is the D2 header, loaded every cycle; it belongs to a frame when
+    ``i.valid`` was set a cycle earlier). Throughput: one frame per cycle. Hazards: the header
+    of a frame that fails its checks is garbage; only the verdict says which headers count.
 
     Parameters
     ----------
@@ -194,8 +223,9 @@ class ParseFields(wiring.Component):
         eth, outer, srh, inner, l4 = w.eth, w.outer, w.srh, w.inner, w.l4
         vlan = d1.flags.vlan
         inner_v4, data_ts = w.inner_v4, w.data_ts
-        d2m = Module()
-        m.submodules.d2 = EnableInserter(d1.valid)(d2m)
+        # The header register loads every cycle, without an enable: the frame's ``valid``
+        # travels beside it (an enable would fan out to every header bit).
+        d2m = m
 
         hdr = Signal(packet_header_layout(self._config))
         tx = EXT_AT

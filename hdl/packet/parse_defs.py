@@ -240,7 +240,7 @@ def _port_shape(geometry):
 
 
 def frame_layout(geometry):
-    """A frame that has ended (D0): the frozen capture and what the decode needs."""
+    """A frame that has ended (D0): its capture and what the decode needs."""
     return data.StructLayout({
         "valid": 1,
         "cap": geometry.cap_beats * geometry.data_width,

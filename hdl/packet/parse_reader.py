@@ -17,9 +17,10 @@ class ParseReader(wiring.Component):
     its header on every beat; skip the frames that were dropped.
 
     A frame starts when the reader is idle and ``entry`` is valid: the entry is taken and
-    copied (its header into one of two banks) and the reader seeks to the payload, or past the
-    frame when it has none; when idle with the header queue empty, it seeks to
-    ``verdict_end``, releasing every frame that has had its verdict. Only registers decide
+    copied (its header into one of two banks, which follows the queue's head while the reader
+    is idle) and the reader seeks to the payload, or past the frame when it has none; when
+    idle with the header queue empty, it seeks to ``verdict_end``, releasing every frame that
+    has had its verdict. Only registers decide
     this, so ``o.ready`` reaches no wide enable and no pointer adder. The realignment joins
     the previous and the current FIFO beat and shifts by the payload's start lane. ``o.header``
     selects the bank of the beat in the output register, so a frame can start while the
@@ -109,6 +110,11 @@ class ParseReader(wiring.Component):
                 last_keep.eq(cur.last_keep),
                 bank.eq(~bank),
             ]
+        # While idle, the bank the next frame will use follows the queue's head, so it holds
+        # that frame's header once it starts: its enable comes from registers alone, not from
+        # the queue's level (the head is read straight from the queue's RAM), and it fans out
+        # to every header bit. The other bank keeps the header of a beat still waiting in ``o``.
+        with m.If(~active):
             with m.If(bank):
                 m.d.sync += banks[0].eq(cur.header)
             with m.Else():

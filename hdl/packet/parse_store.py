@@ -32,10 +32,11 @@ class ParseIcrc(wiring.Component):
     known.
 
     Latency: the masked beat is registered (s2) and enters the CRC unit the cycle after s1;
-    ``match`` is the verdict for a frame's last beat three cycles after that beat was in s1
+    ``match`` is the verdict for a frame's last beat four cycles after that beat was in s1
     (while the frame is in the decode's D2), and stays until the next frame's beats reach the
-    CRC loop. Throughput: one beat per cycle. Hazards: none; ``match`` of a frame whose beats
-    were not all fed (none are dropped here) would be meaningless.
+    CRC loop (a cycle later than the unit's own ``match``). Throughput: one beat per cycle.
+    Hazards: none; ``match`` of a frame whose beats were not all fed (none are dropped here)
+    would be meaningless.
 
     Parameters
     ----------
@@ -108,8 +109,10 @@ class ParseIcrc(wiring.Component):
             crc.first.eq(s2_first),
             crc.keep.eq(s2_keep),
             crc.data.eq(s2_data),
-            self.match.eq(crc.match),
         ]
+        # One more register: the decode's header windows take two stages (D1a, D1), and the
+        # verdict's D3 reads ``match`` for the frame in D2.
+        m.d.sync += self.match.eq(crc.match)
         return m
 
 
@@ -121,8 +124,10 @@ class ParseCapture(wiring.Component):
     back at its first excess beat and the rest of it is not stored (its ``end`` is its start).
     A frame is committed with its last beat.
 
-    Latency: the frozen frame (``o``, D0) is registered the cycle after its last beat was in
-    s1 and holds until the next frame ends; ``o.valid`` strobes for one cycle. Throughput: one
+    Latency: the frame's facts (``o``, D0) are registered the cycle after its last beat was in
+    s1 and hold until the next frame ends; ``o.valid`` strobes for one cycle. ``o.cap`` is the
+    capture register itself: it holds the frame only while ``o.valid`` is set (the next
+    frame's first beat may be written at the end of that cycle). Throughput: one
     beat per cycle, a frame end every cycle (one-beat frames). Hazards: the FIFO must have
     room for every beat in s1 (the input stage admits beats only then); frames are not
     checked here.
@@ -201,13 +206,12 @@ class ParseCapture(wiring.Component):
         frame_end = Signal()
         m.d.comb += frame_end.eq(s1_valid & s1.last)
         m.d.sync += d0.valid.eq(frame_end)
+        # D0's capture is the capture register itself, not a frozen copy: in the cycle
+        # ``o.valid`` is set it holds the frame with its last beat, and the next frame's first
+        # beat is written only at the end of that cycle (a copy would be another header-wide
+        # register with an enable fanned out to every bit).
+        m.d.comb += d0.cap.eq(cap)
         with m.If(frame_end):
-            # The capture as it will be once this last beat is in.
-            m.d.sync += d0.cap.eq(cap)
-            with m.Switch(s1_beat):
-                for slot in range(cap_beats):
-                    with m.Case(slot):
-                        m.d.sync += d0.cap.word_select(slot, W).eq(s1.data)
             m.d.sync += [
                 d0.len.eq(s1_beat * lanes + last_bytes),
                 d0.stack.eq(self.i.stack),

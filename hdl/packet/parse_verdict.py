@@ -31,10 +31,10 @@ class ParseLengths(wiring.Component):
     names them); the ICRC check takes ``icrc_match`` in this cycle, which is the CRC unit's
     verdict on the frame's last beat while the frame is in D2.
 
-    Latency: one cycle (``o`` is D3, loaded when ``i.valid``; ``o.valid`` follows
-    ``i.valid``). Throughput: one frame per cycle. Hazards: ``header`` and ``i`` must be the
-    same frame's D2 registers; ``icrc_match`` must belong to it (the CRC unit's timing
-    guarantees this for back-to-back frames).
+    Latency: one cycle (``o`` is D3, loaded when ``i.valid``, its header every cycle;
+    ``o.valid`` follows ``i.valid``). Throughput: one frame per cycle. Hazards: ``header`` and
+    ``i`` must be the same frame's D2 registers; ``icrc_match`` must belong to it (the CRC
+    unit's timing guarantees this for back-to-back frames).
 
     Parameters
     ----------
@@ -108,11 +108,15 @@ class ParseLengths(wiring.Component):
             d3.cks_sum.eq((p[0] + p[1]) + (p[2] + p[3]) + p[4]),
             d3.plain_v4.eq(c.plain_v4),
             d3.srv6_v4.eq(c.srv6_v4),
-            d3.header.eq(self.header),
-            d3.header.payload_len.eq(Mux(kind_data & ~c.trimmed, payload, 0)),
             d3.end.eq(d2.end),
             d3.pay_ptr.eq(d2.start + d2.pay_beat),
             d3.pay_lane.eq(d2.pay_lane),
+        ]
+        # The header loads every cycle, without an enable (one would fan out to every header
+        # bit): ``valid`` says when it belongs to a frame.
+        m.d.sync += [
+            d3.header.eq(self.header),
+            d3.header.payload_len.eq(Mux(kind_data & ~c.trimmed, payload, 0)),
         ]
         return m
 
@@ -124,8 +128,8 @@ class ParseVerdict(wiring.Component):
     Latency: one cycle: ``verdict_valid``/``verdict_reason`` and the queue write (``accepted``
     with ``entry``) are registers loaded from D3; ``counters`` count a verdict the cycle
     after its strobe. Throughput: one frame per cycle. Hazards: the header queue must have room
-    for ``entry`` (the input stage's reservations guarantee it); ``entry`` holds its last
-    value between verdicts.
+    for ``entry`` (the input stage's reservations guarantee it); ``entry`` loads every cycle
+    and is a frame's only while ``verdict_valid`` is set.
 
     Parameters
     ----------
@@ -186,8 +190,10 @@ class ParseVerdict(wiring.Component):
         d4m = Module()
         m.submodules.d4 = EnableInserter(d3.valid)(d4m)
         m.d.sync += self.verdict_valid.eq(d3.valid)
-        d4m.d.sync += [
-            self.verdict_reason.eq(reason),
+        d4m.d.sync += self.verdict_reason.eq(reason)
+        # The queue entry loads every cycle, without an enable (one would fan out to every
+        # header bit): ``accepted`` and ``verdict_valid`` say when it belongs to a frame.
+        m.d.sync += [
             entry.header.eq(d3.header),
             entry.pay_ptr.eq(d3.pay_ptr),
             entry.pay_lane.eq(d3.pay_lane),
@@ -198,7 +204,7 @@ class ParseVerdict(wiring.Component):
             entry.out_beats.eq(Mux(pay_len == 0, 1, (pay_len + lanes - 1) >> lane_bits)),
         ]
         tail_len = pay_len[:lane_bits]          # bytes in the last output beat, 0 meaning all
-        d4m.d.sync += entry.last_keep.eq(
+        m.d.sync += entry.last_keep.eq(
             Cat(((tail_len == 0) | (tail_len > lane)) & (pay_len != 0) for lane in range(lanes)))
         # The queue's write enable reaches every cell of a wide LUT-RAM: it comes straight from
         # a flip-flop (the verdict's compare in front of that fan-out was a 125 MHz critical

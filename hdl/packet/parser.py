@@ -16,9 +16,9 @@ its latency, throughput and hazards in its docstring:
 * **ICRC feed** (:class:`~.parse_store.ParseIcrc`, s1 to s2 and the CRC-32 unit): variant
   fields masked, from the inner IP header on; the residue check;
 * **capture** (:class:`~.parse_store.ParseCapture`, s1 to D0): the first ``HEADER_BYTES``, the
-  packet FIFO write (commit, rollback of an oversized frame), the frame frozen when it ends;
-* **windows** (:class:`~.parse_decode.ParseWindows`, D1): header windows at the stack's
-  offsets, the opcode class;
+  packet FIFO write (commit, rollback of an oversized frame), the facts of a frame that ended;
+* **windows** (:class:`~.parse_decode.ParseWindows`, D1a and D1): an 802.1Q frame's capture
+  shifted back by the tag, then header windows at the stack's offsets, the opcode class;
 * **fields** and **checks** (:class:`~.parse_decode.ParseFields`,
   :class:`~.parse_decode.ParseChecks`, D2, side by side): the parsed header; check bits,
   lengths and the checksum's first adder level;
@@ -33,9 +33,9 @@ Shared tables (stacks, offsets, sizes, the registers between stages) are in
 :mod:`~.parse_defs`.
 """
 
-from amaranth.hdl import Module
+from amaranth.hdl import Cat, Module
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.fifo import SyncFIFO, SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from ..config import NicConfig
@@ -164,7 +164,16 @@ class Parser(wiring.Component):
         m.submodules.fifo = fifo = PacketFifo(width=g.data_width, depth=g.fifo_depth,
                                               registered_read=g.data_width <= 128)
         entry_layout = queue_entry_layout(cfg, g)
-        m.submodules.queue = queue = SyncFIFOBuffered(width=entry_layout.size,
+        header_bits = entry_layout["header"].width
+        assert entry_layout["header"].offset == 0
+        # The header queue is two FIFOs written and read together. The header's reads its LUT
+        # RAM directly: the reader copies the head into a bank, so an output register would be
+        # a third copy of the header, with an enable fanned out to every bit. The pointers and
+        # lengths come from a register (SyncFIFOBuffered), as does ``r_rdy``: they steer the
+        # packet FIFO's seek and its block RAM's address.
+        m.submodules.queue_header = queue_header = SyncFIFO(width=header_bits,
+                                                            depth=HEADER_QUEUE_DEPTH)
+        m.submodules.queue = queue = SyncFIFOBuffered(width=entry_layout.size - header_bits,
                                                       depth=HEADER_QUEUE_DEPTH)
         m.submodules.input = input_ = ParseInput(config=cfg)
         m.submodules.icrc = icrc = ParseIcrc(config=cfg)
@@ -203,10 +212,13 @@ class Parser(wiring.Component):
             self.counters.eq(verdict.counters),
             # The queue is never full when written: every frame holds a reservation from its
             # first beat to its verdict.
+            queue_header.w_en.eq(verdict.accepted),
+            queue_header.w_data.eq(verdict.entry.header),
             queue.w_en.eq(verdict.accepted),
-            queue.w_data.eq(verdict.entry),
+            queue.w_data.eq(verdict.entry.as_value()[header_bits:]),
             reader.entry.valid.eq(queue.r_rdy),
-            reader.entry.payload.eq(queue.r_data),
+            reader.entry.payload.eq(Cat(queue_header.r_data, queue.r_data)),
+            queue_header.r_en.eq(reader.entry.valid & reader.entry.ready),
             queue.r_en.eq(reader.entry.valid & reader.entry.ready),
             reader.queue_empty.eq(queue.level == 0),
             reader.verdict_end.eq(verdict.verdict_end),
