@@ -200,6 +200,7 @@ SIM_FLAG_VALUES = {
     "--ack-every": ("256", "must be an integer from 1 to 255, not 256"),
     "--ack-delay": ("0", "must be an integer from 1 to 4294967295, not 0"),
     "--coalesce-gaps": ("2", "must be an integer from 0 to 1, not 2"),
+    "--ack-new-holes": ("2", "must be an integer from 0 to 1, not 2"),
     "--gap-depth": ("16", "must be an integer from 0 to 15, not 16"),
     "--fate": ("2", "must be an integer from 0 to 1, not 2"),
     "--cc": ("2", "must be one of ecn, nscc, off, not '2'"),
