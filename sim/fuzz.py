@@ -20,7 +20,7 @@ every other QP          left in RESET
 ======================  ==========================================================
 """
 
-import hashlib
+import dataclasses
 import json
 import random
 import time
@@ -272,11 +272,9 @@ def scenario_for(*, seed, planes, mtu):
 
 
 def build_dir_for(scn):
-    from .scenario import nic_config_for
-    config = nic_config_for(scn)
-    key = hashlib.sha256(json.dumps([config.to_dict(), scn.sim],
-                                    sort_keys=True).encode()).hexdigest()[:12]
-    return BUILD / "sim" / "rtl" / f"{scn.sim}-{key}"
+    """The main job's build folder of ``scn`` (the fuzz run's NICs are the main job's)."""
+    from .mainjob import _build_dir
+    return _build_dir(scn)
 
 
 def run_fuzz(*, packets, seed, load=0.5, planes=8, mtu=1024, out=None, vectors=None,
@@ -291,12 +289,15 @@ def run_fuzz(*, packets, seed, load=0.5, planes=8, mtu=1024, out=None, vectors=N
     job's, with the C++ agents: ``<build_dir>-dpi``)."""
     import tempfile
 
+    from .mainjob import rtl_nscc_setting
     from .scenario import nic_config_for
     from .tb.dpi import DPI_TOP, DpiPair, dpi_key, verilator_args
     from .tb.runner import run_cocotb, source_key
 
     scn = scenario_for(seed=seed, planes=planes, mtu=mtu)
     config = nic_config_for(scn)
+    # The main job's NICs: the NSCC engine built in, its window chosen by the scenario.
+    nscc = rtl_nscc_setting(scn, config)
     base = Path(build_dir or build_dir_for(scn))
     build = base.with_name(base.name + "-dpi")
     if max_cycles is None:
@@ -314,10 +315,12 @@ def run_fuzz(*, packets, seed, load=0.5, planes=8, mtu=1024, out=None, vectors=N
                "result": str(result_path), "replay": replay}
         # In a file: a vector's frames are too long for the environment.
         job_path.write_text(json.dumps(job))
-        run_cocotb(lambda: DpiPair(config), toplevel=DPI_TOP, test_module="sim.tb.cocotb_fuzz",
+        run_cocotb(lambda: DpiPair(config, nscc=nscc), toplevel=DPI_TOP,
+                   test_module="sim.tb.cocotb_fuzz",
                    build_dir=build, sim="verilator", waves=False, log=log, reuse=True,
                    quick_build=quick_build,
-                   export_key=source_key("nic_pair-dpi", config.to_dict(), dpi_key()),
+                   export_key=source_key("nic_pair-dpi", config.to_dict(), dpi_key(),
+                                         dataclasses.asdict(nscc)),
                    verilator_args=verilator_args(),
                    extra_env={"FUZZ_JOB": str(job_path), "MRC_DPI": "1"})
         result = json.loads(result_path.read_text())

@@ -75,16 +75,17 @@ FLAGS = [
      "a new hole (the PSN below it not yet arrived), even when coalescing"),
     ("--fate", "fate", int, "port fate sharing: 1 = a loss abandons its whole plane until "
      "probes answer, 0 = per EV only"),
-    ("--cc", "cc", str, "congestion window: ecn = the RTL's ECN window (each QP takes 1/8 off "
-     "the window it used per marked window and widens by one PSN per cwnd/4 PSNs "
-     "acknowledged), nscc = UET's NSCC (the model, or the RTL NICs built with it), off = MPR only"),
+    ("--cc", "cc", str, "congestion window: nscc = UET's NSCC (a window in bytes per QP from "
+     "the ACKs' round trip against a target delay, their ECN echo and trims), ecn = the ECN "
+     "window (each QP takes 1/8 off the window it used per marked window and widens by one "
+     "PSN per cwnd/4 PSNs acknowledged), off = MPR only; the RTL NICs carry both"),
     ("--max-us", "max_us", float, "give up after this much simulated time"),
 ]
 
 
 #: ``--cc``'s values: (scenario ``cc``, ``cc_algorithm`` or None to keep it). 1 and 0 are
-#: the flag's former spellings.
-CC_VALUES = {"ecn": (1, "ecn"), "nscc": (1, "nscc"), "off": (0, None), "1": (1, "ecn"),
+#: the flag's former spellings: the window on (the scenario's algorithm) or off.
+CC_VALUES = {"ecn": (1, "ecn"), "nscc": (1, "nscc"), "off": (0, None), "1": (1, None),
              "0": (0, None)}
 
 
@@ -198,12 +199,24 @@ def backend_refusal(scn):
 
 
 def rtl_nscc_setting(scn, config):
-    """The NSCC setting the RTL NICs of ``scn`` are built with (``None``: no NSCC engine):
-    the model's :func:`sim.model.nscc.setting_for`, when the scenario asks for NSCC."""
-    if not (scn.cc and scn.cc_algorithm == "nscc"):
-        return None
+    """The NSCC setting the RTL NICs of ``scn`` are built with. Every RTL NIC of the main job
+    carries the NSCC engine and CONFIG ``cc_nscc`` chooses its window at run time, so a run on
+    the ECN window (or none) needs no build of its own: a run on NSCC is built with its own
+    setting (the model's :func:`sim.model.nscc.setting_for`), any other with
+    :func:`rtl_default_nscc_setting`, so those runs share one build per NIC build whatever
+    their fabric (and share it with NSCC runs on the default scenario's fabric)."""
+    if scn.cc and scn.cc_algorithm == "nscc":
+        from .model.nscc import setting_for
+        return setting_for(scn, config)
+    return rtl_default_nscc_setting(config)
+
+
+def rtl_default_nscc_setting(config):
+    """The NSCC setting of an RTL NIC build ``config`` on the default scenario's fabric (its
+    latency, two NICs sending to each other, no trimming): what the NICs of a run that does
+    not use NSCC are built with."""
     from .model.nscc import setting_for
-    return setting_for(scn, config)
+    return setting_for(SCENARIOS["default"], config)
 
 
 def _grouped(scn):
@@ -212,10 +225,10 @@ def _grouped(scn):
     return scn.nics != 2 or scn.pattern != "pairs"
 
 
-def group_build_dir(scn):
+def group_build_dir(scn, nscc=None):
     """The Verilator build of a group of ``scn.nics`` RTL NICs: a folder per count (and per
     NSCC setting, which :func:`_build_dir`'s key includes)."""
-    base = _build_dir(scn)
+    base = _build_dir(scn, nscc)
     return base.with_name(f"{base.name}-group{scn.nics}-dpi")
 
 
@@ -247,15 +260,14 @@ def run(args):
 
 # -- running ----------------------------------------------------------------------------------
 
-def _build_dir(scn):
+def _build_dir(scn, nscc=None):
+    """The RTL pair's build folder of ``scn`` with the NSCC setting ``nscc`` built in (default:
+    :func:`rtl_nscc_setting`'s)."""
     config = nic_config_for(scn)
+    nscc = rtl_nscc_setting(scn, config) if nscc is None else nscc
     # Not the waves: a run with waves builds its traced model into trace/ in this folder, and
-    # the window is given at run time. An NSCC build is another design (its setting is built
-    # in); without NSCC the key is the one it always was.
-    parts = [config.to_dict(), scn.sim]
-    nscc = rtl_nscc_setting(scn, config)
-    if nscc is not None:
-        parts.append(dataclasses.asdict(nscc))
+    # the window is given at run time. The NSCC setting is built in (rtl_nscc_setting).
+    parts = [config.to_dict(), scn.sim, dataclasses.asdict(nscc)]
     key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:12]
     return BUILD / "sim" / "rtl" / f"{scn.sim}-{key}"
 
@@ -276,19 +288,27 @@ def _shown_path(path):
 
 
 def run_scenario(scn, out, *, log=print, build_dir=None, quick_build=False,
-                 scenario_file=None, group_nscc=None):
+                 scenario_file=None, build_nscc=None):
     """Run ``scn``; write every output into ``out``; return the report (a dict).
 
     ``build_dir``/``quick_build``: where the RTL simulator build lives (default
     ``build/sim/rtl/<sim>-<hash>``) and whether Verilator compiles without optimisation
     (tests: faster to build, slower to run). ``scenario_file``: the scenario file ``scn`` was
-    read from, echoed in the report (``null`` without one). ``group_nscc``: the NSCC setting
-    to build a group's RTL NICs with when it is not the scenario's (:func:`rtl_nscc_setting`):
-    NICs built with the engine run the ECN window too (CONFIG ``cc_nscc`` off), so one build
-    serves both algorithms."""
+    read from, echoed in the report (``null`` without one). ``build_nscc``: the NSCC setting
+    to build the RTL NICs with when it is not :func:`rtl_nscc_setting`'s (tests that run
+    several scenarios on one build): the NICs run the ECN window with any setting (CONFIG
+    ``cc_nscc`` off), but NSCC only with the scenario's own, which the model's NSCC uses."""
     refusal = backend_refusal(scn)
     if refusal is not None:
         raise ValueError(f"{refusal[0]}: {refusal[1]}")
+    if scn.backend == "rtl":
+        config = nic_config_for(scn)
+        if build_nscc is None:
+            build_nscc = rtl_nscc_setting(scn, config)
+        elif scn.cc and scn.cc_algorithm == "nscc" and build_nscc != rtl_nscc_setting(scn,
+                                                                                      config):
+            raise ValueError(f"build_nscc: a run on NSCC needs NICs built with its own "
+                             f"setting {rtl_nscc_setting(scn, config)}, not {build_nscc}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for stale in ("result.json", "report.json"):
@@ -297,23 +317,22 @@ def run_scenario(scn, out, *, log=print, build_dir=None, quick_build=False,
     switched = None                     # the fabric of a run with a switch per plane
     if scn.backend == "rtl" and _grouped(scn):
         result = _run_group(scn, out, log=log, build_dir=build_dir, quick_build=quick_build,
-                            nscc=group_nscc)
+                            nscc=build_nscc)
     elif scn.backend == "rtl":
         from .tb.dpi import DPI_TOP, DpiPair, dpi_key, uses_dpi, verilator_args
         from .tb.pair import NicPair
         from .tb.runner import run_cocotb, source_key
-        config = nic_config_for(scn)
-        nscc = rtl_nscc_setting(scn, config)
-        # An NSCC build's export is keyed by its setting too; without NSCC as it always was.
-        nscc_key = () if nscc is None else (dataclasses.asdict(nscc),)
+        nscc = build_nscc
+        # The export is keyed by the NSCC setting built in too.
+        nscc_key = (dataclasses.asdict(nscc),)
         log(f"building two RTL NICs ({config.ports} ports, {config.data_width}-bit, "
-            f"{scn.sim}{', NSCC' if nscc else ''}); a cached build is reused")
+            f"{scn.sim}, NSCC engine; {_cc_name(scn)} runs); a cached build is reused")
         waves = _waves_window(scn, out)
         env = {"SCENARIO": json.dumps(scn.to_dict()), "OUT": out.resolve(),
                "MRC_SIMULATOR": scn.sim}
         if uses_dpi(scn):       # the stream agents in C++ (sim/tb/dpi.py)
-            build = Path(build_dir or _build_dir(scn)).with_name(
-                Path(build_dir or _build_dir(scn)).name + "-dpi")
+            base = Path(build_dir or _build_dir(scn, nscc))
+            build = base.with_name(base.name + "-dpi")
             run_cocotb(lambda: DpiPair(config, nscc=nscc), toplevel=DPI_TOP,
                        test_module="sim.tb.cocotb_fabric", build_dir=build, sim=scn.sim,
                        waves=waves, log=log, reuse=True, quick_build=quick_build,
@@ -326,7 +345,7 @@ def run_scenario(scn, out, *, log=print, build_dir=None, quick_build=False,
             # the runs with and without a waves window.
             run_cocotb(lambda: NicPair(config, nscc=nscc), toplevel="nic_pair",
                        test_module="sim.tb.cocotb_fabric",
-                       build_dir=build_dir or _build_dir(scn), sim=scn.sim,
+                       build_dir=build_dir or _build_dir(scn, nscc), sim=scn.sim,
                        waves=waves, log=log, reuse=True, quick_build=quick_build,
                        traceable=bool(waves) or (quick_build and scn.sim == "verilator"),
                        export_key=source_key("nic_pair-shared", config.to_dict(), *nscc_key),
@@ -378,31 +397,35 @@ def run_scenario(scn, out, *, log=print, build_dir=None, quick_build=False,
     return report
 
 
-def _run_group(scn, out, *, log, build_dir, quick_build, nscc=None):
+def _run_group(scn, out, *, log, build_dir, quick_build, nscc):
     """The RTL backend on ``scn.nics`` NICs over a switch per plane: the raw result that
     :func:`sim.model.multi.run_nics` gives for model NICs (``sim/tb/cocotb_group.py``).
-    ``nscc``: the NICs' NSCC setting, if not the scenario's."""
+    ``nscc``: the NSCC setting the NICs are built with."""
     from .model.multi import nic_names
     from .tb.dpi import GROUP_DPI_TOP, DpiGroup, dpi_key, verilator_args
     from .tb.runner import run_cocotb, source_key
     config = nic_config_for(scn)
     names = nic_names(scn.nics)
-    if nscc is None:
-        nscc = rtl_nscc_setting(scn, config)
-    # As the pair's: an NSCC build's export is keyed by its setting too.
-    nscc_key = () if nscc is None else (dataclasses.asdict(nscc),)
+    # As the pair's: the export is keyed by the NSCC setting built in too.
+    nscc_key = (dataclasses.asdict(nscc),)
     log(f"building {scn.nics} RTL NICs ({config.ports} ports, {config.data_width}-bit, "
-        f"{scn.sim}{', NSCC' if nscc else ''}), {scn.pattern}, over a switch per plane; "
-        f"a cached build is reused")
+        f"{scn.sim}, NSCC engine; {_cc_name(scn)} runs), {scn.pattern}, over a switch per "
+        f"plane; a cached build is reused")
     env = {"SCENARIO": json.dumps(scn.to_dict()), "OUT": out.resolve(),
            "MRC_SIMULATOR": scn.sim, "MRC_DPI": "1"}
     run_cocotb(lambda: DpiGroup(config, names, nscc=nscc), toplevel=GROUP_DPI_TOP,
-               test_module="sim.tb.cocotb_group", build_dir=build_dir or group_build_dir(scn),
-               sim=scn.sim, waves=False, log=log, reuse=True, quick_build=quick_build,
+               test_module="sim.tb.cocotb_group",
+               build_dir=build_dir or group_build_dir(scn, nscc), sim=scn.sim, waves=False,
+               log=log, reuse=True, quick_build=quick_build,
                export_key=source_key("nic_group-dpi", names, config.to_dict(), dpi_key(),
                                      *nscc_key),
                verilator_args=verilator_args(), extra_env=env)
     return json.loads((out / "result.json").read_text())
+
+
+def _cc_name(scn):
+    """The congestion window a run uses: ``nscc``, ``ecn`` or ``off``."""
+    return scn.cc_algorithm if scn.cc else "off"
 
 
 # -- the report -------------------------------------------------------------------------------

@@ -257,7 +257,7 @@ class Scenario:
     port_quiet: int = 40
     fate: int = 1
     cc: int = 1
-    cc_algorithm: str = "ecn"
+    cc_algorithm: str = "nscc"
     ack_every: int = DEFAULT_ACK_EVERY
     ack_delay: int = DEFAULT_ACK_DELAY
     coalesce_gaps: int = DEFAULT_COALESCE_GAPS

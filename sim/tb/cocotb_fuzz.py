@@ -427,7 +427,8 @@ class Bench:
         s = SCENARIO
         await d.configure_acks(ack_every=s.ack_every, ack_delay=s.ack_delay, nak_interval=1024,
                                coalesce_gaps=bool(s.coalesce_gaps), gap_depth=s.gap_depth)
-        await d.configure_requester(infer_k=s.infer_k, cc=bool(s.cc), reo_wnd=s.reo_wnd)
+        await d.configure_requester(infer_k=s.infer_k, cc=bool(s.cc), reo_wnd=s.reo_wnd,
+                                    cc_nscc=s.cc_algorithm == "nscc")
         await d.set_port_watch(s.port_wnd, s.port_quiet)
         await d.ev_profile_online(0, profile, num_evs=s.evs, min_active=2, fate=bool(s.fate))
         for qpn in F.VICTIM_QPS + F.LEGIT_QPS:

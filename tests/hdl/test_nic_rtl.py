@@ -10,6 +10,7 @@ simulated-time limit), never a silent loss. Every stream port of both NICs sees 
 (inputs) and backpressure (outputs).
 """
 
+import dataclasses
 import gc
 import json
 
@@ -17,7 +18,7 @@ import pytest
 
 from hdl import protocol as P
 from sim.env import BUILD
-from sim.mainjob import run_scenario
+from sim.mainjob import rtl_nscc_setting, run_scenario
 from sim.scenario import Scenario, nic_config_for
 from sim.schema import validate_report
 from sim.tb.dpi import DPI_TOP
@@ -25,11 +26,16 @@ from sim.tb.pair import NicPair
 from sim.tb.runner import export_once, simulator, source_key
 
 # Small transfers keep each run to some 10-40 s of wall time under Verilator (built at -O0:
-# the two NICs compile in about half the time of an optimised build).
+# the two NICs compile in about half the time of an optimised build). The runs on the ECN
+# window and those on NSCC at the default scenario's fabric (latency, both ways, no
+# trimming) share one build: the NICs carry the NSCC engine with that fabric's setting and
+# CONFIG cc_nscc chooses (sim.mainjob.rtl_nscc_setting); NSCC at another latency or with
+# trimming would be another build.
 BASE = Scenario(name="rtl", planes=4, mtu=512, evs=16, qps=3, bytes=24 * 1024,
                 msg_size=4 * 1024, fail_plane=None, fail_at_us=None, recover_at_us=None,
                 latency_us=0.5, queue_bytes=8192, ecn_threshold=2048, timeout=6, infer_k=8,
-                max_us=3000.0, seed=3, extra={"bubbles": 0.1, "backpressure": 0.1})
+                cc_algorithm="ecn", max_us=3000.0, seed=3,
+                extra={"bubbles": 0.1, "backpressure": 0.1})
 
 RUNS = {
     # Duplicated and reordered frames on every plane.
@@ -43,6 +49,10 @@ RUNS = {
                          fail_kind="flap", flap_period_us=12.0, seed=6),
     # Congested queues trim packets (TRIM NAKs) and mark ECN.
     "trim": BASE.replace(trim_threshold=300, ecn_threshold=200, seed=7),
+    # NSCC (the main job's default window) through a plane blackholed mid-transfer, with
+    # random loss on top.
+    "nscc": BASE.replace(cc_algorithm="nscc", latency_us=1.0, fail_plane=1, fail_at_us=15.0,
+                         loss=0.02, bytes=32 * 1024, seed=8),
 }
 
 
@@ -76,9 +86,10 @@ def _assert_clean(report):
 def test_two_nics_survive(name, build_dir, tmp_path):
     report = _run(name, RUNS[name], build_dir, tmp_path)
     _assert_clean(report)
+    assert report["cc"]["algorithm"] == RUNS[name].cc_algorithm
     counters = report["counters"]
     fabric = report["fabric"]["planes"]
-    if name in ("loss10", "blackhole", "flap"):
+    if name in ("loss10", "blackhole", "flap", "nscc"):
         assert report["retransmissions"] > 0, "losses must have been repaired by resending"
     if name == "duplicates":
         assert sum(plane.get("duplicated", 0) for plane in fabric) > 0
@@ -184,12 +195,17 @@ def test_pair_compiles_one_nic_and_shows_only_ports(build_dir, tmp_path):
     # so an NicPair or MrcNic left unelaborated would warn UnusedElaboratable here, which
     # filterwarnings = error turns into this test's failure (it used to fail a later test).
     config = nic_config_for(BASE)
-    path = export_once(lambda: NicPair(config), toplevel="nic_pair", build_dir=build_dir,
-                       export_key=source_key("nic_pair-shared", config.to_dict()))
+    nscc = rtl_nscc_setting(BASE, config)
+    assert nscc == rtl_nscc_setting(RUNS["nscc"], config)
+    path = export_once(lambda: NicPair(config, nscc=nscc), toplevel="nic_pair",
+                       build_dir=build_dir,
+                       export_key=source_key("nic_pair-shared", config.to_dict(),
+                                             dataclasses.asdict(nscc)))
     gc.collect()
     text = path.read_text()
     assert text.count("\nmodule mrc_nic(") == 1
     assert text.count("\nmodule nic_pair(") == 1
+    assert "requester.nscc" in text       # the NSCC engine, whichever window a run uses
     assert len([line for line in text.splitlines() if line.startswith("  mrc_nic ")]) == 2
     if simulator() == "verilator":
         # Under Verilator the run above was on the C++ agents, whose wrapper is the top.

@@ -84,9 +84,11 @@ def test_two_nics_in_pairs_are_the_default_run(capsys):
     scn, _ = mainjob.scenario_from_args(mainjob_args(["--cc", "1"]))
     assert scn == SCENARIOS["default"]
     scn, _ = mainjob.scenario_from_args(mainjob_args(["--cc", "off"]))
-    assert (scn.cc, scn.cc_algorithm) == (0, "ecn")
+    assert (scn.cc, scn.cc_algorithm) == (0, "nscc")
     scn, _ = mainjob.scenario_from_args(mainjob_args(["--cc", "nscc"]))
-    assert (scn.cc, scn.cc_algorithm) == (1, "nscc")
+    assert scn == SCENARIOS["default"]
+    scn, _ = mainjob.scenario_from_args(mainjob_args(["--cc", "ecn"]))
+    assert (scn.cc, scn.cc_algorithm) == (1, "ecn")
 
 
 def mainjob_args(argv):
@@ -114,13 +116,16 @@ def test_bad_nics_pattern_and_cc_name_the_flag(capsys, tmp_path, argv, message):
 
 def test_the_rtl_group_runs_nscc_in_a_build_of_its_own():
     """NSCC on more than two RTL NICs is not refused, and its group build (the Verilator
-    folder) is not the ECN build's: a build has the NSCC engine and its setting built in."""
+    folder) is not the ECN build's: a build has the NSCC engine and its setting built in, and
+    a run that does not use NSCC is built with the default fabric's setting."""
     ecn, nscc, off = (scenario("default", backend="rtl", sim="verilator", nics=5,
                                pattern="incast", cc=cc, cc_algorithm=algorithm)
                       for cc, algorithm in ((1, "ecn"), (1, "nscc"), (0, "nscc")))
     assert mainjob.backend_refusal(nscc) is None
     assert mainjob.rtl_nscc_setting(nscc, nic_config_for(nscc)) is not None
     assert mainjob.group_build_dir(nscc) != mainjob.group_build_dir(ecn)
-    # NSCC asked for with the window off builds no engine: the ECN build serves it.
+    # NSCC asked for with the window off runs no window: the ECN run's build serves it.
     assert mainjob.group_build_dir(off) == mainjob.group_build_dir(ecn)
+    assert mainjob.rtl_nscc_setting(ecn, nic_config_for(ecn)) \
+        == mainjob.rtl_default_nscc_setting(nic_config_for(ecn))
     assert mainjob.group_build_dir(nscc).name.endswith("-group5-dpi")

@@ -3,10 +3,10 @@ two RTL NICs send into a third over a switch per plane, every stream port with r
 bubbles and output backpressure; every flow completes with its bytes in place, and the
 report's N-NIC fields follow the model run's definitions. Three NICs, not the five of the
 benchmark, and a build without optimisation: the same bench and group top, built in a
-fraction of the time. Once with the ECN window and once with NSCC (``--cc nscc``), on one
-build: NICs built with the NSCC engine (``--cc nscc`` builds them so) run the ECN window when
-CONFIG ``cc_nscc`` is off, and building the three NICs a second time without the engine would
-double the test's time. The pairs' builds (``test_nic_rtl.py``) are the NIC without it."""
+fraction of the time. Once with the ECN window (``--cc ecn``) and once with NSCC (the
+default), on one build: the main job's RTL NICs always carry the NSCC engine and run the ECN
+window when CONFIG ``cc_nscc`` is off, so both runs use the NSCC scenario's build (an ECN run
+on its own is built with the default fabric's NSCC setting, another build here)."""
 
 import random
 
@@ -29,14 +29,14 @@ def test_incast_two_to_one_on_rtl_delivers_every_flow(tmp_path, cc):
                    max_us=2_000.0, extra={"bubbles": 0.2, "backpressure": 0.2})
     lines = []
     # Both runs on the NSCC scenario's build, kept in build/ (ignored by git): reused while
-    # the gateware is unchanged. On its own, the ECN scenario would build NICs without it.
+    # the gateware is unchanged. On its own, the ECN scenario would build with the default
+    # fabric's setting.
     config = mainjob.nic_config_for(scn)
     nscc = mainjob.rtl_nscc_setting(scn.replace(cc_algorithm="nscc"), config)
-    assert nscc is not None
-    assert (mainjob.rtl_nscc_setting(scn, config) is None) == (cc == "ecn")
+    assert (mainjob.rtl_nscc_setting(scn, config) == nscc) == (cc == "nscc")
     build = BUILD / "tests" / "nic_group3-nscc-dpi"
     report = mainjob.run_scenario(scn, tmp_path, log=lines.append, quick_build=True,
-                                  build_dir=build, group_nscc=nscc)
+                                  build_dir=build, build_nscc=nscc)
     validate_report(report)
     assert report["sim"]["backend"] == "rtl" and report["sim"]["agents"] == "dpi"
     assert report["scenario"]["extra"] == {"bubbles": 0.2, "backpressure": 0.2}
@@ -72,6 +72,7 @@ def test_incast_two_to_one_on_rtl_delivers_every_flow(tmp_path, cc):
     # Both runs are on NICs built with the engine (the requester's ``nscc`` submodule in the
     # exported Verilog); the bench tells them to gate on its window (CONFIG ``cc_nscc``) only
     # for NSCC's run.
-    assert any(line.startswith("building 3 RTL NICs") and "NSCC" in line for line in lines)
+    assert any(line.startswith("building 3 RTL NICs") and f"NSCC engine; {cc} runs" in line
+               for line in lines)
     exported = (build / "nic_group_dpi.sv").read_text()
     assert "requester.nscc" in exported
