@@ -1,37 +1,30 @@
 """Whole-NIC benchmarks over the fabric (``build/bench/fabric.json``, ``recovery.json``).
 
 Each entry runs one scenario of the main job (:mod:`sim.mainjob`) on two RTL NICs and keeps
-its report's key figures, side by side:
+its report's key figures, side by side. Every entry runs with the scenarios' defaults (NSCC,
+the coalesced ACK policy of ``docs/responder.md``, SACK inference K = 8, time-based inference
+``reo_wnd`` 48, the port watch at 20 / 40 units) but for the changes of :data:`SIZES`:
 
 * ``clean``: efficiency on a clean 8-plane fabric (target >= 0.97);
 * ``clean-oneway``: the same transfer from one NIC only, as ``ib_write_bw`` measures by
   default: the ACKs then travel on the otherwise idle reverse planes, so the figure is the
   NIC's own datapath efficiency; with traffic both ways each side's ACKs share its planes with
-  its data (``wire_shares`` in the report: per-packet ACKs take about a tenth of the wire,
-  which bounds ``clean`` near 0.90);
-* ``clean-coalesced``: the same with coalesced ACKs (an ACK every 16 packets or 4,096 cycles,
-  out-of-order arrivals included, at once only for a hole 8 deep: ``gap_depth`` = K), the
-  ACK policy that suits a clean fabric and not a lossy one (see ``SIZES``);
+  its data (``wire_shares`` in the report);
+* ``clean-coalesced``: ``clean`` without the port watch and the time rule (``port_wnd`` and
+  ``reo_wnd`` 0; its ACK settings are the defaults);
 * ``plane-failure``: one of 8 planes blackholed mid-transfer: goodput relative to the healthy
-  line rate (target >= 0.85), bytes lost (must be 0) and the recovery figures, with the
-  scenarios' defaults (SACK inference K = 8, time-based inference ``reo_wnd`` 24, the port
-  watch);
+  line rate (target >= 0.85), bytes lost (must be 0) and the recovery figures;
 * ``plane-failure-oneway``: ``plane-failure`` from one NIC only (as ``clean-oneway``);
 * ``timeout-only``: the same failure with every inference off: SACK and time-based loss
   inference and the port watch (recovery by the retransmit timer alone);
-* ``plane-failure-sack``: the same failure with SACK inference alone (``reo_wnd`` 0, the
-  default before the time rule was);
+* ``plane-failure-sack``: the same failure with SACK inference alone (``reo_wnd`` 0);
 * ``ecmp`` against ``mrc-8qp``: the single-path baseline against MRC with as many QPs as
   planes (target ratio >= 1.5);
-* ``loss1``: 1 % random loss (target efficiency >= 0.9), with the default ``reo_wnd`` 24;
-* ``loss1-reorder``: the same with a reorder window of 48 units;
+* ``loss1``: 1 % random loss (target efficiency >= 0.9);
+* ``loss1-reorder``: the same with a reorder window of 48 units (the default now, so the same
+  run as ``loss1``);
 * ``loss1-oneway``: ``loss1`` from one NIC only (as ``clean-oneway``);
 * simulated cycles per second of the two-NIC system per simulator (a short run each).
-
-The port watch (``docs/recovery.md``) runs with the scenarios' 20 / 20 units in every entry
-but ``timeout-only`` (no inference at all) and ``clean-coalesced`` (an ACK per 16 packets
-leaves each port silent too long for it; that entry also keeps ``reo_wnd`` 0, the setting its
-ACK policy was measured with).
 
 ``recovery.json`` puts ``plane-failure``, ``timeout-only`` and ``plane-failure-sack`` side by
 side (the loss-recovery figures of ``docs/performance.md``).
@@ -56,15 +49,8 @@ BASES = {"clean-oneway": "clean", "clean-coalesced": "clean",
          "loss1-reorder": "loss1", "loss1-oneway": "loss1"}
 #: Per-entry changes to the named scenarios: transfers long enough that the first and last
 #: round trips weigh little, and a failure in the middle with a recovery (goodput before,
-#: during and after).
-#: Every entry but ``clean-coalesced`` keeps the responders' default ACK policy (an ACK every
-#: 4 packets or 128 cycles, out-of-order arrivals ACKed at once). With 4 QPs sharing 8 Gb/s a
-#: QP receives a packet every ~4.4 us, so the 1 us ACK timer fires before the fourth packet
-#: and every data packet gets its own ACK, which caps the efficiency with traffic both ways.
-#: ``clean-coalesced`` ACKs every 16 packets or 4,096 cycles (33 us) with gaps coalesced and
-#: ``gap_depth`` 8. It is not the default: it finds a dead plane later and resends its lost
-#: PSNs later (docs/performance.md).
-#: Fate sharing is off under random loss, where a single loss would cost a whole plane.
+#: during and after). Fate sharing is off under random loss, where a single loss would cost a
+#: whole plane.
 SIZES = {
     "clean": {"bytes": 1 << 20},
     "clean-oneway": {"bytes": 1 << 20, "both_ways": False},

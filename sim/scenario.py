@@ -37,8 +37,7 @@ from hdl.transport.resp_defs import (
     GAP_DEPTH_BITS,
 )
 
-# The requester's congestion window when ``cc`` is 1: ``ecn`` (the RTL's) or ``nscc`` (the
-# model NIC's only, for now).
+# The requester's congestion window when ``cc`` is 1: ``nscc`` (the default) or ``ecn``.
 from sim.model.nscc import CC_ALGORITHMS
 
 __all__ = ["Scenario", "ScenarioError", "SCENARIOS", "SCENARIO_DIR", "scenario", "load",

@@ -302,8 +302,9 @@ class ModelNic:
         the last of a message), SACK loss inference after ``infer_k`` later PSNs (0: off),
         a congestion window (``cc``) and time-based inference after a reorder window of
         ``reo_wnd`` units (0: off). ``cc_algorithm``: the window's algorithm, ``"ecn"`` (the
-        RTL's) or ``"nscc"`` (the model's only, with the :class:`~sim.model.nscc.NsccSetting`
-        ``nscc``); set before the QPs are connected.
+        ECN window, as the RTL after reset) or ``"nscc"`` (with the
+        :class:`~sim.model.nscc.NsccSetting` ``nscc``; the RTL's in a build with the engine,
+        the main job's default); set before the QPs are connected.
         """
         errno, _ = self.requester.control(RequesterCommand.CONFIG, ackreq_every=ackreq_every,
                                           infer_k=infer_k, cc=int(cc), reo_wnd=reo_wnd)

@@ -2,10 +2,10 @@
 :mod:`hdl.transport.req_nscc`).
 
 A window in bytes per QP, driven by every ACK's round trip (the SACK's CC_STATE echo of the
-data packet's TSETH timestamp), its ECN echo and the NACKs of trimmed packets. The model's
-default stays the ECN window of ``docs/requester.md`` (``cc_algorithm = "ecn"``), the RTL's
-default too, so the RTL-versus-model equivalence tests compare like with like, and ``nscc``
-is selected explicitly (``mrc-nic sim --cc nscc``).
+data packet's TSETH timestamp), its ECN echo and the NACKs of trimmed packets. The main
+job's default (``mrc-nic sim``, ``cc_algorithm = "nscc"``; ``--cc ecn`` for the ECN window of
+``docs/requester.md``); a model NIC or requester configured without a scenario keeps the ECN
+window, as the RTL requester does after reset.
 
 The rules, as UEC's public htsim model (``initNsccParams`` and the NSCC update) states them:
 

@@ -122,7 +122,7 @@ class _Qp:
     cwnd: int = 0               #: congestion window, PSNs from una (CONFIG ``cc``)
     cc_acc: int = 0             #: PSNs acknowledged (unmarked) since the window last widened
     cc_recover: int = 0         #: marks on PSNs before this were already answered
-    nscc: Nscc | None = None    #: NSCC's state (``cc_algorithm`` "nscc", the model's only)
+    nscc: Nscc | None = None    #: NSCC's state (``cc_algorithm`` "nscc")
 
     @property
     def effective_state(self):
@@ -243,9 +243,9 @@ class RequesterModel:
 
     def set_cc_algorithm(self, algorithm, setting=None):
         """The congestion window's algorithm (it limits sending only with CONFIG ``cc``):
-        ``"ecn"``, the RTL's ECN window (the default), or ``"nscc"``
-        (:mod:`sim.model.nscc`, the model's only, with its :class:`NsccSetting`). QPs
-        written afterwards use it."""
+        ``"ecn"``, the ECN window (the default, as the RTL's CONFIG ``cc_nscc`` after reset),
+        or ``"nscc"`` (:mod:`sim.model.nscc`, with its :class:`NsccSetting`; the main job's
+        default). QPs written afterwards use it."""
         if algorithm not in CC_ALGORITHMS:
             raise ValueError(f"cc algorithm must be one of {', '.join(CC_ALGORITHMS)}, "
                              f"not {algorithm!r}")
