@@ -129,3 +129,19 @@ def test_the_rtl_group_runs_nscc_in_a_build_of_its_own():
     assert mainjob.rtl_nscc_setting(ecn, nic_config_for(ecn)) \
         == mainjob.rtl_default_nscc_setting(nic_config_for(ecn))
     assert mainjob.group_build_dir(nscc).name.endswith("-group5-dpi")
+
+
+def test_ecn_runs_share_the_default_nscc_build_and_nscc_runs_need_their_own(tmp_path):
+    """The pair's RTL NICs carry the NSCC engine: ``--cc ecn``/``off`` runs of the default
+    scenario use its NSCC build; an NSCC run refuses NICs built with another setting (the
+    model's NSCC would run another window), before anything is built or written."""
+    nscc = scenario("default", backend="rtl")
+    assert nscc.cc_algorithm == "nscc"
+    for other in (nscc.replace(cc_algorithm="ecn"), nscc.replace(cc=0)):
+        assert mainjob._build_dir(other) == mainjob._build_dir(nscc)
+    config = nic_config_for(nscc)
+    elsewhere = mainjob.rtl_nscc_setting(nscc.replace(latency_us=2.0), config)
+    with pytest.raises(ValueError, match="build_nscc: a run on NSCC needs NICs built with "
+                                         "its own setting"):
+        mainjob.run_scenario(nscc, tmp_path / "run", build_nscc=elsewhere)
+    assert not (tmp_path / "run").exists()
