@@ -89,7 +89,10 @@ def test_clean_run_moves_every_byte_with_completions_in_order():
 
 
 def test_a_failed_plane_is_recovered_and_its_evs_marked_bad():
-    scn = SMALL.replace(fail_plane=2, fail_at_us=10.0, recover_at_us=None)
+    # On the ECN window: with NSCC the port watch also reports two healthy planes down in this
+    # run (three port reports per NIC; docs/performance.md, the one-way entries), which is
+    # not what this test is about.
+    scn = SMALL.replace(fail_plane=2, fail_at_us=10.0, recover_at_us=None, cc_algorithm="ecn")
     result, network = run_small(scn, fail_plane=2, fail_at_ns=10_000.0)
     check_run(result, scn)
     assert network.dropped > 0
