@@ -438,7 +438,7 @@ class Responder(wiring.Component):
         stop, more, cont = self._run_flags(m, rcv_x, wimm_x, chunk, "run")
         _, _, cont_step = self._run_flags(m, bm.rcv, bm.wimm, chunk, "run_step")
         _, _, cont_add = self._run_flags(m, bm.rcv | 1, bm.wimm | s.is_imm_op, chunk, "run_add")
-        step = Signal(range(chunk + 1))
+        step = s.step = Signal(range(chunk + 1))
         m.d.comb += step.eq(Mux(more, wimm_next, run))
 
         s.advancing = as_signal(m, s.placed_d0 | s.is_cont, "advancing")
@@ -461,16 +461,19 @@ class Responder(wiring.Component):
             shifted = shift_right(m, advanced, step, name=f"{name}_shift")
             m.d.comb += s.new_bm[name].eq(Mux(s.advancing, shifted, placed))
 
-        passed = below_mask(m, s.advance, chunk, name="passed")
+        # The sums over the step are made from the entry before `advancing` (which waits on
+        # the verdict) only selects them.
+        passed = below_mask(m, step, chunk, name="passed")
         s.new_epsn = Signal(24)
         s.new_epos = Signal.like(qp.epos)
         s.new_msn = Signal(24)
         s.wimm_msn = Signal(24)             # MSN of the completed WRITE_IMM's message
-        epos_sum = qp.epos + s.advance
+        epos_sum = qp.epos + step
         m.d.comb += [
-            s.new_epsn.eq(qp.epsn + s.advance),
-            s.new_epos.eq(Mux(epos_sum >= window, epos_sum - window, epos_sum)),
-            s.new_msn.eq(qp.msn + popcount(last_x[:chunk] & passed)),
+            s.new_epsn.eq(Mux(s.advancing, qp.epsn + step, qp.epsn)),
+            s.new_epos.eq(Mux(s.advancing, Mux(epos_sum >= window, epos_sum - window, epos_sum),
+                              qp.epos)),
+            s.new_msn.eq(Mux(s.advancing, qp.msn + popcount(last_x[:chunk] & passed), qp.msn)),
             s.wimm_msn.eq(qp.msn + popcount(
                 last_x[:chunk] & below_mask(m, wimm_at + 1, chunk, name="upto_wimm"))),
         ]
@@ -561,8 +564,9 @@ class Responder(wiring.Component):
         # A probe of a QP that exists and responds is answered; any other is dropped (counted).
         s.send_probe_ack = s.is_probe & s.known & s.responding
         s.new_above = Signal.like(qp.above)
-        m.d.comb += s.new_above.eq(Mux(s.placed | s.is_cont, qp.above + s.placed - s.advance,
-                                       qp.above))
+        # above + placed - advance, the sums made before the verdict selects one.
+        m.d.comb += s.new_above.eq(Mux(s.advancing, qp.above + ~s.is_cont - s.step,
+                                       Mux(s.placed, qp.above + 1, qp.above)))
         s.new_rcvd = Signal(RCVD_BYTES_BITS)
         # The sum is made before the verdict, which only selects it.
         m.d.comb += s.new_rcvd.eq(Mux(s.placed, qp.rcvd_bytes + h.reth.dma_len, qp.rcvd_bytes))
