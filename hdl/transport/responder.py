@@ -436,6 +436,7 @@ class Responder(wiring.Component):
         # `may_cont` the two cases (a continued step, an in-order packet that adds bit 0)
         # are decided in parallel, before the operation's kind selects one.
         stop, more, cont = self._run_flags(m, rcv_x, wimm_x, chunk, "run")
+        s.step_cont = cont
         _, _, cont_step = self._run_flags(m, bm.rcv, bm.wimm, chunk, "run_step")
         _, _, cont_add = self._run_flags(m, bm.rcv | 1, bm.wimm | s.is_imm_op, chunk, "run_add")
         step = s.step = Signal(range(chunk + 1))
@@ -522,7 +523,10 @@ class Responder(wiring.Component):
         qp, h, verdict = s.st.qp, s.h, s.verdict
         V = ResponderVerdict
         s.ce = h.tclass[:2] == P.ECN_CE
-        gap = ~s.d0 | (s.advance > 1) | s.e_cont
+        # A gap: the packet lies above the expected PSN, or its step passes more than itself
+        # or continues. `ack_now` counts only for a placed packet, which at the expected PSN
+        # always advances: the step's own figures, not the advance the verdict selects.
+        gap = ~s.d0 | (s.step > 1) | s.step_cont
         s.count_next = qp.ack_count + 1
         s.ack_now = Signal()
         timer_room = s.timers_used < self._timers
