@@ -29,7 +29,8 @@ from .resp_layouts import (
 )
 
 __all__ = ["Admission", "checks_layout", "header_checks", "distance_layout",
-           "distance_checks", "admitted_layout", "admission_observation_layout"]
+           "distance_checks", "distance_after_step", "admitted_layout",
+           "admission_observation_layout"]
 
 
 def checks_layout():
@@ -90,7 +91,7 @@ def distance_checks(config, psn, epsn, mpr, rcv):
     }
 
 
-def _distance_after_step(m, config, psn, wb):
+def distance_after_step(m, config, psn, wb):
     """``distance_checks`` of PSN ``psn`` against the row S2 writes back (``wb``), from S2's
     row before its step: the expected PSN moves on by ``wb.advance`` (0 to CHUNK), the
     receive bitmap is the one before the step with the packet's bit set, shifted down by the
@@ -150,7 +151,7 @@ def admitted_layout(config):
 def writeback_layout(config):
     """S2's write-back of the cycle: its row would be written if S2 fires (`row_write`), it
     is (`fire`), the QP and the row; and what S1 derives the next packet's distance from
-    (`_distance_after_step`): S2's expected PSN before its step (`epsn`, the restart's PSN for
+    (`distance_after_step`): S2's expected PSN before its step (`epsn`, the restart's PSN for
     a restart), the step's `advance`, the receive bitmap before the step (`rcv`, cleared for
     a restart), whether S2 places its packet (`placed`) and that packet's PSN's low bits."""
     return data.StructLayout({"row_write": 1, "fire": 1, "qpn": config.qpn_bits,
@@ -389,7 +390,7 @@ class Admission(wiring.Component):
         s1_psn = s1.beat.header.bth.psn
         dist_older = distance_checks(config, s1_psn, older.qp.epsn, older.qp.mpr,
                                      older.bm.rcv)
-        dist_now = _distance_after_step(m, config, s1_psn, wb)
+        dist_now = distance_after_step(m, config, s1_psn, wb)
         out = self.o.payload
         m.d.comb += [
             *(out.dist[name].eq(Mux(same_now, dist_now[name], dist_older[name]))
