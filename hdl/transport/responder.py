@@ -343,7 +343,6 @@ class Responder(wiring.Component):
     # --- S2: classify ----------------------------------------------------------------------
 
     def _classify(self, m, s):
-        config = self._config
         e, qp, bm, mr = s.e, s.st.qp, s.st.bm, s.mr
         s.is_packet = s.e_valid & (e.kind == s.FIRST)
         # A reliability probe (PETH) is a one-beat packet that consumes no PSN: it is answered
