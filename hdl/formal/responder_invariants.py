@@ -43,7 +43,9 @@ proves them in the next):
 - *tables*: the tables' row of the QP equals ``latest``, except in the cycle after S2 wrote it
   (the write-back reaches the table from a register, a cycle later);
 - *forwarding*: whenever S2 holds an operation of the QP, the row it decides on (``st``, the
-  table's data with the two pending write-backs and S2's own forwarded) equals ``latest``;
+  table's data with the two pending write-backs and S2's own forwarded) equals ``latest``,
+  and where its packet's PSN lies against that row (``dist``, made in S1 against the row
+  read or the row S2 writes back) is what S2 would compute from ``st``;
 - *configuration*: the QP's MPR is at most ``config.mpr_units`` (``QP_WRITE`` refuses more);
 - *placed* (``placed_once``): a placed PSN is recorded in ``latest``: below the expected PSN,
   or inside the window with its receive bit set, or more than a window ahead (come round).
@@ -150,6 +152,7 @@ class ResponderInvariants(Elaboratable):
                    "S1 starts from the latest row"),
             Assert(latest.qp.mpr <= config.mpr_units, "MPR within the configuration"),
             Assert(obs.checks_ok, "the checks registered for S2 are its packet's"),
+            Assert(~mine | obs.dist_ok, "the distance registered for S2 is its packet's"),
         ]
         restart = write & obs.set_rx
 

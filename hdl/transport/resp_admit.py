@@ -16,11 +16,20 @@ from amaranth.utils import ceil_log2
 from .. import protocol as P
 from ..config import NicConfig
 from ..packet.headers import PacketKind, packet_beat_layout
-from ..util import validating
+from ..util import as_signal, validating
 from .resp_defs import ResponderCommand, responder_command_layout
-from .resp_layouts import OP_BEAT, OP_CTL, OP_FIRST, OP_TIMER, op_layout, responder_layouts
+from .resp_layouts import (
+    CHUNK,
+    OP_BEAT,
+    OP_CTL,
+    OP_FIRST,
+    OP_TIMER,
+    op_layout,
+    responder_layouts,
+)
 
-__all__ = ["Admission", "checks_layout", "header_checks", "admitted_layout",
+__all__ = ["Admission", "checks_layout", "header_checks", "distance_layout",
+           "distance_checks", "distance_after_step", "admitted_layout",
            "admission_observation_layout"]
 
 
@@ -54,23 +63,102 @@ def header_checks(config, header, mr, va_end):
     }
 
 
+def distance_layout(config):
+    """Where a packet's PSN lies against the row S2 starts from, made in S1 and registered for
+    S2 (out of S2's loop on its own row): ``offset`` = (PSN - expected PSN) modulo 2**pos_bits,
+    at the expected PSN (``d0``), below it, inside the window (mpr x 128 PSNs from it), its
+    receive bit set (``marked``) and the receive bit of the PSN just below it
+    (``below_marked``). The last two mean something only inside the window (and
+    ``below_marked`` only above the expected PSN)."""
+    return data.StructLayout({"offset": config.window_bits, "d0": 1, "below": 1,
+                              "in_window": 1, "marked": 1, "below_marked": 1})
+
+
+def distance_checks(config, psn, epsn, mpr, rcv):
+    """``distance_layout`` values of PSN ``psn`` against a row with expected PSN ``epsn``, MPR
+    ``mpr`` and receive bitmap ``rcv``: what S2 decides on, the one definition (S1's
+    candidate for a row read from the tables, the observation ports' check of S2)."""
+    pos_bits = config.window_bits
+    distance = (psn - epsn)[:P.PSN_BITS]
+    offset = distance[:pos_bits]
+    below = distance[P.PSN_BITS - 1]
+    unit_bits = (P.MPR_UNIT_PSNS - 1).bit_length()
+    return {
+        "offset": offset, "d0": distance == 0, "below": below,
+        "in_window": ~below & (distance[unit_bits:] < mpr),
+        "marked": rcv.bit_select(offset, 1),
+        "below_marked": rcv.bit_select((offset - 1)[:pos_bits], 1),
+    }
+
+
+def distance_after_step(m, config, psn, wb):
+    """``distance_checks`` of PSN ``psn`` against the row S2 writes back (``wb``), from S2's
+    row before its step: the expected PSN moves on by ``wb.advance`` (0 to CHUNK), the
+    receive bitmap is the one before the step with the packet's bit set, shifted down by the
+    advance. Only the advance and the placement come late; they meet small compares, not a
+    carry chain across the PSN."""
+    pos_bits = config.window_bits
+    window = config.window_psns
+    adv = wb.advance
+    adv_bits = len(adv)
+    unit_bits = (P.MPR_UNIT_PSNS - 1).bit_length()
+    # From registers: the distance from S2's expected PSN before the step (`base`).
+    base = as_signal(m, (psn - wb.epsn)[:P.PSN_BITS], "wb_dist_base")
+    # distance = base - adv. Below: bit 23 of the difference (the borrow out of the low
+    # bits flips it only when the bits between are all zero).
+    borrow = base[:adv_bits] < adv
+    below = base[P.PSN_BITS - 1] ^ (borrow & (base[adv_bits:P.PSN_BITS - 1] == 0))
+    d0 = (base[adv_bits:] == 0) & (base[:adv_bits] == adv)
+    # In the window: adv <= base < adv + mpr x 128 (no wrap: both bounds are small).
+    span = Cat(C(0, unit_bits), wb.state.qp.mpr)
+    low_bits = ((2**len(wb.state.qp.mpr) - 1) * P.MPR_UNIT_PSNS + CHUNK).bit_length()
+    low = base[:low_bits]
+    low_fits = as_signal(m, base[low_bits:] == 0, "wb_dist_fits")
+    under_span = as_signal(m, low < span, "wb_dist_under_span")
+    over = as_signal(m, (low - span)[:low_bits], "wb_dist_over")    # base - span, if >= 0
+    at_least_adv = (low[adv_bits:] != 0) | (low[:adv_bits] >= adv)
+    in_window = low_fits & at_least_adv & \
+        (under_span | ((over[adv_bits:] == 0) & (over[:adv_bits] < adv)))
+    # The receive bits: bit `base` (and `base - 1`) of the bitmap before the shift, the
+    # packet S2 places included (its PSN has the same low bits).
+    rcv = wb.rcv
+    psn_low = psn[:pos_bits]
+    under = (base - 1)[:P.PSN_BITS]
+    marked = (base < window) & (rcv.bit_select(base[:pos_bits], 1) |
+                                (wb.placed & (psn_low == wb.psn_low)))
+    below_marked = (under < window) & (rcv.bit_select(under[:pos_bits], 1) |
+                                       (wb.placed & ((psn - 1)[:pos_bits] == wb.psn_low)))
+    return {
+        "offset": (base[:pos_bits] - adv)[:pos_bits], "d0": d0, "below": below,
+        "in_window": in_window, "marked": marked, "below_marked": below_marked,
+    }
+
+
 def admitted_layout(config):
     """An operation leaving S1 for the execute stage: the operation, the row it starts from
     (S2's write-back of the cycle included), its MR entry, va + dma_len, the header and MR
-    checks, a command's base + length, and for the rate limit the cycles since the row's last
-    NACK (`since_older`, valid unless `same_now`: the row is S2's write-back of the cycle)."""
+    checks, where its PSN lies against the row (`dist`), a command's base + length, and for
+    the rate limit the cycles since the row's last NACK (`since_older`, valid unless
+    `same_now`: the row is S2's write-back of the cycle)."""
     layouts = responder_layouts(config)
     return data.StructLayout({
         "op": op_layout(config), "row": layouts.state, "mr": layouts.mr, "va_end": 65,
-        "checks": checks_layout(), "cmd_limit": 65, "same_now": 1, "since_older": 32,
+        "checks": checks_layout(), "dist": distance_layout(config), "cmd_limit": 65,
+        "same_now": 1, "since_older": 32,
     })
 
 
 def writeback_layout(config):
     """S2's write-back of the cycle: its row would be written if S2 fires (`row_write`), it
-    is (`fire`), the QP and the row."""
+    is (`fire`), the QP and the row; and what S1 derives the next packet's distance from
+    (`distance_after_step`): S2's expected PSN before its step (`epsn`, the restart's PSN for
+    a restart), the step's `advance`, the receive bitmap before the step (`rcv`, cleared for
+    a restart), whether S2 places its packet (`placed`) and that packet's PSN's low bits."""
     return data.StructLayout({"row_write": 1, "fire": 1, "qpn": config.qpn_bits,
-                              "state": responder_layouts(config).state})
+                              "state": responder_layouts(config).state,
+                              "epsn": P.PSN_BITS, "advance": range(CHUNK + 1),
+                              "rcv": config.window_psns, "placed": 1,
+                              "psn_low": config.window_bits})
 
 
 def mr_write_layout(mr_slots, config):
@@ -296,8 +384,17 @@ class Admission(wiring.Component):
         ]
         m.d.sync += s1_mr.eq(mr_entry)
         s1_checks = header_checks(config, s1.beat.header, mr_entry, s1_va_end)
+        # Where the packet's PSN lies, against each candidate for the row S2 will start from
+        # (the row before S2's write of the cycle, and that write), selected with the row:
+        # S2 decides from registers, without a carry chain across the PSN in its loop.
+        s1_psn = s1.beat.header.bth.psn
+        dist_older = distance_checks(config, s1_psn, older.qp.epsn, older.qp.mpr,
+                                     older.bm.rcv)
+        dist_now = distance_after_step(m, config, s1_psn, wb)
         out = self.o.payload
         m.d.comb += [
+            *(out.dist[name].eq(Mux(same_now, dist_now[name], dist_older[name]))
+              for name in distance_layout(config).members),
             out.op.eq(s1), out.mr.eq(mr_entry), out.va_end.eq(s1_va_end),
             out.cmd_limit.eq(s1.cmd.base + s1.cmd.length),
             *(out.checks[name].eq(value) for name, value in s1_checks.items()),

@@ -30,8 +30,10 @@ class CompletionReorder(wiring.Component):
     the expected PSN takes the first free entry (position = ``epos`` + ``offset`` modulo the
     window); one at the expected PSN completes at once (``placed_d0``: its immediate is the
     packet's); a step that passes a WRITE_IMM end (``stop``, at ``wimm_at`` PSNs from the
-    expected one) releases the entry at that position. Which entry a step releases is
-    decided from the entries alone, so the verdict (``placed``) reaches only the insertion.
+    expected one) releases the entry at that position. Which entry a step releases, and which
+    one an insertion takes, are decided from the entries and the packet alone (``at_epsn``:
+    the packet is at the expected PSN, known before the verdict), so the verdict (``placed``)
+    reaches only the insertion's write enable.
 
     Sequential part: ``push`` (S2 fires and releases a completion) registers the completion
     (one cycle, no decision logic in front of the FIFO), which then enters the completion
@@ -52,7 +54,7 @@ class CompletionReorder(wiring.Component):
     epos : ``In(position)``, offset : ``In(position)``, wimm_at : ``In(range(CHUNK + 1))``
         The expected PSN's position, the packet's distance from it, where the step's
         WRITE_IMM end lies.
-    stop, placed, placed_d0, imm_op : ``In(1)``
+    stop, placed, placed_d0, at_epsn, imm_op : ``In(1)``
     imm : ``In(32)``
         The packet's immediate.
     new_entries, new_count : ``Out``
@@ -74,7 +76,8 @@ class CompletionReorder(wiring.Component):
         super().__init__({
             "entries": In(layouts.wimm_row), "count": In(range(config.max_wimm + 1)),
             "epos": In(pos_bits), "offset": In(pos_bits), "wimm_at": In(range(CHUNK + 1)),
-            "stop": In(1), "placed": In(1), "placed_d0": In(1), "imm_op": In(1),
+            "stop": In(1), "placed": In(1), "placed_d0": In(1), "at_epsn": In(1),
+            "imm_op": In(1),
             "imm": In(32),
             "new_entries": Out(layouts.wimm_row),
             "new_count": Out(range(config.max_wimm + 1)),
@@ -100,7 +103,10 @@ class CompletionReorder(wiring.Component):
         free_slot = lowest_set(m, ~Cat(wt[k].valid for k in range(config.max_wimm)),
                                "free_slot")
         done_at_once = self.placed_d0 & self.imm_op
-        insert = as_signal(m, self.placed & self.imm_op & ~done_at_once, "wimm_insert")
+        # A placed WRITE_IMM above the expected PSN (placed at it, it completes at once:
+        # placed_d0 is placed & at_epsn). The slot it would take is chosen before the verdict.
+        inserting = as_signal(m, self.imm_op & ~self.at_epsn, "wimm_inserting")
+        insert = as_signal(m, self.placed & inserting, "wimm_insert")
         hit_imms = [Mux(done_at_once, self.imm, 0)]
         hits = []
         for k in range(config.max_wimm):
@@ -109,7 +115,8 @@ class CompletionReorder(wiring.Component):
             hits.append(hit)
             hit_imms.append(Mux(hit, wt[k].imm, 0))
             m.d.comb += self.new_entries[k].eq(wt[k])
-            with m.If(insert & (free_slot == k)):
+            takes = as_signal(m, inserting & (free_slot == k), f"wimm_takes{k}")
+            with m.If(self.placed & takes):
                 m.d.comb += [self.new_entries[k].valid.eq(1), self.new_entries[k].pos.eq(pkt_pos),
                              self.new_entries[k].imm.eq(self.imm)]
             with m.Elif(hit):

@@ -24,7 +24,13 @@ from ..config import NicConfig
 from ..interfaces import completion_layout, place_beat_layout
 from ..packet.headers import PacketKind, packet_beat_layout
 from ..util import as_signal, below_mask, onehot, shift_right, validating
-from .resp_admit import Admission, checks_layout, header_checks
+from .resp_admit import (
+    Admission,
+    checks_layout,
+    distance_checks,
+    distance_layout,
+    header_checks,
+)
 from .resp_bits import lowest_set, popcount
 from .resp_complete import CompletionReorder
 from .resp_defs import (
@@ -111,6 +117,9 @@ def _observation_layout(config, mr_slots):
         "s1_row_op": 1, "s1_qpn": config.qpn_bits, "s1_older": state, "s1_mr_older": mr,
         # The registered checks and S1's va + dma_len agree with the packets they belong to.
         "checks_ok": 1,
+        # S2's registered distance agrees with its packet and the row it decides on (what
+        # its verdict reads of it: the receive bits only inside the window).
+        "dist_ok": 1,
     })
 
 
@@ -285,6 +294,9 @@ class Responder(wiring.Component):
         s.mr = Signal(s.layouts.mr, reset_less=True)    # S2's MR entry
         s.va_end = Signal(65, reset_less=True)      # S2's va + dma_len
         s.checks = Signal(checks_layout(), reset_less=True)     # S2's header and MR checks
+        # Where S2's packet lies against its row (made in S1; a continued step, which starts
+        # from its own write-back, does not read it).
+        s.dist = Signal(distance_layout(self._config), reset_less=True)
         s.nak_since = Signal(32, reset_less=True)   # S2: cycles - its row's last_nak
         s.nak_set = Signal()                        # S2 sends an out-of-window NACK
         s.cmd_limit = Signal(65, reset_less=True)   # S2's command's base + length
@@ -323,7 +335,7 @@ class Responder(wiring.Component):
                 s.nak_since.eq(Mux(a.same_now, since_now, a.since_older)),
                 e_valid.eq(1), e.eq(a.op),
                 s.mr.eq(a.mr), s.va_end.eq(a.va_end), s.cmd_limit.eq(a.cmd_limit),
-                s.checks.eq(a.checks), s.st.eq(a.row),
+                s.checks.eq(a.checks), s.dist.eq(a.dist), s.st.eq(a.row),
             ]
         with m.Elif(s.e_fire):
             m.d.sync += e_valid.eq(0)
@@ -331,7 +343,6 @@ class Responder(wiring.Component):
     # --- S2: classify ----------------------------------------------------------------------
 
     def _classify(self, m, s):
-        config = self._config
         e, qp, bm, mr = s.e, s.st.qp, s.st.bm, s.mr
         s.is_packet = s.e_valid & (e.kind == s.FIRST)
         # A reliability probe (PETH) is a one-beat packet that consumes no PSN: it is answered
@@ -344,7 +355,6 @@ class Responder(wiring.Component):
         s.is_ctl = s.e_valid & (e.kind == s.CTL)
 
         h = s.h = e.beat.header
-        psn = h.bth.psn
 
         checks = s.checks
         s.is_last_op = checks.last_op
@@ -352,13 +362,13 @@ class Responder(wiring.Component):
         s.known = checks.known
         s.responding = (qp.state == int(P.QpState.RTR)) | (qp.state == int(P.QpState.RTS))
         bad_seq = checks.bad_seq
-        s.distance = Signal(24)
-        m.d.comb += s.distance.eq(psn - qp.epsn)
-        s.d0 = as_signal(m, psn == qp.epsn, "d0")
-        below = s.distance[23]
-        in_window = ~below & (s.distance[7:] < qp.mpr)      # distance < mpr x 128 PSNs
-        s.offset = s.distance[:max(1, ceil_log2(config.window_psns))]
-        marked = as_signal(m, bm.rcv.bit_select(s.offset, 1), "marked")
+        # The PSN against the row, from S1's registers (no subtract in S2's loop).
+        dist = s.dist
+        s.d0 = dist.d0
+        below = dist.below
+        in_window = dist.in_window          # 0 <= PSN - epsn < mpr x 128
+        s.offset = dist.offset
+        marked = dist.marked
         mr_ok = checks.mr_hit & (mr.pd == qp.pd)
         in_bounds = checks.in_bounds
         wimm_full = s.is_imm_op & (qp.wimm_count >= qp.max_wimm)
@@ -425,9 +435,10 @@ class Responder(wiring.Component):
         # `may_cont` the two cases (a continued step, an in-order packet that adds bit 0)
         # are decided in parallel, before the operation's kind selects one.
         stop, more, cont = self._run_flags(m, rcv_x, wimm_x, chunk, "run")
+        s.step_cont = cont
         _, _, cont_step = self._run_flags(m, bm.rcv, bm.wimm, chunk, "run_step")
         _, _, cont_add = self._run_flags(m, bm.rcv | 1, bm.wimm | s.is_imm_op, chunk, "run_add")
-        step = Signal(range(chunk + 1))
+        step = s.step = Signal(range(chunk + 1))
         m.d.comb += step.eq(Mux(more, wimm_next, run))
 
         s.advancing = as_signal(m, s.placed_d0 | s.is_cont, "advancing")
@@ -450,16 +461,19 @@ class Responder(wiring.Component):
             shifted = shift_right(m, advanced, step, name=f"{name}_shift")
             m.d.comb += s.new_bm[name].eq(Mux(s.advancing, shifted, placed))
 
-        passed = below_mask(m, s.advance, chunk, name="passed")
+        # The sums over the step are made from the entry before `advancing` (which waits on
+        # the verdict) only selects them.
+        passed = below_mask(m, step, chunk, name="passed")
         s.new_epsn = Signal(24)
         s.new_epos = Signal.like(qp.epos)
         s.new_msn = Signal(24)
         s.wimm_msn = Signal(24)             # MSN of the completed WRITE_IMM's message
-        epos_sum = qp.epos + s.advance
+        epos_sum = qp.epos + step
         m.d.comb += [
-            s.new_epsn.eq(qp.epsn + s.advance),
-            s.new_epos.eq(Mux(epos_sum >= window, epos_sum - window, epos_sum)),
-            s.new_msn.eq(qp.msn + popcount(last_x[:chunk] & passed)),
+            s.new_epsn.eq(Mux(s.advancing, qp.epsn + step, qp.epsn)),
+            s.new_epos.eq(Mux(s.advancing, Mux(epos_sum >= window, epos_sum - window, epos_sum),
+                              qp.epos)),
+            s.new_msn.eq(Mux(s.advancing, qp.msn + popcount(last_x[:chunk] & passed), qp.msn)),
             s.wimm_msn.eq(qp.msn + popcount(
                 last_x[:chunk] & below_mask(m, wimm_at + 1, chunk, name="upto_wimm"))),
         ]
@@ -472,6 +486,7 @@ class Responder(wiring.Component):
             reorder.entries.eq(wt), reorder.count.eq(qp.wimm_count), reorder.epos.eq(qp.epos),
             reorder.offset.eq(s.offset), reorder.wimm_at.eq(wimm_at), reorder.stop.eq(s.stop),
             reorder.placed.eq(s.placed), reorder.placed_d0.eq(s.placed_d0),
+            reorder.at_epsn.eq(s.d0),
             reorder.imm_op.eq(s.is_imm_op), reorder.imm.eq(h.immdt.imm),
         ]
         s.new_wt = reorder.new_entries
@@ -507,18 +522,19 @@ class Responder(wiring.Component):
         qp, h, verdict = s.st.qp, s.h, s.verdict
         V = ResponderVerdict
         s.ce = h.tclass[:2] == P.ECN_CE
-        gap = (s.distance != 0) | (s.advance > 1) | s.e_cont
+        # A gap: the packet lies above the expected PSN, or its step passes more than itself
+        # or continues. `ack_now` counts only for a placed packet, which at the expected PSN
+        # always advances: the step's own figures, not the advance the verdict selects.
+        gap = ~s.d0 | (s.step > 1) | s.step_cont
         s.count_next = qp.ack_count + 1
         s.ack_now = Signal()
         timer_room = s.timers_used < self._timers
         # A packet placed above a hole as the gap_depth-th PSN received above it (once per
         # hole: the ones after it wait for the count or the timer).
-        deep = (s.gap_depth != 0) & (s.distance != 0) & (qp.above + 1 == s.gap_depth)
+        deep = (s.gap_depth != 0) & ~s.d0 & (qp.above + 1 == s.gap_depth)
         # A packet that opens a new hole: placed above the expected PSN while the PSN just
         # below it has not arrived (one arrival above a hole that was already reported is not).
-        below = (s.offset - 1)[:len(s.offset)]
-        new_hole = as_signal(m, s.ack_new_holes & (s.distance != 0) &
-                             ~s.st.bm.rcv.bit_select(below, 1), "new_hole")
+        new_hole = as_signal(m, s.ack_new_holes & ~s.d0 & ~s.dist.below_marked, "new_hole")
         m.d.comb += s.ack_now.eq(h.bth.ackreq | s.ce | (gap & ~s.coalesce_gaps) | deep |
                                  new_hole |
                                  (s.count_next >= s.ack_every) |
@@ -551,8 +567,9 @@ class Responder(wiring.Component):
         # A probe of a QP that exists and responds is answered; any other is dropped (counted).
         s.send_probe_ack = s.is_probe & s.known & s.responding
         s.new_above = Signal.like(qp.above)
-        m.d.comb += s.new_above.eq(Mux(s.placed | s.is_cont, qp.above + s.placed - s.advance,
-                                       qp.above))
+        # above + placed - advance, the sums made before the verdict selects one.
+        m.d.comb += s.new_above.eq(Mux(s.advancing, qp.above + ~s.is_cont - s.step,
+                                       Mux(s.placed, qp.above + 1, qp.above)))
         s.new_rcvd = Signal(RCVD_BYTES_BITS)
         # The sum is made before the verdict, which only selects it.
         m.d.comb += s.new_rcvd.eq(Mux(s.placed, qp.rcvd_bytes + h.reth.dma_len, qp.rcvd_bytes))
@@ -786,6 +803,14 @@ class Responder(wiring.Component):
                     new_qp.above.eq(0), new_qp.rcvd_bytes.eq(0), new_qp.wimm_count.eq(0),
                     new_qp.last_ts.eq(0),
                 ]
+        # What S1 derives the next packet's distance from when it is of this QP.
+        m.d.comb += [
+            s.admit.wb.epsn.eq(Mux(s.set_rx, cmd.psn, qp.epsn)),
+            s.admit.wb.advance.eq(s.advance),
+            s.admit.wb.rcv.eq(Mux(s.set_rx, 0, s.st.bm.rcv)),
+            s.admit.wb.placed.eq(s.placed),
+            s.admit.wb.psn_low.eq(h.bth.psn[:self._config.window_bits]),
+        ]
         m.d.comb += [
             s.new_state.bm.eq(Mux(s.set_rx, 0, s.new_bm)),
             s.new_state.wt.eq(Mux(s.set_rx, 0, s.new_wt)),
@@ -847,6 +872,13 @@ class Responder(wiring.Component):
             (~s.e_valid | (s.checks.as_value() ==
                            Cat(e_checks[name] for name in checks_layout().members))) &
             a_obs.s1_va_end_ok)
+        st, dist = s.st, s.dist
+        e_dist = distance_checks(self._config, s.h.bth.psn, st.qp.epsn, st.qp.mpr, st.bm.rcv)
+        same = {name: dist[name] == e_dist[name] for name in e_dist}
+        m.d.comb += obs.dist_ok.eq(
+            ~s.is_packet |
+            (same["offset"] & same["d0"] & same["below"] & same["in_window"] &
+             (~dist.in_window | (same["marked"] & (dist.d0 | same["below_marked"])))))
         for op, valid, name in ((s1, s1_valid, "s1_restart"), (s.e, s.e_valid, "e_restart")):
             m.d.comb += obs[name].eq(valid & (op.kind == s.CTL) &
                                      (op.cmd.cmd == ResponderCommand.QP_WRITE) & op.cmd.set_psn)
