@@ -12,9 +12,10 @@ After the last frame the bench drains: it runs until the NIC is idle, at most
 port, ``place``, ``completion``) for :data:`QUIET_CYCLES` cycles, and no ACK-delay timer that
 may still fire before the bound: a timer starts with a data packet's responder verdict and fires
 ``ack_delay`` cycles later (the responder's reset value ``DEFAULT_ACK_DELAY``: the bench never
-sets it), so while a verdict's ``ack_delay`` ends within :data:`QUIET_CYCLES` of the span from
-now to the bound, the drain goes on. Every frame and verdict the full bound would record is
-recorded; only the cycles after the NIC's last output are left out.
+sets it), so while any responder verdict's ``ack_delay`` ends within :data:`QUIET_CYCLES` of the
+span from now to the bound, the drain goes on (every verdict counts, whether or not it started a
+timer). Every frame and verdict the full bound would record is recorded; only the cycles after
+the NIC's last output are left out.
 """
 
 import json
