@@ -301,13 +301,13 @@ LONGEST_FIRST = [
     "test_nic_rtl.py",              # builds the pair with the C++ agents
     "test_waves.py",                # builds the traceable pair (Python agents)
     "test_incast_rtl.py",           # builds three NICs (with NSCC; the C++ agents)
-    "test_path_select.py",          # four Verilator models of path select (on_verilator)
     "test_replay.py",               # exports and builds the replay NIC
     "test_parser.py",
     "test_rgmii.py",                # builds the self-test with the external plane
     "test_transport.py",            # builds the self-test
     "test_cli.py",                  # exports the reduced NIC, Icarus compiles it
     "test_fuzz.py",                 # fuzz runs on the C++-agents build
+    "test_path_select.py",          # one Verilator model of path select (on_verilator)
     "test_formal.py",               # make test's formal smoke (the rest: formal_deep)
     "test_packet_engine_rtl.py",
     "test_dpi_agents.py",           # runs on both builds

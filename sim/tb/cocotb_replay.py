@@ -6,6 +6,16 @@ of NIC A and expecting ``INITIAL_PSN``, an EV profile for its replies. Reads ``R
 (JSON: config dict and frames as hex with their port), feeds the frames one at a time into the
 RX ports, records per frame the parser's verdict and, for data packets, the responder's, and
 every frame the NIC sends (ACKs, NAKs, probe responses) on any TX port. Writes ``REPLAY_OUT``.
+
+After the last frame the bench drains: it runs until the NIC is idle, at most
+:data:`MAX_DRAIN_CYCLES` cycles. Idle means both: no beat on any of the NIC's outputs (every TX
+port, ``place``, ``completion``) for :data:`QUIET_CYCLES` cycles, and no ACK-delay timer that
+may still fire before the bound: a timer starts with a data packet's responder verdict and fires
+``ack_delay`` cycles later (the responder's reset value ``DEFAULT_ACK_DELAY``: the bench never
+sets it), so while any responder verdict's ``ack_delay`` ends within :data:`QUIET_CYCLES` of the
+span from now to the bound, the drain goes on (every verdict counts, whether or not it started a
+timer). Every frame and verdict the full bound would record is recorded; only the cycles after
+the NIC's last output are left out.
 """
 
 import json
@@ -19,7 +29,7 @@ from cocotb.triggers import ClockCycles, RisingEdge
 from hdl.config import NicConfig
 from hdl.control.nicmap import nic_register_map
 from hdl.packet.headers import DropReason, net_beat_layout
-from hdl.transport.resp_defs import ResponderVerdict
+from hdl.transport.resp_defs import DEFAULT_ACK_DELAY, ResponderVerdict
 from sim import defaults as D
 from sim.driver.nic import NicDriver
 from sim.tb.cocotb_host import CocotbBus, HostMemory, MemoryPort
@@ -28,6 +38,12 @@ from sim.tb.streams import StreamSink, StreamSource, beats_to_bytes, frame_to_be
 #: The replayed NIC's memory region: the slot is the rkey's low bits (docs/responder.md).
 MR_SLOT = D.MR_RKEY & 0xF
 PD = 1
+#: The longest the drain after the last frame runs.
+MAX_DRAIN_CYCLES = 2000
+#: Cycles without a beat on any NIC output after which the NIC counts as idle (see the module
+#: docstring): several times the longest gap between a frame's verdict and its response's first
+#: beat, or between two beats of one response.
+QUIET_CYCLES = 256
 
 
 
@@ -74,6 +90,9 @@ async def replay(dut):
     verdicts, transport = [], []
     cycles = [0]
     current = [None]
+    last_output = [0]           # the last cycle any NIC output held a valid beat
+    timer_starts = []           # the cycles of the responder's verdicts
+    outputs = [sink.valid for sink in sinks] + [dut.place__valid, dut.completion__valid]
 
     async def watch():
         while True:
@@ -84,6 +103,17 @@ async def replay(dut):
             if int(dut.resp_verdict_valid.value):
                 transport.append((current[0],
                                   ResponderVerdict(int(dut.resp_verdict.value.to_unsigned()))))
+                timer_starts.append(cycles[0])
+            if any(int(valid.value) for valid in outputs):
+                last_output[0] = cycles[0]
+
+    def idle(end):
+        now = cycles[0]
+        if now - last_output[0] < QUIET_CYCLES:
+            return False
+        return not any(now < start + DEFAULT_ACK_DELAY + QUIET_CYCLES
+                       and start + DEFAULT_ACK_DELAY - QUIET_CYCLES <= end
+                       for start in timer_starts)
 
     cocotb.start_soon(watch())
     started = time.monotonic()
@@ -97,7 +127,9 @@ async def replay(dut):
         else:
             raise AssertionError(f"frame {number + 1}: no verdict after 100000 cycles")
         await ClockCycles(dut.clk, 12)      # the responder's verdict follows the parser's
-    await ClockCycles(dut.clk, 2000)        # delayed ACKs and the last responses drain
+    end = cycles[0] + MAX_DRAIN_CYCLES      # the last responses and delayed ACKs drain
+    while cycles[0] < end and not idle(end):
+        await RisingEdge(dut.clk)
 
     responses = []
     for plane, sink in enumerate(sinks):

@@ -426,7 +426,9 @@ class DpiAgents:
 class DpiPair:
     """The NIC pair (:class:`sim.tb.pair.NicPair`) with the wrapper :data:`DPI_TOP`, for
     :func:`sim.tb.runner.run_cocotb` (``toplevel=DPI_TOP``, ``verilator_args=
-    verilator_args()``)."""
+    verilator_args()``). The pair's Verilog is :meth:`NicPair.export_sv`'s, exported once per
+    design for this wrapper and the benches that run the pair as the top. ``nscc``: both NICs'
+    NSCC setting (``None``: none)."""
 
     def __init__(self, config, *, nscc=None):
         self.config = config
@@ -435,7 +437,7 @@ class DpiPair:
     def export_sv(self, path):
         from ..export import write_if_changed
         from .pair import NicPair
-        text = NicPair(self.config, nscc=self.nscc).export_sv(path)
+        text = NicPair(self.config, nscc=self.nscc).export_sv()
         text = text + "\n" + wrapper_sv(text, self.config)
         write_if_changed(path, text)
         return text

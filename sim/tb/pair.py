@@ -4,8 +4,15 @@
 The two NICs have one configuration, so :meth:`NicPair.export_sv` writes the NIC once, as the
 module ``mrc_nic``, and a top that instantiates it twice: Verilator compiles one NIC's C++, not
 two, which halves the build of ``make sim`` (the build is most of a default run's wall time).
+A pair design is exported once: its Verilog is kept in :data:`PAIR_EXPORTS` and read from there
+by every bench of that design, the pair as the top and the C++ agents' wrapper around it
+(:class:`sim.tb.dpi.DpiPair`).
 """
 
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
 from types import SimpleNamespace
 
 from amaranth import *
@@ -15,9 +22,15 @@ from amaranth.lib.wiring import Flow
 from hdl.config import NicConfig
 from hdl.nic import MrcNic
 
+from .. import export as _export_module
+from ..env import BUILD
 from ..export import export_sv, write_if_changed
 
-__all__ = ["NicPair", "NicGroup", "SMALL_CONFIG", "NIC_MODULE", "GROUP_MODULE"]
+__all__ = ["NicPair", "NicGroup", "SMALL_CONFIG", "NIC_MODULE", "GROUP_MODULE", "PAIR_EXPORTS"]
+
+#: Where :meth:`NicPair.export_sv` keeps each pair design's Verilog: a folder per configuration
+#: and NSCC setting, holding ``nic_pair.sv`` and the key it was exported under.
+PAIR_EXPORTS = BUILD / "exports"
 
 #: The Verilog module name of the shared NIC.
 NIC_MODULE = "mrc_nic"
@@ -61,6 +74,7 @@ class NicPair(wiring.Component):
 
     def __init__(self, config, *, nscc=None):
         self._config = config
+        self._nscc = nscc
         self._shared = False
         self.nics = {"a": MrcNic(config, nscc=nscc), "b": MrcNic(config, nscc=nscc)}
         members = {}
@@ -86,16 +100,39 @@ class NicPair(wiring.Component):
                 _connect(m, getattr(self, f"{prefix}_{name}"), getattr(nic, name), member)
         return m
 
-    def export_sv(self, path):
+    def export_sv(self, path=None):
         """Write NIC ``a`` once, as the module :data:`NIC_MODULE`, and this pair as the top
-        ``nic_pair`` with two instances of it, to ``path`` (kept when unchanged). NIC ``b``
-        is never elaborated: the second instance stands for it."""
-        nic = export_sv(self.nics["a"], name=NIC_MODULE)
+        ``nic_pair`` with two instances of it, to ``path`` (kept when unchanged; ``None``: only
+        return the text). NIC ``b`` is never elaborated: the second instance stands for it.
+
+        The text comes from :data:`PAIR_EXPORTS` when it was exported there under the same key
+        (:func:`sim.tb.runner.source_key` of the gateware, this module, the export module, the
+        configuration and the NSCC setting); otherwise the pair is elaborated and the text kept
+        there."""
+        from .runner import _folder_lock, source_key
+        parts = [self._config.to_dict()]
+        if self._nscc is not None:
+            parts.append(dataclasses.asdict(self._nscc))
+        name = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:12]
+        folder = PAIR_EXPORTS / f"nic_pair-{name}"
+        cached, key_file = folder / "nic_pair.sv", folder / "export.key"
+        key = source_key("nic_pair", *parts, Path(__file__).read_bytes(),
+                         Path(_export_module.__file__).read_bytes())
         self._shared = True
-        top = export_sv(self, name="nic_pair")
-        _mark_used(self.nics["b"])
-        text = nic + "\n" + top
-        write_if_changed(path, text)
+        with _folder_lock(folder):
+            if cached.exists() and key_file.exists() and key_file.read_text() == key:
+                text = cached.read_text()
+                _mark_used(self, *self.nics.values())
+            else:
+                nic = export_sv(self.nics["a"], name=NIC_MODULE)
+                top = export_sv(self, name="nic_pair")
+                _mark_used(self.nics["b"])
+                text = nic + "\n" + top
+                key_file.unlink(missing_ok=True)
+                write_if_changed(cached, text)
+                key_file.write_text(key)
+        if path is not None:
+            write_if_changed(path, text)
         return text
 
 

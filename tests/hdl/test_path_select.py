@@ -43,7 +43,11 @@ from sim.tb.amsim import StreamCollector, StreamDriver
 FEEDBACK_SETTLE_CYCLES = 8
 
 SMALL = NicConfig(qps=16, ev_profiles=2, evs_per_profile=16, ports=4)
-WIDE = NicConfig(qps=16, ev_profiles=1, evs_per_profile=64, ports=8)
+#: The configuration of every test on a Verilator model (``on_verilator``): one design, so one
+#: model build, serves them all (64 EVs on 8 ports; 64 QPs and four profiles for the tests that
+#: need them; the event depth and hash seed of the most demanding test).
+WIDE = NicConfig(qps=64, ev_profiles=4, evs_per_profile=64, ports=8)
+WIDE_PARAMS = {"event_depth": 128, "hash_seed": 0x1234}
 CONTEXT = unsigned(16)
 
 
@@ -359,7 +363,7 @@ def test_back_to_back_feedback_on_one_ev_is_applied_one_after_the_other(bubbles,
 @pytest.mark.usefixtures("on_verilator")
 def test_ten_thousand_picks_are_uniform_over_64_evs():
     bench = Bench(WIDE, bubbles=0.05, backpressure=0.05, seed=11,
-                  profiles={0: udp_profile()})
+                  profiles={0: udp_profile()}, **WIDE_PARAMS)
     qpns = (0, 1)
 
     async def script(bench, ctx):
@@ -447,7 +451,7 @@ def test_event_queue_overflow_counts_drops():
 
 @pytest.mark.usefixtures("on_verilator")
 def test_failover_no_data_on_a_dead_port_once_its_loss_feedback_is_in():
-    bench = Bench(WIDE, seed=4, profiles={0: udp_profile()})
+    bench = Bench(WIDE, seed=4, profiles={0: udp_profile()}, **WIDE_PARAMS)
     qpns = (0, 1, 2, 3)
 
     def traffic(count):
@@ -481,9 +485,8 @@ def test_port_fate_sharing_two_losses_abandon_the_whole_port_floor_permitting():
     every other fate-sharing one); a probe that brings an EV back GOOD clears the strike; a
     profile without fate sharing is untouched, the floor holds, and a second port's sweep
     queues behind the first."""
-    bench = Bench(NicConfig(qps=16, ev_profiles=4, evs_per_profile=64, ports=8), seed=11,
-                  event_depth=128,
-                  profiles={0: udp_profile(), 1: udp_profile(), 2: udp_profile()})
+    bench = Bench(WIDE, seed=11, profiles={0: udp_profile(), 1: udp_profile(), 2: udp_profile()},
+                  **WIDE_PARAMS)
     qpns = (0, 1, 2, 3)
 
     async def script(bench, ctx):
@@ -552,8 +555,7 @@ def test_a_port_the_port_watch_reports_down_is_swept_in_fate_sharing_profiles_on
     on it in a fate-sharing profile goes ASSUMED_BAD (the floor permitting), a profile
     without fate sharing is untouched, port 0 and ports above P do nothing, and the model's
     ``port_down`` gives the same events."""
-    bench = Bench(NicConfig(qps=16, ev_profiles=4, evs_per_profile=64, ports=8), seed=13,
-                  event_depth=128, profiles={0: udp_profile(), 1: udp_profile()})
+    bench = Bench(WIDE, seed=13, profiles={0: udp_profile(), 1: udp_profile()}, **WIDE_PARAMS)
 
     async def pulse(ctx, port):
         ctx.set(bench.dut.port_down_valid, 1)
@@ -590,7 +592,7 @@ def test_selection_waits_for_a_lost_and_its_fate_sweep():
     """A retransmission presented right after its LOST (the port's second) is decided only once
     the LOST and the sweep it starts are applied: no decision lands on the lost EV's port (the
     requester sends the LOST first; docs/path-select.md)."""
-    bench = Bench(WIDE, seed=12, bubbles=0.0, backpressure=0.3, event_depth=64)
+    bench = Bench(WIDE, seed=12, bubbles=0.0, backpressure=0.3, **WIDE_PARAMS)
     qpns = (0, 1, 2, 3)
 
     async def script(bench, ctx):
@@ -723,8 +725,7 @@ def test_generated_profile_goes_online_with_generate_entries():
 
 @pytest.mark.usefixtures("on_verilator")
 def test_auto_mode_one_ev_per_qp_and_qps_spread():
-    config = NicConfig(qps=64, ev_profiles=1, evs_per_profile=64, ports=8)
-    bench = Bench(config, seed=8, profiles={0: udp_profile()}, hash_seed=0x1234)
+    bench = Bench(WIDE, seed=8, profiles={0: udp_profile()}, **WIDE_PARAMS)
 
     async def script(bench, ctx):
         await bench.commands(ctx, bring_up_commands(0, 64, ports=8, mode=EvMode.AUTO,
