@@ -382,10 +382,13 @@ class Requester(wiring.Component):
         fifo_in(arm_fifo, segmenter.arm)
         wiring.connect(m, segmenter.o, sender.new)
         wiring.connect(m, psnpool.alloc, segmenter.alloc)
-        lo_write = psnpool.tables.write.pool_lo
-        m.d.comb += [segmenter.pool_lo_write.addr.eq(lo_write.addr),
-                     segmenter.pool_lo_write.data.eq(lo_write.data),
-                     segmenter.pool_lo_write.en.eq(lo_write.en)]
+        # The segmenter tracks its QP's entries from their owners' write ports.
+        for tracked, owner in ((segmenter.ack_write, tables.ack.write.ack),
+                               (segmenter.cc_write, tables.ack.write.cc),
+                               (segmenter.nscc_write, tables.nscc.write.nscc_window),
+                               (segmenter.pool_lo_write, tables.psn_pool.write.pool_lo)):
+            m.d.comb += [tracked.addr.eq(owner.addr), tracked.data.eq(owner.data),
+                         tracked.en.eq(owner.en)]
 
         # -- resends: trim queue, walker, retx -> retransmitter -> send register -----------
         fifo_out(timeout_walks, walker.timeout)
