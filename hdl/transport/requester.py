@@ -46,8 +46,9 @@ same cycle and earlier. Three engines forward what a read cannot see yet: ACK pr
 which decides an ACK a cycle after its tables' data is registered, takes the write-back of
 the ACK ahead from its write ports; the intake keeps the next PSN of the QP the segmenter
 works on (a register: the WR being segmented has not written it yet); the segmenter keeps the
-PSN pool chunk of the QP it last worked on, and takes the PSN pool's ``pool_lo`` write of the
-cycle it takes a WR.
+PSN pool chunk of the QP it last worked on, and tracks its QP's ``ack``, ``cc``,
+``nscc_window`` and ``pool_lo`` entries from the intake's reads and the tables' write ports,
+so it checks each packet a cycle ahead, from registers.
 """
 
 
