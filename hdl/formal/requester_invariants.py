@@ -72,7 +72,10 @@ proves them in the next):
   segmenter's WR is among those slots (QP not in ERROR), the latched ``una`` lies before
   the WR's end PSN (so the engine never completes the WR the segmenter holds);
 - *intake*: its forwarding register, holding the QP, has ``N`` as end PSN when the segmenter
-  holds no WR of the QP and the QP is not in ERROR;
+  holds no WR of the QP and the QP is not in ERROR; the WR in S1 decides on its QP's
+  entries as the tables hold them (read, or captured while it waits: ring tail and head for
+  any QP, every observed entry for this one); the free FIFO's head register holds its oldest
+  entry;
 - *ACK processing*: A2, holding an item of the QP, decides on the ``ack`` entry of the table
   (``una`` and ``error``, forwarded), and on a next PSN between ``U`` and ``N``; the control's
   QP reset never finds A1 or A2 busy.
@@ -222,6 +225,23 @@ class RequesterInvariants(Elaboratable):
             age = Mux(index >= free.free_rd, index - free.free_rd, index + pool - free.free_rd)
             places.append((age < free.free_count, free.free_entries[index]))
         free_end = free.free_rd + free.free_count
+        # The WR in S1 decides on its QP's entries as the tables hold them (captured while
+        # it waits); the free FIFO's oldest entry is in its head register.
+        s1_ring = row.rings[intake.s1_qpn]
+        s1_mine = intake.s1_valid & (intake.s1_qpn == watch_qpn)
+        m.d.comb += [
+            Assert(~intake.s1_valid | ((intake.s1_sq.tail == s1_ring.tail)
+                                       & (intake.s1_cq.head == s1_ring.head)),
+                   "the intake's WR sees its QP's ring"),
+            Assert(~s1_mine | ((Value.cast(intake.s1_cfg) == Value.cast(row.cfg))
+                               & (Value.cast(intake.s1_sq) == Value.cast(row.sq))
+                               & (Value.cast(intake.s1_ack) == Value.cast(row.ack))
+                               & (Value.cast(intake.s1_cq) == Value.cast(row.cq))
+                               & (intake.s1_next_psn == next_psn)),
+                   "the intake's WR sees its QP's entries"),
+            Assert((free.free_count == 0) | (free.free_head == free.free_entries[free.free_rd]),
+                   "the free FIFO's head register holds its oldest entry"),
+        ]
         m.d.comb += [
             Assert(free.fresh <= pool, "the fresh counter within the pool"),
             Assert((free.free_count <= pool) & (free.free_rd < pool) & (free.free_wr < pool)

@@ -34,11 +34,19 @@ from .req_defs import (
 )
 from .req_psnpool import chunk_alloc_signature
 from .req_send import send_item_layout
-from .req_tables import requester_tables, table_access_signature
+from .req_tables import (
+    TABLE_ACCESS,
+    requester_tables,
+    table_access_signature,
+    table_writes_signature,
+)
 from .req_timer import arm_layout
 
-__all__ = ["segment_job_layout", "intake_observation_layout", "segment_check_layout",
-           "segmenter_observation_layout", "WrIntake", "Segmenter"]
+__all__ = ["INTAKE_READS", "segment_job_layout", "intake_observation_layout",
+           "segment_check_layout", "segmenter_observation_layout", "WrIntake", "Segmenter"]
+
+#: The tables the intake reads, each for the WR it checks.
+INTAKE_READS = TABLE_ACCESS["intake"][0]
 
 
 def segment_job_layout(config):
@@ -58,18 +66,24 @@ def segment_job_layout(config):
 
 def intake_observation_layout(config):
     """What ``WrIntake(observe=True)`` shows on ``obs``: its forwarding register (the QP and
-    end PSN of the WR last handed to the segmenter), the WR pool entry it takes this cycle
-    (``alloc``: a WR is accepted; ``alloc_entry``: its entry), and the free list: the
-    entries never handed out (``fresh`` and up), the FIFO's storage (``free_entries``, an
-    asynchronous read), its oldest position (``free_rd``), its next write position
-    (``free_wr``) and its fill (``free_count``)."""
+    end PSN of the WR last handed to the segmenter), the WR in S1 (``s1_valid``, ``s1_qpn``)
+    and the entries of its QP it decides on (``s1_cfg``, ``s1_sq``, ``s1_ack``, ``s1_cq``,
+    ``s1_next_psn``: the table's, before the forwarding register), the WR pool entry it
+    takes this cycle (``alloc``: a WR is accepted; ``alloc_entry``: its entry), and the free
+    list: the entries never handed out (``fresh`` and up), the FIFO's storage
+    (``free_entries``, an asynchronous read), its oldest position (``free_rd``) and entry
+    (``free_head``), its next write position (``free_wr``) and its fill (``free_count``)."""
     pool = pool_entries(config)
+    tables = requester_tables(config)
     return data.StructLayout({"fwd_valid": 1, "fwd_qpn": config.qpn_bits, "fwd_end": PSN,
+                              "s1_valid": 1, "s1_qpn": config.qpn_bits,
+                              **{f"s1_{name}": tables[name][0]
+                                 for name in ("cfg", "sq", "ack", "cq", "next_psn")},
                               "alloc": 1, "alloc_entry": pool_index_bits(config),
                               "fresh": range(pool + 1),
                               "free_entries": data.ArrayLayout(pool_index_bits(config), pool),
-                              "free_rd": range(pool), "free_wr": range(pool),
-                              "free_count": range(pool + 1)})
+                              "free_rd": range(pool), "free_head": pool_index_bits(config),
+                              "free_wr": range(pool), "free_count": range(pool + 1)})
 
 
 def segment_check_layout():
@@ -118,9 +132,9 @@ class WrIntake(wiring.Component):
     The free list: entries never used are handed out first, in index order (a counter, so a
     reset needs no table initialised); the completion engine returns each entry as it
     completes the WR (``free``) into a FIFO as deep as the pool, from which the intake
-    takes once the counter is spent (one block RAM, its registered read addressed a cycle
-    ahead and transparent for the write, so the oldest entry is ready whenever the FIFO is
-    not empty). An entry is in at most one place (the counter's range, the FIFO, a QP's ring;
+    takes once the counter is spent (one block RAM, its registered read, transparent for
+    the write, fetching the entry after the oldest, and the oldest in a head register, so it
+    is ready whenever the FIFO is not empty and taking it steers no read address). An entry is in at most one place (the counter's range, the FIFO, a QP's ring;
     ``hdl/formal/requester_invariants.py`` proves it), so ``free`` always finds room. A QP's
     WRs all complete (flushed, after an error) before the control may reset it, so a reset
     frees nothing by itself.
@@ -128,12 +142,18 @@ class WrIntake(wiring.Component):
     Hazards: the QP the segmenter works on (or last worked on) has not written its final
     next PSN yet: the intake keeps the end PSN of the last WR it handed over and takes it
     from there (a QP_WRITE of that QP clears it).
-    Every other table read is transparent. Nothing is taken or accepted while the control
+    Every other table read is transparent. The tables are read for the WR on ``wr`` whether
+    or not S1 takes it, so S1's stall steers no read address: a WR that waits captures its
+    QP's entries each cycle, with the tables' writes of the cycle (``writes``), as the
+    transparent read would give them. Nothing is taken or accepted while the control
     holds; a QP_WRITE resets ``sq`` (``control.write``).
 
     Members
     -------
     tables : ``In(table_access_signature(config, "intake"))``
+    writes : ``In(table_writes_signature(config, INTAKE_READS))``
+        The write ports of the tables the intake reads (their owners'), for the entries of
+        a WR that waits.
     control : ``In(ControlSignature(config))``
     wr : ``In(stream.Signature(work_request_layout(config)))``
     free : ``In(stream.Signature(pool_index_bits(config)))``
@@ -159,6 +179,7 @@ class WrIntake(wiring.Component):
         self._observe = observe
         super().__init__({
             "tables": In(table_access_signature(config, "intake")),
+            "writes": In(table_writes_signature(config, INTAKE_READS)),
             "control": In(ControlSignature(config)),
             "wr": In(stream.Signature(work_request_layout(config))),
             "free": In(stream.Signature(pool_index_bits(config))),
@@ -183,16 +204,30 @@ class WrIntake(wiring.Component):
         s1 = Signal(work_request_layout(cfg))
         s1_take = Signal()
         s1_accept = Signal()
-        for name in ("cfg", "sq", "next_psn", "ack", "cq", "tail_chunk", "pool_lo", "cc",
-                     "nscc_window"):
-            m.d.comb += getattr(reads, name).addr.eq(Mux(s1_take, self.wr.payload.qpn, s1.qpn))
-        s1_cfg, s1_sq, s1_ack, s1_cq = (getattr(reads, n).data for n in ("cfg", "sq", "ack", "cq"))
+        # The tables are read for the WR on `wr`, whether or not S1 takes it: S1's stall
+        # (which waits on the segmenter) steers no read address. A WR that waits in S1
+        # captures its QP's entries every cycle it waits, with the write of the cycle taken
+        # from the table's write port (`writes`), and from its second cycle on decides on
+        # them: what the transparent read, addressed last cycle, would give.
+        s1_held = Signal()              # S1's WR waited last cycle
+        m.d.sync += s1_held.eq(s1_valid & ~s1_accept)
+        s1_entries = {}
+        for name in INTAKE_READS:
+            port, written = getattr(reads, name), getattr(self.writes, name)
+            captured = Signal.like(port.data, name=f"s1_{name}_held")
+            entry = Signal.like(port.data, name=f"s1_{name}")
+            m.d.comb += [port.addr.eq(self.wr.payload.qpn),
+                         entry.eq(Mux(s1_held, captured, port.data))]
+            m.d.sync += captured.eq(Mux(written.en & (written.addr == s1.qpn), written.data,
+                                        entry))
+            s1_entries[name] = entry
+        s1_cfg, s1_sq, s1_ack, s1_cq = (s1_entries[n] for n in ("cfg", "sq", "ack", "cq"))
 
         # The WR last handed to the segmenter: its QP's next PSN is its end PSN.
         fwd_valid = Signal()
         fwd_qpn = Signal(qb)
         fwd_end = Signal(PSN)
-        s1_next_psn = Mux(fwd_valid & (fwd_qpn == s1.qpn), fwd_end, reads.next_psn.data)
+        s1_next_psn = Mux(fwd_valid & (fwd_qpn == s1.qpn), fwd_end, s1_entries["next_psn"])
 
         s1_state = Mux(s1_ack.error, P.QpState.ERROR, s1_cfg.state)
         s1_op_ok = ((s1.opcode == P.WrOpcode.RDMA_WRITE)
@@ -217,9 +252,11 @@ class WrIntake(wiring.Component):
         # come back through `free` into the FIFO.
         pool = pool_entries(cfg)
         pool_fresh = Signal(range(pool + 1))
-        # The FIFO: block RAM with a registered read, addressed a cycle ahead (the next
-        # oldest when one is taken), transparent for the write, so the oldest entry is on
-        # `free_head` whenever `free_count` is not 0.
+        # The FIFO: block RAM with a registered read of the entry after the oldest
+        # (transparent for the write), and the oldest in a register (`free_head`, valid
+        # whenever `free_count` is not 0): the read lands there the cycle after one is
+        # taken, and an entry written into an empty FIFO goes there too. Taking an entry
+        # steers no read address.
         m.submodules.free_list = free_list = Memory(shape=pool_index_bits(cfg), depth=pool,
                                                     init=[])
         free_write = free_list.write_port()
@@ -235,7 +272,7 @@ class WrIntake(wiring.Component):
         m.d.comb += [
             free_write.addr.eq(free_wr), free_write.data.eq(self.free.payload),
             free_write.en.eq(self.free.valid & self.free.ready),
-            free_read.addr.eq(Mux(free_pop, free_next(free_rd), free_rd)),
+            free_read.addr.eq(free_next(free_rd)),
             self.free.ready.eq(free_count != pool),
             self.pool_free.eq(pool - pool_fresh + free_count),
         ]
@@ -244,9 +281,16 @@ class WrIntake(wiring.Component):
         with m.If(free_pop):
             m.d.sync += free_rd.eq(free_next(free_rd))
         m.d.sync += free_count.eq(free_count + free_write.en - free_pop)
+        free_popped = Signal()          # an entry was taken last cycle: the read is the oldest
+        free_held = Signal(pool_index_bits(cfg))
+        free_head = Signal(pool_index_bits(cfg))
+        m.d.comb += free_head.eq(Mux(free_popped, free_read.data, free_held))
+        m.d.sync += [free_popped.eq(free_pop),
+                     free_held.eq(Mux(free_write.en & (free_wr == free_rd), self.free.payload,
+                                      free_head))]
         s1_fresh = pool_fresh != pool
         s1_pool_ok = s1_fresh | (free_count != 0)
-        s1_entry = Mux(s1_fresh, pool_fresh, free_read.data)[:pool_index_bits(cfg)]
+        s1_entry = Mux(s1_fresh, pool_fresh, free_head)[:pool_index_bits(cfg)]
         s1_slot_free = (s1_slots_used < cfg.wr_slots) & s1_pool_ok
         s1_pool_waited = Signal()       # this WR has counted its wait for the pool
         m.d.comb += [
@@ -319,9 +363,9 @@ class WrIntake(wiring.Component):
             job.length.eq(s1.length), job.va.eq(s1.remote_addr), job.local.eq(s1.local_addr),
             job.rkey.eq(s1.rkey), job.imm.eq(s1.imm), job.is_imm.eq(s1_is_imm),
             job.msn.eq(s1_sq.msgs), job.rqmsn.eq(s1_sq.imm_msgs), job.mpr.eq(s1_cfg.mpr),
-            job.una.eq(s1_ack.una), job.chunk.eq(reads.tail_chunk.data),
-            job.lo.eq(reads.pool_lo.data), job.cwnd.eq(reads.cc.data.cwnd),
-            job.nscc_window.eq(reads.nscc_window.data),
+            job.una.eq(s1_ack.una), job.chunk.eq(s1_entries["tail_chunk"]),
+            job.lo.eq(s1_entries["pool_lo"]), job.cwnd.eq(s1_entries["cc"].cwnd),
+            job.nscc_window.eq(s1_entries["nscc_window"]),
         ]
         with m.If(s1_accept_send):
             m.d.sync += [fwd_valid.eq(1), fwd_qpn.eq(s1.qpn), fwd_end.eq(s1_end)]
@@ -331,7 +375,11 @@ class WrIntake(wiring.Component):
             m.d.comb += [self.obs.fwd_valid.eq(fwd_valid), self.obs.fwd_qpn.eq(fwd_qpn),
                          self.obs.fwd_end.eq(fwd_end), self.obs.alloc.eq(s1_accept),
                          self.obs.alloc_entry.eq(s1_entry), self.obs.fresh.eq(pool_fresh),
-                         self.obs.free_rd.eq(free_rd), self.obs.free_wr.eq(free_wr),
+                         self.obs.free_rd.eq(free_rd), self.obs.free_head.eq(free_head),
+                         self.obs.free_wr.eq(free_wr),
+                         self.obs.s1_valid.eq(s1_valid), self.obs.s1_qpn.eq(s1.qpn),
+                         *[self.obs[f"s1_{name}"].eq(s1_entries[name])
+                           for name in ("cfg", "sq", "ack", "cq", "next_psn")],
                          self.obs.free_count.eq(free_count)]
             for index in range(pool):
                 port = free_list.read_port(domain="comb")

@@ -34,6 +34,7 @@ from .req_defs import (
 )
 
 __all__ = ["requester_tables", "block_ram_bits", "TABLE_ACCESS", "table_access_signature",
+           "table_writes_signature",
            "OBSERVED_TABLES", "observed_row_layout", "RequesterTables"]
 
 
@@ -194,6 +195,16 @@ def table_access_signature(config, engine):
             name: Out(WritePort.Signature(addr_width=shape(name)[1], shape=shape(name)[0]))
             for name in writes}))
     return wiring.Signature(members)
+
+
+def table_writes_signature(config, names):
+    """The write ports of tables ``names`` as a reader that tracks them sees them (their
+    owners' ports, fanned out): an engine takes it as ``In(...)``."""
+    tables = requester_tables(config)
+    return wiring.Signature({
+        name: Out(WritePort.Signature(addr_width=_addr_width(tables[name][1]),
+                                      shape=tables[name][0]))
+        for name in names})
 
 
 class RequesterTables(wiring.Component):

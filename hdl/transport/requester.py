@@ -88,6 +88,7 @@ from .req_defs import (
 )
 from .req_infer import InferenceUnit
 from .req_intake import (
+    INTAKE_READS,
     Segmenter,
     WrIntake,
     intake_observation_layout,
@@ -98,6 +99,7 @@ from .req_psnpool import PsnPool
 from .req_retransmit import Retransmitter, Walker
 from .req_send import FeedbackMerge, SendRegister
 from .req_tables import (
+    TABLE_ACCESS,
     RequesterTables,
     block_ram_bits,
     observed_row_layout,
@@ -383,13 +385,20 @@ class Requester(wiring.Component):
         fifo_in(arm_fifo, segmenter.arm)
         wiring.connect(m, segmenter.o, sender.new)
         wiring.connect(m, psnpool.alloc, segmenter.alloc)
-        # The segmenter tracks its QP's entries from their owners' write ports.
-        for tracked, owner in ((segmenter.ack_write, tables.ack.write.ack),
-                               (segmenter.cc_write, tables.ack.write.cc),
-                               (segmenter.nscc_write, tables.nscc.write.nscc_window),
-                               (segmenter.pool_lo_write, tables.psn_pool.write.pool_lo)):
-            m.d.comb += [tracked.addr.eq(owner.addr), tracked.data.eq(owner.data),
-                         tracked.en.eq(owner.en)]
+        # The intake (for a WR that waits) and the segmenter (for its WR's QP) track table
+        # entries from their owners' write ports.
+        def table_write(name):
+            owner = next(engine for engine, (_, writes) in TABLE_ACCESS.items()
+                         if name in writes)
+            return getattr(getattr(tables, owner).write, name)
+
+        tracked = [(getattr(intake.writes, name), name) for name in INTAKE_READS]
+        tracked += [(segmenter.ack_write, "ack"), (segmenter.cc_write, "cc"),
+                    (segmenter.nscc_write, "nscc_window"), (segmenter.pool_lo_write, "pool_lo")]
+        for port, name in tracked:
+            owner = table_write(name)
+            m.d.comb += [port.addr.eq(owner.addr), port.data.eq(owner.data),
+                         port.en.eq(owner.en)]
 
         # -- resends: trim queue, walker, retx -> retransmitter -> send register -----------
         fifo_out(timeout_walks, walker.timeout)
