@@ -134,7 +134,8 @@ class WrIntake(wiring.Component):
     completes the WR (``free``) into a FIFO as deep as the pool, from which the intake
     takes once the counter is spent (one block RAM, its registered read, transparent for
     the write, fetching the entry after the oldest, and the oldest in a head register, so it
-    is ready whenever the FIFO is not empty and taking it steers no read address). An entry is in at most one place (the counter's range, the FIFO, a QP's ring;
+    is ready whenever the FIFO is not empty and taking it steers no read address). An entry
+    is in at most one place (the counter's range, the FIFO, a QP's ring;
     ``hdl/formal/requester_invariants.py`` proves it), so ``free`` always finds room. A QP's
     WRs all complete (flushed, after an error) before the control may reset it, so a reset
     frees nothing by itself.
