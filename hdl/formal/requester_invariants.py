@@ -53,7 +53,10 @@ proves them in the next):
   else the wrapper's next PSN is ``N``; the retransmitter's output is marked as a resend;
 - *segmenter*: while it holds a WR of the QP, its next PSN is ``N``, its MPR ``M``, and the
   una its window check uses (``U`` of this cycle or of the hand-over) lies at or behind
-  ``U``: ``U - una <= N - una <= M x 128``; unless the QP is in ERROR, the intake's
+  ``U``: ``U - una <= N - una <= M x 128``; the ``ack`` entry it tracks is the table's
+  (``una`` and ``error``), and the checks it registered a cycle ahead are those of its PSN
+  against the una it uses (window, MPR filled, oldest PSN, error), its last-packet flag
+  that of the bytes left; unless the QP is in ERROR, the intake's
   forwarding register holds the QP with the WR's end PSN (``psn`` + the packets left);
 - *WR ring and pool*: at most ``config.wr_slots`` WRs are outstanding (``sq.tail -
   cq.head``); unless the QP is in ERROR, the segmenter's WR is one of them (its ring
@@ -69,7 +72,10 @@ proves them in the next):
   segmenter's WR is among those slots (QP not in ERROR), the latched ``una`` lies before
   the WR's end PSN (so the engine never completes the WR the segmenter holds);
 - *intake*: its forwarding register, holding the QP, has ``N`` as end PSN when the segmenter
-  holds no WR of the QP and the QP is not in ERROR;
+  holds no WR of the QP and the QP is not in ERROR; the WR in S1 decides on its QP's
+  entries as the tables hold them (read, or captured while it waits: ring tail and head for
+  any QP, every observed entry for this one); the free FIFO's head register holds its oldest
+  entry;
 - *ACK processing*: A2, holding an item of the QP, decides on the ``ack`` entry of the table
   (``una`` and ``error``, forwarded), and on a next PSN between ``U`` and ``N``; the control's
   QP reset never finds A1 or A2 busy.
@@ -171,6 +177,8 @@ class RequesterInvariants(Elaboratable):
         mtu_bits = log2(config.mtu)
         packets_left = Mux(seg.remaining == 0, 1, ((seg.remaining - 1) >> mtu_bits) + 1)
         seg_end = (seg.psn + packets_left)[:P.PSN_BITS]
+        seg_ahead_psns = _psn_distance(seg.psn, seg.una)
+        seg_limit = Cat(C(0, 7), seg.mpr)
         fwd_mine = intake.fwd_valid & (intake.fwd_qpn == watch_qpn)
         a2_mine = ack.a2_valid & (ack.a2_qpn == watch_qpn)
 
@@ -217,6 +225,23 @@ class RequesterInvariants(Elaboratable):
             age = Mux(index >= free.free_rd, index - free.free_rd, index + pool - free.free_rd)
             places.append((age < free.free_count, free.free_entries[index]))
         free_end = free.free_rd + free.free_count
+        # The WR in S1 decides on its QP's entries as the tables hold them (captured while
+        # it waits); the free FIFO's oldest entry is in its head register.
+        s1_ring = row.rings[intake.s1_qpn]
+        s1_mine = intake.s1_valid & (intake.s1_qpn == watch_qpn)
+        m.d.comb += [
+            Assert(~intake.s1_valid | ((intake.s1_sq.tail == s1_ring.tail)
+                                       & (intake.s1_cq.head == s1_ring.head)),
+                   "the intake's WR sees its QP's ring"),
+            Assert(~s1_mine | ((Value.cast(intake.s1_cfg) == Value.cast(row.cfg))
+                               & (Value.cast(intake.s1_sq) == Value.cast(row.sq))
+                               & (Value.cast(intake.s1_ack) == Value.cast(row.ack))
+                               & (Value.cast(intake.s1_cq) == Value.cast(row.cq))
+                               & (intake.s1_next_psn == next_psn)),
+                   "the intake's WR sees its QP's entries"),
+            Assert((free.free_count == 0) | (free.free_head == free.free_entries[free.free_rd]),
+                   "the free FIFO's head register holds its oldest entry"),
+        ]
         m.d.comb += [
             Assert(free.fresh <= pool, "the fresh counter within the pool"),
             Assert((free.free_count <= pool) & (free.free_rd < pool) & (free.free_wr < pool)
@@ -259,6 +284,17 @@ class RequesterInvariants(Elaboratable):
                    "the segmenter's una lies behind the QP's"),
             Assert(~seg_mine | error | (fwd_mine & (intake.fwd_end == seg_end)),
                    "the intake forwards the segmenter's end PSN"),
+            # The segmenter's tracked ack entry is the table's; its registered checks are
+            # those of this cycle's PSN against the una it uses.
+            Assert(~seg_mine | ((seg.una_seen == una) & (seg.error_seen == error)),
+                   "the segmenter tracks the QP's ack entry"),
+            Assert(~seg_mine | ((seg.check.window_ok == (seg_ahead_psns < seg_limit))
+                                & (seg.check.closes_mpr == (seg_ahead_psns + 1 >= seg_limit))
+                                & (seg.check.at_una == (seg.psn == seg.una))
+                                & (seg.check.error == (seg.fresh & seg.error_seen))),
+                   "the segmenter's checks are this cycle's"),
+            Assert(~seg.active | (seg.last == (seg.remaining <= config.mtu)),
+                   "the segmenter's last packet flag"),
             # The WR ring: the segmenter's WR is outstanding, so no QP_WRITE resets the QP
             # under it (the control refuses one with WRs outstanding, EBUSY, or flushes them,
             # which fails the QP; a QP in ERROR stops the segmenter's WR in the cycle).

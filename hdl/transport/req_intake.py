@@ -22,6 +22,7 @@ from .req_common import (
 )
 from .req_defs import (
     ACKREQ_EVERY_BITS,
+    CWND_BITS,
     MAX_WR_PACKETS,
     MSN_BITS,
     PSN_CHUNK,
@@ -33,51 +34,83 @@ from .req_defs import (
 )
 from .req_psnpool import chunk_alloc_signature
 from .req_send import send_item_layout
-from .req_tables import table_access_signature
+from .req_tables import (
+    TABLE_ACCESS,
+    requester_tables,
+    table_access_signature,
+    table_writes_signature,
+)
 from .req_timer import arm_layout
 
-__all__ = ["segment_job_layout", "intake_observation_layout", "segmenter_observation_layout",
-           "WrIntake", "Segmenter"]
+__all__ = ["INTAKE_READS", "segment_job_layout", "intake_observation_layout",
+           "segment_check_layout", "segmenter_observation_layout", "WrIntake", "Segmenter"]
+
+#: The tables the intake reads, each for the WR it checks.
+INTAKE_READS = TABLE_ACCESS["intake"][0]
 
 
 def segment_job_layout(config):
     """An accepted WR for the segmenter: its QP, first PSN, WR pool entry (``slot``) and ring
     position (``pos``), length, addresses, immediate data, METH numbers, and the QP's MPR,
-    una, ``tail_chunk`` (``chunk``) and ``pool_lo`` (``lo``) entries when it was checked."""
+    una, ``tail_chunk`` (``chunk``), ``pool_lo`` (``lo``), ECN window (``cwnd``) and NSCC
+    window (``nscc_window``) entries when it was checked."""
     return data.StructLayout({
         "qpn": config.qpn_bits, "psn": PSN, "slot": pool_index_bits(config),
         "pos": log2(slot_depth(config)), "length": 32,
         "va": 64, "local": 64, "rkey": 32, "imm": 32, "is_imm": 1, "msn": MSN_BITS,
         "rqmsn": MSN_BITS, "mpr": 4, "una": PSN,
         "chunk": psn_chunk_bits(config), "lo": PSN,
+        "cwnd": CWND_BITS, "nscc_window": CWND_BITS,
     })
 
 
 def intake_observation_layout(config):
     """What ``WrIntake(observe=True)`` shows on ``obs``: its forwarding register (the QP and
-    end PSN of the WR last handed to the segmenter), the WR pool entry it takes this cycle
-    (``alloc``: a WR is accepted; ``alloc_entry``: its entry), and the free list: the
-    entries never handed out (``fresh`` and up), the FIFO's storage (``free_entries``, an
-    asynchronous read), its oldest position (``free_rd``), its next write position
-    (``free_wr``) and its fill (``free_count``)."""
+    end PSN of the WR last handed to the segmenter), the WR in S1 (``s1_valid``, ``s1_qpn``)
+    and the entries of its QP it decides on (``s1_cfg``, ``s1_sq``, ``s1_ack``, ``s1_cq``,
+    ``s1_next_psn``: the table's, before the forwarding register), the WR pool entry it
+    takes this cycle (``alloc``: a WR is accepted; ``alloc_entry``: its entry), and the free
+    list: the entries never handed out (``fresh`` and up), the FIFO's storage
+    (``free_entries``, an asynchronous read), its oldest position (``free_rd``) and entry
+    (``free_head``), its next write position (``free_wr``) and its fill (``free_count``)."""
     pool = pool_entries(config)
+    tables = requester_tables(config)
     return data.StructLayout({"fwd_valid": 1, "fwd_qpn": config.qpn_bits, "fwd_end": PSN,
+                              "s1_valid": 1, "s1_qpn": config.qpn_bits,
+                              **{f"s1_{name}": tables[name][0]
+                                 for name in ("cfg", "sq", "ack", "cq", "next_psn")},
                               "alloc": 1, "alloc_entry": pool_index_bits(config),
                               "fresh": range(pool + 1),
                               "free_entries": data.ArrayLayout(pool_index_bits(config), pool),
-                              "free_rd": range(pool), "free_wr": range(pool),
-                              "free_count": range(pool + 1)})
+                              "free_rd": range(pool), "free_head": pool_index_bits(config),
+                              "free_wr": range(pool), "free_count": range(pool + 1)})
+
+
+def segment_check_layout():
+    """The segmenter's checks of a packet, made the cycle before it is offered (from the
+    registered PSN and the QP's tracked entries) and registered: inside the MPR window
+    (``window_ok``), inside the ECN and the NSCC windows (``ecn_ok``, ``nscc_ok``: false for
+    the WR's first packet, whose windows are not read yet), the packet fills the MPR, the ECN
+    or the NSCC window (``closes_*``), it is the QP's oldest outstanding PSN (``at_una``),
+    the QP failed (``error``), it needs a new PSN pool chunk (``need_chunk``) and the QP's
+    chunks would stay within the chunk map's span (``span_ok``)."""
+    return data.StructLayout({"window_ok": 1, "ecn_ok": 1, "nscc_ok": 1, "closes_mpr": 1,
+                              "closes_ecn": 1, "closes_nscc": 1, "at_una": 1, "error": 1,
+                              "need_chunk": 1, "span_ok": 1})
 
 
 def segmenter_observation_layout(config):
     """What ``Segmenter(observe=True)`` shows on ``obs``: the WR it holds (QP, next PSN, WR
-    pool entry, ring position, bytes left, the MPR it came with), the una its window check
-    uses this cycle, whether that is the ``ack`` table's (``fresh``) and whether a packet is
+    pool entry, ring position, bytes left and whether they fit one packet, the MPR it came
+    with), the una its window check uses this cycle, whether that is the tracked ``ack``
+    entry (``fresh``), the tracked ``ack`` entry's una and error flag (``una_seen``,
+    ``error_seen``), this cycle's registered checks (``check``) and whether a packet is
     taken (``emit``)."""
     return data.StructLayout({"active": 1, "qpn": config.qpn_bits, "psn": PSN,
                               "slot": pool_index_bits(config), "pos": log2(slot_depth(config)),
-                              "remaining": 32, "mpr": 4,
-                              "una": PSN, "fresh": 1, "emit": 1})
+                              "remaining": 32, "last": 1, "mpr": 4,
+                              "una": PSN, "fresh": 1, "una_seen": PSN, "error_seen": 1,
+                              "check": segment_check_layout(), "emit": 1})
 
 
 class WrIntake(wiring.Component):
@@ -99,9 +132,10 @@ class WrIntake(wiring.Component):
     The free list: entries never used are handed out first, in index order (a counter, so a
     reset needs no table initialised); the completion engine returns each entry as it
     completes the WR (``free``) into a FIFO as deep as the pool, from which the intake
-    takes once the counter is spent (one block RAM, its registered read addressed a cycle
-    ahead and transparent for the write, so the oldest entry is ready whenever the FIFO is
-    not empty). An entry is in at most one place (the counter's range, the FIFO, a QP's ring;
+    takes once the counter is spent (one block RAM, its registered read, transparent for
+    the write, fetching the entry after the oldest, and the oldest in a head register, so it
+    is ready whenever the FIFO is not empty and taking it steers no read address). An entry
+    is in at most one place (the counter's range, the FIFO, a QP's ring;
     ``hdl/formal/requester_invariants.py`` proves it), so ``free`` always finds room. A QP's
     WRs all complete (flushed, after an error) before the control may reset it, so a reset
     frees nothing by itself.
@@ -109,12 +143,18 @@ class WrIntake(wiring.Component):
     Hazards: the QP the segmenter works on (or last worked on) has not written its final
     next PSN yet: the intake keeps the end PSN of the last WR it handed over and takes it
     from there (a QP_WRITE of that QP clears it).
-    Every other table read is transparent. Nothing is taken or accepted while the control
+    Every other table read is transparent. The tables are read for the WR on ``wr`` whether
+    or not S1 takes it, so S1's stall steers no read address: a WR that waits captures its
+    QP's entries each cycle, with the tables' writes of the cycle (``writes``), as the
+    transparent read would give them. Nothing is taken or accepted while the control
     holds; a QP_WRITE resets ``sq`` (``control.write``).
 
     Members
     -------
     tables : ``In(table_access_signature(config, "intake"))``
+    writes : ``In(table_writes_signature(config, INTAKE_READS))``
+        The write ports of the tables the intake reads (their owners'), for the entries of
+        a WR that waits.
     control : ``In(ControlSignature(config))``
     wr : ``In(stream.Signature(work_request_layout(config)))``
     free : ``In(stream.Signature(pool_index_bits(config)))``
@@ -140,6 +180,7 @@ class WrIntake(wiring.Component):
         self._observe = observe
         super().__init__({
             "tables": In(table_access_signature(config, "intake")),
+            "writes": In(table_writes_signature(config, INTAKE_READS)),
             "control": In(ControlSignature(config)),
             "wr": In(stream.Signature(work_request_layout(config))),
             "free": In(stream.Signature(pool_index_bits(config))),
@@ -164,15 +205,30 @@ class WrIntake(wiring.Component):
         s1 = Signal(work_request_layout(cfg))
         s1_take = Signal()
         s1_accept = Signal()
-        for name in ("cfg", "sq", "next_psn", "ack", "cq", "tail_chunk", "pool_lo"):
-            m.d.comb += getattr(reads, name).addr.eq(Mux(s1_take, self.wr.payload.qpn, s1.qpn))
-        s1_cfg, s1_sq, s1_ack, s1_cq = (getattr(reads, n).data for n in ("cfg", "sq", "ack", "cq"))
+        # The tables are read for the WR on `wr`, whether or not S1 takes it: S1's stall
+        # (which waits on the segmenter) steers no read address. A WR that waits in S1
+        # captures its QP's entries every cycle it waits, with the write of the cycle taken
+        # from the table's write port (`writes`), and from its second cycle on decides on
+        # them: what the transparent read, addressed last cycle, would give.
+        s1_held = Signal()              # S1's WR waited last cycle
+        m.d.sync += s1_held.eq(s1_valid & ~s1_accept)
+        s1_entries = {}
+        for name in INTAKE_READS:
+            port, written = getattr(reads, name), getattr(self.writes, name)
+            captured = Signal.like(port.data, name=f"s1_{name}_held")
+            entry = Signal.like(port.data, name=f"s1_{name}")
+            m.d.comb += [port.addr.eq(self.wr.payload.qpn),
+                         entry.eq(Mux(s1_held, captured, port.data))]
+            m.d.sync += captured.eq(Mux(written.en & (written.addr == s1.qpn), written.data,
+                                        entry))
+            s1_entries[name] = entry
+        s1_cfg, s1_sq, s1_ack, s1_cq = (s1_entries[n] for n in ("cfg", "sq", "ack", "cq"))
 
         # The WR last handed to the segmenter: its QP's next PSN is its end PSN.
         fwd_valid = Signal()
         fwd_qpn = Signal(qb)
         fwd_end = Signal(PSN)
-        s1_next_psn = Mux(fwd_valid & (fwd_qpn == s1.qpn), fwd_end, reads.next_psn.data)
+        s1_next_psn = Mux(fwd_valid & (fwd_qpn == s1.qpn), fwd_end, s1_entries["next_psn"])
 
         s1_state = Mux(s1_ack.error, P.QpState.ERROR, s1_cfg.state)
         s1_op_ok = ((s1.opcode == P.WrOpcode.RDMA_WRITE)
@@ -197,9 +253,11 @@ class WrIntake(wiring.Component):
         # come back through `free` into the FIFO.
         pool = pool_entries(cfg)
         pool_fresh = Signal(range(pool + 1))
-        # The FIFO: block RAM with a registered read, addressed a cycle ahead (the next
-        # oldest when one is taken), transparent for the write, so the oldest entry is on
-        # `free_head` whenever `free_count` is not 0.
+        # The FIFO: block RAM with a registered read of the entry after the oldest
+        # (transparent for the write), and the oldest in a register (`free_head`, valid
+        # whenever `free_count` is not 0): the read lands there the cycle after one is
+        # taken, and an entry written into an empty FIFO goes there too. Taking an entry
+        # steers no read address.
         m.submodules.free_list = free_list = Memory(shape=pool_index_bits(cfg), depth=pool,
                                                     init=[])
         free_write = free_list.write_port()
@@ -215,7 +273,7 @@ class WrIntake(wiring.Component):
         m.d.comb += [
             free_write.addr.eq(free_wr), free_write.data.eq(self.free.payload),
             free_write.en.eq(self.free.valid & self.free.ready),
-            free_read.addr.eq(Mux(free_pop, free_next(free_rd), free_rd)),
+            free_read.addr.eq(free_next(free_rd)),
             self.free.ready.eq(free_count != pool),
             self.pool_free.eq(pool - pool_fresh + free_count),
         ]
@@ -224,9 +282,16 @@ class WrIntake(wiring.Component):
         with m.If(free_pop):
             m.d.sync += free_rd.eq(free_next(free_rd))
         m.d.sync += free_count.eq(free_count + free_write.en - free_pop)
+        free_popped = Signal()          # an entry was taken last cycle: the read is the oldest
+        free_held = Signal(pool_index_bits(cfg))
+        free_head = Signal(pool_index_bits(cfg))
+        m.d.comb += free_head.eq(Mux(free_popped, free_read.data, free_held))
+        m.d.sync += [free_popped.eq(free_pop),
+                     free_held.eq(Mux(free_write.en & (free_wr == free_rd), self.free.payload,
+                                      free_head))]
         s1_fresh = pool_fresh != pool
         s1_pool_ok = s1_fresh | (free_count != 0)
-        s1_entry = Mux(s1_fresh, pool_fresh, free_read.data)[:pool_index_bits(cfg)]
+        s1_entry = Mux(s1_fresh, pool_fresh, free_head)[:pool_index_bits(cfg)]
         s1_slot_free = (s1_slots_used < cfg.wr_slots) & s1_pool_ok
         s1_pool_waited = Signal()       # this WR has counted its wait for the pool
         m.d.comb += [
@@ -299,8 +364,9 @@ class WrIntake(wiring.Component):
             job.length.eq(s1.length), job.va.eq(s1.remote_addr), job.local.eq(s1.local_addr),
             job.rkey.eq(s1.rkey), job.imm.eq(s1.imm), job.is_imm.eq(s1_is_imm),
             job.msn.eq(s1_sq.msgs), job.rqmsn.eq(s1_sq.imm_msgs), job.mpr.eq(s1_cfg.mpr),
-            job.una.eq(s1_ack.una), job.chunk.eq(reads.tail_chunk.data),
-            job.lo.eq(reads.pool_lo.data),
+            job.una.eq(s1_ack.una), job.chunk.eq(s1_entries["tail_chunk"]),
+            job.lo.eq(s1_entries["pool_lo"]), job.cwnd.eq(s1_entries["cc"].cwnd),
+            job.nscc_window.eq(s1_entries["nscc_window"]),
         ]
         with m.If(s1_accept_send):
             m.d.sync += [fwd_valid.eq(1), fwd_qpn.eq(s1.qpn), fwd_end.eq(s1_end)]
@@ -310,7 +376,11 @@ class WrIntake(wiring.Component):
             m.d.comb += [self.obs.fwd_valid.eq(fwd_valid), self.obs.fwd_qpn.eq(fwd_qpn),
                          self.obs.fwd_end.eq(fwd_end), self.obs.alloc.eq(s1_accept),
                          self.obs.alloc_entry.eq(s1_entry), self.obs.fresh.eq(pool_fresh),
-                         self.obs.free_rd.eq(free_rd), self.obs.free_wr.eq(free_wr),
+                         self.obs.free_rd.eq(free_rd), self.obs.free_head.eq(free_head),
+                         self.obs.free_wr.eq(free_wr),
+                         self.obs.s1_valid.eq(s1_valid), self.obs.s1_qpn.eq(s1.qpn),
+                         *[self.obs[f"s1_{name}"].eq(s1_entries[name])
+                           for name in ("cfg", "sq", "ack", "cq", "next_psn")],
                          self.obs.free_count.eq(free_count)]
             for index in range(pool):
                 port = free_list.read_port(domain="comb")
@@ -342,17 +412,26 @@ class Segmenter(wiring.Component):
     returns its last chunk (``alloc.hold``). The chunk goes to the send register with the
     packet (``chunk``).
 
-    Hazards: una comes with the WR for the first cycle (the ``ack`` and ``cc`` reads are for
-    the new QP from the second); an ACK applied meanwhile is seen through the transparent
-    ports. ``pool_lo`` also comes with the WR for the first cycle, with the PSN pool's
-    write of the cycle the WR is taken forwarded (``pool_lo_write``); a later write in that
-    first cycle only moves it towards una (the PSN pool holds the QP while a write changes
-    whether it holds any chunk), so the span check errs on the side of waiting. The QP's
-    ``tail_chunk`` comes with the WR too, but a WR of the QP the segmenter last worked on
-    takes the chunk from the segmenter's own register (its last write may not be in yet;
-    a QP_WRITE of that QP clears it). A QP that fails (``ack.error``) stops the WR at once.
-    Nothing is offered while the control holds; a QP_WRITE resets ``next_psn``
-    (``control.write``).
+    Timing: the checks (:func:`segment_check_layout`) are made a cycle ahead and
+    registered, for both PSNs the next cycle may offer (this one again, or the next after
+    it is taken) and for a WR taken this cycle, so the packet's ``valid`` starts at
+    registers and no table's data runs into it. The segmenter reads no table: the QP's
+    ``ack`` (una, error), ``cc`` (ECN window), ``nscc_window`` and ``pool_lo`` entries come
+    with the WR and are kept up to date from their owners' write ports (``ack_write``,
+    ``cc_write``, ``nscc_write``, ``pool_lo_write``): the tracked entries are what a
+    transparent read of the last cycle would give.
+
+    Hazards: una comes with the WR for the first cycle, as the intake read it (the tracked
+    una, with the write of the cycle the WR is taken, from the second); the ECN and NSCC
+    windows count from the second cycle (with CONFIG ``cc`` the first cycle sends nothing).
+    ``pool_lo`` comes with the WR, with the PSN pool's write of the cycle the WR is taken;
+    a later write in that first cycle only moves it towards una (the PSN pool holds the QP
+    while a write changes whether it holds any chunk), so the span check errs on the side of
+    waiting. The QP's ``tail_chunk`` comes with the WR too, but a WR of the QP the segmenter
+    last worked on takes the chunk from the segmenter's own register (its last write may not
+    be in yet; a QP_WRITE of that QP clears it). A QP that fails (``ack.error``) stops the WR
+    from its second cycle, the cycle after the failure is written. Nothing is offered while
+    the control holds; a QP_WRITE resets ``next_psn`` (``control.write``).
 
     Members
     -------
@@ -365,8 +444,9 @@ class Segmenter(wiring.Component):
         New packets, to the send register.
     alloc : ``In(chunk_alloc_signature(config))``
         The PSN pool's free list (:class:`~.req_psnpool.PsnPool`).
-    pool_lo_write : ``In(WritePort.Signature(addr_width=config.qpn_bits, shape=PSN))``
-        The PSN pool's ``pool_lo`` write port, forwarded into a WR taken in its cycle.
+    ack_write, cc_write, nscc_write, pool_lo_write : ``In(WritePort.Signature(...))``
+        The write ports of the ``ack``, ``cc``, ``nscc_window`` and ``pool_lo`` tables (ACK
+        processing's, the NSCC engine's, the PSN pool's), tracked into the WR's entries.
     arm : ``Out(stream.Signature(arm_layout(config)))``
     events : ``Out(events_layout(COUNTERS))``
     obs : ``Out(segmenter_observation_layout(config))``
@@ -381,6 +461,11 @@ class Segmenter(wiring.Component):
             check_observe(observe)
         self._config = config
         self._observe = observe
+        tables = requester_tables(config)
+
+        def tracked(name):
+            return In(WritePort.Signature(addr_width=config.qpn_bits, shape=tables[name][0]))
+
         super().__init__({
             "tables": In(table_access_signature(config, "segmenter")),
             "control": In(ControlSignature(config)),
@@ -388,7 +473,10 @@ class Segmenter(wiring.Component):
             "i": In(stream.Signature(segment_job_layout(config))),
             "o": Out(stream.Signature(send_item_layout(config))),
             "alloc": In(chunk_alloc_signature(config)),
-            "pool_lo_write": In(WritePort.Signature(addr_width=config.qpn_bits, shape=PSN)),
+            "ack_write": tracked("ack"),
+            "cc_write": tracked("cc"),
+            "nscc_write": tracked("nscc_window"),
+            "pool_lo_write": tracked("pool_lo"),
             "arm": Out(stream.Signature(arm_layout(config))),
             "events": Out(events_layout(self.COUNTERS)),
             **({"obs": Out(segmenter_observation_layout(config))} if observe else {}),
@@ -402,7 +490,9 @@ class Segmenter(wiring.Component):
         pb = pool_index_bits(cfg)
         ctl = self.control
         ackreq_every, cc_on = ctl.ackreq_every, ctl.cc_on
-        reads = self.tables.read
+        job = self.i.payload
+        take = Signal()                 # a WR is taken this cycle
+        emit = Signal()                 # a packet is taken this cycle
 
         s2_active = Signal()
         s2_qpn = Signal(qb)
@@ -410,6 +500,7 @@ class Segmenter(wiring.Component):
         s2_slot = Signal(pb)
         s2_pos = Signal(sb)
         s2_remaining = Signal(32)
+        s2_last = Signal()              # s2_remaining <= MTU
         s2_va = Signal(64)
         s2_local = Signal(64)
         s2_rkey = Signal(32)
@@ -419,53 +510,110 @@ class Segmenter(wiring.Component):
         s2_rqmsn = Signal(MSN_BITS)
         s2_first = Signal()
         s2_mpr = Signal(4)
-        s2_una = Signal(PSN)            # una at hand-off, until the table read below is valid
-        s2_fresh = Signal()             # the ack-table read below is for s2_qpn
+        s2_una = Signal(PSN)            # una at hand-off: the first cycle's check
+        s2_fresh = Signal()             # from the WR's second cycle: the tracked entries
         s2_ackcnt = Signal(ACKREQ_EVERY_BITS)
-        m.d.comb += [reads.ack.addr.eq(s2_qpn), reads.cc.addr.eq(s2_qpn),
-                     reads.nscc_window.addr.eq(s2_qpn)]
-        s2_una_now = Mux(s2_fresh, reads.ack.data.una, s2_una)
-        s2_abort = s2_active & s2_fresh & reads.ack.data.error
-        s2_ahead = psn_sub(s2_psn, s2_una_now)
-        s2_window_ok = s2_ahead < Cat(C(0, 7), s2_mpr)
-        # The congestion window (CONFIG cc): the ECN window or, with CONFIG cc_nscc, NSCC's;
-        # its table read is valid from the second cycle of a WR.
-        cwnd = Mux(ctl.cc_nscc, reads.nscc_window.data, reads.cc.data.cwnd)
-        s2_cc_ok = ~cc_on | (s2_fresh & (s2_ahead < cwnd))
+        s2_check = Signal(segment_check_layout())
+
+        # -- the QP's entries, tracked from their owners' write ports ---------------------
+        # Each holds what the table's transparent read, addressed last cycle, would give
+        # now: the intake's read at hand-off with the write of that cycle, then every write
+        # to the QP.
+        una_seen = Signal(PSN)
+        error_seen = Signal()
+        ecn_seen = Signal(CWND_BITS)
+        nscc_seen = Signal(CWND_BITS)
+        lo_seen = Signal(PSN)
+
+        def written(port, qpn, current, field=None):
+            value = port.data if field is None else port.data[field]
+            return Mux(port.en & (port.addr == qpn), value, current)
+
+        ack_w, cc_w, nscc_w, lo_w = (self.ack_write, self.cc_write, self.nscc_write,
+                                     self.pool_lo_write)
+        # Next cycle's entries: the WR's (taken now) or the QP's with this cycle's write.
+        una_next = written(ack_w, s2_qpn, una_seen, "una")
+        error_next = written(ack_w, s2_qpn, error_seen, "error")
+        ecn_next = written(cc_w, s2_qpn, ecn_seen, "cwnd")
+        nscc_next = written(nscc_w, s2_qpn, nscc_seen)
+        lo_next = written(lo_w, s2_qpn, lo_seen)
+        # The intake hands over no WR of a QP in ERROR: only this cycle's write can fail it.
+        job_lo = written(lo_w, job.qpn, job.lo)
+        m.d.sync += [
+            una_seen.eq(Mux(take, written(ack_w, job.qpn, job.una, "una"), una_next)),
+            error_seen.eq(Mux(take, written(ack_w, job.qpn, C(0), "error"), error_next)),
+            ecn_seen.eq(Mux(take, written(cc_w, job.qpn, job.cwnd, "cwnd"), ecn_next)),
+            nscc_seen.eq(Mux(take, written(nscc_w, job.qpn, job.nscc_window), nscc_next)),
+            lo_seen.eq(Mux(take, job_lo, lo_next)),
+        ]
+
+        # -- the checks, a cycle ahead ----------------------------------------------------
+        cb = log2(PSN_CHUNK)
+        slots = chunk_map_slots(cfg)
+
+        def checks(psn, una, mpr, ecn, nscc, lo, *, windows, error):
+            """The checks of PSN ``psn`` against these entries (``windows``: the ECN and
+            NSCC windows count)."""
+            ahead = psn_sub(psn, una)
+            limit = Cat(C(0, 7), mpr)
+            check = Signal(segment_check_layout())
+            m.d.comb += [
+                check.window_ok.eq(ahead < limit),
+                check.ecn_ok.eq(windows & (ahead < ecn)),
+                check.nscc_ok.eq(windows & (ahead < nscc)),
+                check.closes_mpr.eq((ahead + 1) >= limit),
+                check.closes_ecn.eq((ahead + 1) >= ecn),
+                check.closes_nscc.eq((ahead + 1) >= nscc),
+                check.at_una.eq(ahead == 0),
+                check.error.eq(error),
+                check.need_chunk.eq((psn[:cb] == 0) | (lo == psn)),
+                check.span_ok.eq((psn[cb:] - lo[cb:])[:PSN - cb] < slots),
+            ]
+            return check
+
+        # The next cycle offers this PSN again, the one after it (this one taken), or a new
+        # WR's first (its una as the intake read it; its windows not counted yet).
+        stay = checks(s2_psn, una_next, s2_mpr, ecn_next, nscc_next, lo_next,
+                      windows=1, error=error_next)
+        step = checks((s2_psn + 1)[:PSN], una_next, s2_mpr, ecn_next, nscc_next, lo_next,
+                      windows=1, error=error_next)
+        start = checks(job.psn, job.una, job.mpr, job.cwnd, job.nscc_window, job_lo,
+                       windows=0, error=0)
+        m.d.sync += s2_check.eq(Mux(take, start, Mux(emit, step, stay)))
+
+        # -- this cycle's packet ----------------------------------------------------------
+        check = s2_check
+        s2_abort = s2_active & check.error
+        s2_cc_ok = ~cc_on | Mux(ctl.cc_nscc, check.nscc_ok, check.ecn_ok)
         # This packet fills the QP's window (MPR, or the ECN window when on): it asks for an
         # ACK, so a window-limited QP never waits for the responder's coalescing timer.
-        s2_closes = (((s2_ahead + 1) >= Cat(C(0, 7), s2_mpr))
-                     | (cc_on & ((s2_ahead + 1) >= cwnd)))
-        s2_last = s2_remaining <= cfg.mtu
+        s2_closes = check.closes_mpr | (cc_on & Mux(ctl.cc_nscc, check.closes_nscc,
+                                                    check.closes_ecn))
         s2_dma_len = Mux(s2_last, s2_remaining, cfg.mtu)
-        s2_emit = self.o.valid & self.o.ready
         s2_ackreq = (s2_last | s2_closes
                      | ((ackreq_every != 0) & (s2_ackcnt == ackreq_every - 1)))
         # The PSN pool: the QP holds the chunks of its PSNs from pool_lo up to this one. This
         # packet takes a chunk when it starts one, or when the QP holds none (pool_lo is this
         # PSN), within the chunk map's span of pool_lo.
-        cb = log2(PSN_CHUNK)
-        slots = chunk_map_slots(cfg)
         alloc = self.alloc
         s2_chunk = Signal(psn_chunk_bits(cfg))  # the chunk of the QP's last PSN sent
-        s2_lo = Signal(PSN)             # pool_lo at hand-off, until the table read is valid
         s2_seen = Signal()              # s2_chunk is the QP s2_qpn's
         s2_pool_waited = Signal()       # this packet has counted its wait for a chunk
-        m.d.comb += reads.pool_lo.addr.eq(s2_qpn)
-        s2_lo_now = Mux(s2_fresh, reads.pool_lo.data, s2_lo)
-        s2_need_chunk = (s2_psn[:cb] == 0) | (s2_lo_now == s2_psn)
-        s2_span = (s2_psn[cb:] - s2_lo_now[cb:])[:PSN - cb]
-        s2_chunk_ok = (~s2_need_chunk | (alloc.available & (s2_span < slots)))
+        s2_need_chunk = check.need_chunk
+        s2_chunk_ok = ~s2_need_chunk | (alloc.available & check.span_ok)
         s2_pool_hold = alloc.hold & (alloc.hold_qpn == s2_qpn)
-        s2_go = s2_active & ~s2_abort & s2_window_ok & s2_cc_ok & ~ctl.hold & ~s2_pool_hold
+        s2_go = (s2_active & ~s2_abort & check.window_ok & s2_cc_ok & ~ctl.hold
+                 & ~s2_pool_hold)
         m.d.comb += [
             self.o.valid.eq(s2_go & s2_chunk_ok),
-            self.i.ready.eq(~s2_active | s2_abort | (s2_emit & s2_last)),
+            emit.eq(self.o.valid & self.o.ready),
+            self.i.ready.eq(~s2_active | s2_abort | (emit & s2_last)),
+            take.eq(self.i.valid & self.i.ready),
             self.events.psn_pool_waits.eq(s2_go & ~s2_chunk_ok & ~s2_pool_waited),
-            alloc.take.eq(s2_emit & s2_need_chunk),
+            alloc.take.eq(emit & s2_need_chunk),
         ]
         s2_cur_chunk = Mux(s2_need_chunk, alloc.chunk, s2_chunk)
-        with m.If(s2_emit):
+        with m.If(emit):
             m.d.sync += [s2_chunk.eq(s2_cur_chunk), s2_pool_waited.eq(0)]
         with m.Elif(self.events.psn_pool_waits):
             m.d.sync += s2_pool_waited.eq(1)
@@ -476,34 +624,36 @@ class Segmenter(wiring.Component):
                      tail_wp.en.eq(alloc.take)]
         with m.If(ctl.write & (ctl.qpn == s2_qpn)):
             m.d.sync += s2_seen.eq(0)
-        with m.If(s2_emit):
+        # s2_last for the next cycle: the bytes left after this packet (a packet that is not
+        # the last takes an MTU), or the bytes left now.
+        with m.If(emit):
             m.d.sync += [
                 s2_psn.eq(s2_psn + 1),
                 s2_va.eq(s2_va + s2_dma_len),
                 s2_local.eq(s2_local + s2_dma_len),
                 s2_remaining.eq(s2_remaining - s2_dma_len),
+                s2_last.eq(s2_remaining <= 2 * cfg.mtu),
                 s2_first.eq(0),
                 s2_ackcnt.eq(Mux(s2_ackcnt == ackreq_every - 1, 0, s2_ackcnt + 1)),
             ]
             with m.If(s2_last):
                 m.d.sync += s2_active.eq(0)
+        with m.Else():
+            m.d.sync += s2_last.eq(s2_remaining <= cfg.mtu)
         with m.If(s2_abort):
             m.d.sync += s2_active.eq(0)
         m.d.sync += s2_fresh.eq(1)
-        job = self.i.payload
-        with m.If(self.i.valid & self.i.ready):
+        with m.If(take):
             m.d.sync += [
                 s2_active.eq(1), s2_qpn.eq(job.qpn), s2_psn.eq(job.psn),
                 s2_slot.eq(job.slot), s2_pos.eq(job.pos), s2_remaining.eq(job.length),
+                s2_last.eq(job.length <= cfg.mtu),
                 s2_va.eq(job.va), s2_local.eq(job.local), s2_rkey.eq(job.rkey),
                 s2_imm.eq(job.imm), s2_is_imm.eq(job.is_imm), s2_first.eq(1),
                 s2_msn.eq(job.msn), s2_rqmsn.eq(job.rqmsn),
                 s2_mpr.eq(job.mpr), s2_una.eq(job.una), s2_fresh.eq(0),
                 s2_ackcnt.eq(0),
                 s2_seen.eq(1), s2_pool_waited.eq(0),
-                # pool_lo: the PSN pool's write of this cycle is not in the intake's read.
-                s2_lo.eq(Mux(self.pool_lo_write.en & (self.pool_lo_write.addr == job.qpn),
-                             self.pool_lo_write.data, job.lo)),
             ]
             # The QP the segmenter last worked on: its own register, with this cycle's packet.
             with m.If(~s2_seen | (job.qpn != s2_qpn)):
@@ -513,11 +663,11 @@ class Segmenter(wiring.Component):
         with m.If(ctl.write):
             m.d.comb += [wp.addr.eq(ctl.qpn), wp.en.eq(1), wp.data.eq(ctl.psn)]
         with m.Else():
-            m.d.comb += [wp.addr.eq(s2_qpn), wp.en.eq(s2_emit), wp.data.eq(s2_psn + 1)]
+            m.d.comb += [wp.addr.eq(s2_qpn), wp.en.eq(emit), wp.data.eq(s2_psn + 1)]
 
         # The segmenter sent the oldest outstanding PSN: the timer starts at that exact time.
         m.d.comb += [
-            self.arm.valid.eq(s2_emit & (s2_psn == s2_una_now)),
+            self.arm.valid.eq(emit & check.at_una),
             self.arm.payload.qpn.eq(s2_qpn), self.arm.payload.time.eq(self.now),
             self.events.arm_dropped.eq(self.arm.valid & ~self.arm.ready),
         ]
@@ -539,6 +689,9 @@ class Segmenter(wiring.Component):
             obs = self.obs
             m.d.comb += [obs.active.eq(s2_active), obs.qpn.eq(s2_qpn), obs.psn.eq(s2_psn),
                          obs.slot.eq(s2_slot), obs.pos.eq(s2_pos),
-                         obs.remaining.eq(s2_remaining), obs.mpr.eq(s2_mpr),
-                         obs.una.eq(s2_una_now), obs.fresh.eq(s2_fresh), obs.emit.eq(s2_emit)]
+                         obs.remaining.eq(s2_remaining), obs.last.eq(s2_last),
+                         obs.mpr.eq(s2_mpr),
+                         obs.una.eq(Mux(s2_fresh, una_seen, s2_una)), obs.fresh.eq(s2_fresh),
+                         obs.una_seen.eq(una_seen), obs.error_seen.eq(error_seen),
+                         obs.check.eq(s2_check), obs.emit.eq(emit)]
         return m

@@ -34,6 +34,7 @@ from .req_defs import (
 )
 
 __all__ = ["requester_tables", "block_ram_bits", "TABLE_ACCESS", "table_access_signature",
+           "table_writes_signature",
            "OBSERVED_TABLES", "observed_row_layout", "RequesterTables"]
 
 
@@ -54,7 +55,7 @@ def requester_tables(config):
                                   "imm_msgs": MSN_BITS}), qps, 3),
         "next_psn": (unsigned(PSN), qps, 6),
         "ack": (data.StructLayout({"una": PSN, "error": 1, "err_status": P.CompletionStatus,
-                                   "err_psn": PSN}), qps, 7),
+                                   "err_psn": PSN}), qps, 6),
         "cq": (data.StructLayout({"head": count_bits, "wimm": WIMM_BITS, "err_done": 1}),
                qps, 3),
         "acked": (unsigned(window), qps, 2),
@@ -78,7 +79,7 @@ def requester_tables(config):
         "tail_chunk": (unsigned(psn_chunk_bits(config)), qps, 1),
         # The PSN pool's own table: the QP holds the chunks of its PSNs from `pool_lo` up to
         # its next PSN (none when they are equal); pool_lo is its una at the last reclaim.
-        "pool_lo": (unsigned(PSN), qps, 3),
+        "pool_lo": (unsigned(PSN), qps, 2),
         # The WR ring: per QP, the WR pool entries of its outstanding WRs in WR order, from
         # `cq.head` up to `sq.tail` (the intake appends, the completion engine walks it).
         "wr_ring": (unsigned(pool_index_bits(config)), qps * slots, 1),
@@ -125,10 +126,12 @@ def block_ram_bits(config, *, copies=True):
 TABLE_ACCESS = {
     "control": (("cfg", "sq", "next_psn", "ack", "cq", "tmr", "cc", "trig_set", "trig_seen"),
                 ("cfg",)),
-    "intake": (("cfg", "sq", "next_psn", "ack", "cq", "tail_chunk", "pool_lo"),
+    "intake": (("cfg", "sq", "next_psn", "ack", "cq", "tail_chunk", "pool_lo", "cc",
+                "nscc_window"),
                ("sq", "wr_ring", "wr_done", "wr_send")),
-    "segmenter": (("ack", "cc", "nscc_window", "pool_lo"),
-                  ("next_psn", "chunk_map", "tail_chunk")),
+    # The segmenter reads no table: it tracks its QP's `ack`, `cc`, `nscc_window` and
+    # `pool_lo` entries from their write ports.
+    "segmenter": ((), ("next_psn", "chunk_map", "tail_chunk")),
     "retransmitter": (("cfg", "next_psn", "ack", "acked", "meta", "ev", "wr_send",
                        "chunk_map"), ()),
     "send": ((), ("meta",)),
@@ -192,6 +195,16 @@ def table_access_signature(config, engine):
             name: Out(WritePort.Signature(addr_width=shape(name)[1], shape=shape(name)[0]))
             for name in writes}))
     return wiring.Signature(members)
+
+
+def table_writes_signature(config, names):
+    """The write ports of tables ``names`` as a reader that tracks them sees them (their
+    owners' ports, fanned out): an engine takes it as ``In(...)``."""
+    tables = requester_tables(config)
+    return wiring.Signature({
+        name: Out(WritePort.Signature(addr_width=_addr_width(tables[name][1]),
+                                      shape=tables[name][0]))
+        for name in names})
 
 
 class RequesterTables(wiring.Component):

@@ -46,8 +46,9 @@ same cycle and earlier. Three engines forward what a read cannot see yet: ACK pr
 which decides an ACK a cycle after its tables' data is registered, takes the write-back of
 the ACK ahead from its write ports; the intake keeps the next PSN of the QP the segmenter
 works on (a register: the WR being segmented has not written it yet); the segmenter keeps the
-PSN pool chunk of the QP it last worked on, and takes the PSN pool's ``pool_lo`` write of the
-cycle it takes a WR.
+PSN pool chunk of the QP it last worked on, and tracks its QP's ``ack``, ``cc``,
+``nscc_window`` and ``pool_lo`` entries from the intake's reads and the tables' write ports,
+so it checks each packet a cycle ahead, from registers.
 """
 
 
@@ -87,6 +88,7 @@ from .req_defs import (
 )
 from .req_infer import InferenceUnit
 from .req_intake import (
+    INTAKE_READS,
     Segmenter,
     WrIntake,
     intake_observation_layout,
@@ -97,6 +99,7 @@ from .req_psnpool import PsnPool
 from .req_retransmit import Retransmitter, Walker
 from .req_send import FeedbackMerge, SendRegister
 from .req_tables import (
+    TABLE_ACCESS,
     RequesterTables,
     block_ram_bits,
     observed_row_layout,
@@ -382,10 +385,20 @@ class Requester(wiring.Component):
         fifo_in(arm_fifo, segmenter.arm)
         wiring.connect(m, segmenter.o, sender.new)
         wiring.connect(m, psnpool.alloc, segmenter.alloc)
-        lo_write = psnpool.tables.write.pool_lo
-        m.d.comb += [segmenter.pool_lo_write.addr.eq(lo_write.addr),
-                     segmenter.pool_lo_write.data.eq(lo_write.data),
-                     segmenter.pool_lo_write.en.eq(lo_write.en)]
+        # The intake (for a WR that waits) and the segmenter (for its WR's QP) track table
+        # entries from their owners' write ports.
+        def table_write(name):
+            owner = next(engine for engine, (_, writes) in TABLE_ACCESS.items()
+                         if name in writes)
+            return getattr(getattr(tables, owner).write, name)
+
+        tracked = [(getattr(intake.writes, name), name) for name in INTAKE_READS]
+        tracked += [(segmenter.ack_write, "ack"), (segmenter.cc_write, "cc"),
+                    (segmenter.nscc_write, "nscc_window"), (segmenter.pool_lo_write, "pool_lo")]
+        for port, name in tracked:
+            owner = table_write(name)
+            m.d.comb += [port.addr.eq(owner.addr), port.data.eq(owner.data),
+                         port.en.eq(owner.en)]
 
         # -- resends: trim queue, walker, retx -> retransmitter -> send register -----------
         fifo_out(timeout_walks, walker.timeout)
