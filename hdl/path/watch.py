@@ -25,7 +25,9 @@ an ACK on it while its packets are SACKed through other ports. The lag alone the
 the quiet rule is what tells a dead port from one whose ACKs were coalesced away, and the
 frames of the other direction (the peer's data, its probes) arrive on a healthy port every few
 microseconds while traffic flows both ways. With traffic one way only the ACKs are left, and
-a quiet time shorter than a port's gap between ACKs reports healthy ports too.
+a port's gap between ACKs is longer than any useful quiet time; so a port is quiet only once,
+besides the time, the other ports have received :func:`watch_quiet_frames` frames since its
+last one (a live port rarely misses that many of the frames spread over the ports).
 
 An ACK on port p covers every send on p up to its echo (a packet the responder skipped over
 is lost by itself, which the SACK rules deal with, not a sign of a dead plane). After a report
@@ -66,8 +68,9 @@ from ..protocol import TIMESTAMP_BITS, TIMESTAMP_SHIFT, timestamp_age_ns
 from ..util import validating
 from .select import EV_PORT_BITS
 
-__all__ = ["PortWatch", "echo_time_ns", "WATCH_WINDOW_BITS", "WATCH_UNIT_SHIFT", "WATCH_DEPTH",
-           "WATCH_STAMP_SHIFT", "WATCH_STAMP_BITS", "WATCH_STALE_STAMPS"]
+__all__ = ["PortWatch", "echo_time_ns", "watch_quiet_frames", "WATCH_WINDOW_BITS",
+           "WATCH_UNIT_SHIFT", "WATCH_DEPTH", "WATCH_STAMP_SHIFT", "WATCH_STAMP_BITS",
+           "WATCH_STALE_STAMPS", "WATCH_QUIET_FRAMES_PER_PORT"]
 
 #: Width of the ``window`` setting (units of 1.024 us; 0 turns the watch off).
 WATCH_WINDOW_BITS = 6
@@ -82,6 +85,17 @@ WATCH_STAMP_SHIFT = 6
 WATCH_STAMP_BITS = 16
 #: ``newest`` is stale (no lag is measured against it) once it is this many stamps old.
 WATCH_STALE_STAMPS = 1 << (WATCH_STAMP_BITS - 2)
+#: A port is quiet only once the other ports have received this many frames per port
+#: (:func:`watch_quiet_frames`) since its own last frame.
+WATCH_QUIET_FRAMES_PER_PORT = 4
+
+
+def watch_quiet_frames(ports):
+    """Frames the other ports must receive since port p's last frame before p can be quiet.
+
+    Frames spread evenly over ``ports`` ports miss a live port M times in a row with
+    probability (1 - 1/ports)**M, about exp(-M/ports): M = 4 x ports makes that about 2 %."""
+    return WATCH_QUIET_FRAMES_PER_PORT * ports
 
 
 def _not_before(a, b):
@@ -127,8 +141,9 @@ class PortWatch(wiring.Component):
         the port is reported down; 0 turns the watch off (nothing reported, sends still kept).
     quiet : ``In(WATCH_WINDOW_BITS)``
         And for more than how many whole 1.024 us units (counted as arrivals are kept, so at
-        least that much real time) no frame at all may have arrived on the port; 0: no such
-        condition (the lag alone decides).
+        least that much real time) no frame at all may have arrived on the port, while the
+        other ports received :func:`watch_quiet_frames` frames; 0: no such condition (the lag
+        alone decides).
     sent_valid, sent_port, sent_ts : ``In``
         A data packet left for port ``sent_port`` (0-based) stamped ``sent_ts``.
     ack_valid, ack_port, ack_echo : ``In``
@@ -136,7 +151,9 @@ class PortWatch(wiring.Component):
         ``ack_echo``.
     rx_valid, rx_port : ``In``
         A frame of any kind (data, acknowledgement, probe) arrived on port ``rx_port``
-        (0-based): the port is not quiet.
+        (0-based): the port is not quiet, and the other ports have missed one more frame.
+        Every frame, ACKs included, must come in here (at most one a cycle): the ``ack_*``
+        strobe does not count frames.
     down_valid, down_port : ``Out``
         One-cycle report: port ``down_port`` (1..P, as EV entries number ports) is down.
     downs : ``Out(32)``
@@ -227,6 +244,17 @@ class PortWatch(wiring.Component):
         for p in range(P):
             with m.If((ours & (self.ack_port == p)) | (self.rx_valid & (self.rx_port == p))):
                 m.d.sync += heard[p].eq(now_units)
+        # Frames the other ports received since each port's last frame (saturating; at most
+        # one frame a cycle comes in through ``rx_*``); from reset, as ``heard``, as if every
+        # port had just received one.
+        quiet_frames = watch_quiet_frames(P)
+        missed = [Signal(range(quiet_frames + 1), name=f"missed{p}")
+                  for p in range(P)]
+        for p in range(P):
+            with m.If(self.rx_valid & (self.rx_port == p)):
+                m.d.sync += missed[p].eq(0)
+            with m.Elif(self.rx_valid & (self.rx_port < P) & (missed[p] != quiet_frames)):
+                m.d.sync += missed[p].eq(missed[p] + 1)
 
         # The check visits one port per cycle: A registers its oldest uncovered send's lag,
         # B reports it if that send is still the port's oldest (no ACK popped it meanwhile).
@@ -244,7 +272,10 @@ class PortWatch(wiring.Component):
                      silence.eq(now_units - Array(heard)[scan]),
                      # Whole units since the last ACK: more than ``quiet`` of them is more
                      # than ``quiet`` units of real time (``quiet`` of them may be less).
-                     quiet_done.eq((self.quiet == 0) | silence[-1] | (silence > self.quiet))]
+                     # ... while the other ports received ``quiet_frames`` frames.
+                     quiet_done.eq((self.quiet == 0)
+                                   | ((silence[-1] | (silence > self.quiet))
+                                      & (Array(missed)[scan] == quiet_frames)))]
         m.d.sync += [
             a_valid.eq((self.window != 0) & fresh & live[scan] & ~lag[-1]
                        & (lag >= (self.window << per_unit))

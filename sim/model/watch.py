@@ -10,6 +10,7 @@ from hdl.path.watch import (
     WATCH_STAMP_SHIFT,
     WATCH_UNIT_SHIFT,
     echo_time_ns,
+    watch_quiet_frames,
 )
 
 __all__ = ["PortWatchModel"]
@@ -37,10 +38,12 @@ def _units(ns):
 
 class PortWatchModel:
     """Per port, the transmit times of the data packets sent on it that no ACK on the port has
-    covered, and when a frame (any kind) last arrived on it. A port whose oldest uncovered send
-    lags the newest echo on any port by ``window`` units or more, while no frame arrived on it
-    for ``quiet`` units, is reported down (1-based, as EV entries number ports) and its sends
-    are written off.
+    covered, when a frame (any kind) last arrived on it and how many frames the other ports
+    received since. A port whose oldest uncovered send lags the newest echo on any port by
+    ``window`` units or more, while no frame arrived on it for ``quiet`` units and the other
+    ports received :func:`~hdl.path.watch.watch_quiet_frames` frames meanwhile, is reported
+    down (1-based, as EV entries number ports) and its sends are written off. Every frame,
+    ACKs included, is told with :meth:`arrived`; :meth:`ack` counts none.
 
     The lag only grows with an ACK (``newest`` moves), the silence with time: :meth:`ack`
     checks at each ACK, :meth:`due` says when a lagging port's silence will be long enough
@@ -55,6 +58,9 @@ class PortWatchModel:
         self.quiet = 0
         self.sends = [deque() for _ in range(ports)]
         self.heard = [0] * ports        # 1.024 us units of the last frame on each port
+        #: Frames the other ports received since each port's last frame (saturating).
+        self.quiet_frames = watch_quiet_frames(ports)
+        self.missed = [0] * ports
         self.newest = 0                 # stamp
         #: The stamp count (not wrapped) at which ``newest`` would read 0: it is fresh while
         #: less than WATCH_STALE_STAMPS older than now (``None``: no ACK yet).
@@ -93,6 +99,8 @@ class PortWatchModel:
         """A frame of any kind arrived on ``port`` (0-based) at ``now_ns``: it is not quiet."""
         if 0 <= port < self.ports:
             self.heard[port] = _units(now_ns)
+            self.missed = [min(n + 1, self.quiet_frames) for n in self.missed]
+            self.missed[port] = 0
 
     def _fresh(self, now_ns):
         """``newest`` is recent enough to measure lags against (the gateware's ``fresh``)."""
@@ -121,7 +129,8 @@ class PortWatchModel:
         down = []
         for number in self._lagging(now_ns):
             silence = self._silence(number, now_ns)
-            if not self.quiet or silence & _SIGN or silence > self.quiet:
+            if not self.quiet or ((silence & _SIGN or silence > self.quiet)
+                                  and self.missed[number] == self.quiet_frames):
                 self.sends[number].clear()
                 self.counters["port_downs"] += 1
                 down.append(number + 1)
@@ -129,10 +138,14 @@ class PortWatchModel:
 
     def due(self, now_ns):
         """When the next lagging port's silence reaches ``quiet`` (ns, not before ``now_ns``),
-        or ``None`` when no port lags."""
+        or ``None`` when no port lags. A port whose other ports have not yet received their
+        frames needs no wake-up: the frame that completes the count comes with a call of
+        :meth:`arrived`, and the next ``due`` sees it."""
         times = []
         unit = 1 << WATCH_UNIT_SHIFT
         for number in self._lagging(now_ns):
+            if self.quiet and self.missed[number] < self.quiet_frames:
+                continue            # only a frame can change that, and :meth:`arrived` is told
             silence = self._silence(number, now_ns)
             left = 0 if not self.quiet or silence & _SIGN else max(0, self.quiet + 1 - silence)
             # The silence count steps at each multiple of a unit: the step that reaches it.

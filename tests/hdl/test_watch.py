@@ -13,7 +13,13 @@ import pytest
 from amaranth.sim import Simulator
 
 from hdl import protocol as P
-from hdl.path.watch import WATCH_DEPTH, WATCH_UNIT_SHIFT, PortWatch, echo_time_ns
+from hdl.path.watch import (
+    WATCH_DEPTH,
+    WATCH_UNIT_SHIFT,
+    PortWatch,
+    echo_time_ns,
+    watch_quiet_frames,
+)
 from sim.model.watch import PortWatchModel
 
 pytestmark = pytest.mark.usefixtures("on_verilator")
@@ -90,10 +96,11 @@ def same_reports(got, want, ports):
 
 
 def traffic(ports, cycles, *, dead=None, dead_from=0, rtt_cycles=(1500, 2500), gap=40,
-            seed=0, start_ns=1_000_000, jump=None):
+            seed=0, start_ns=1_000_000, jump=None, frames=True):
     """Sends sprayed over the ports every ``gap`` cycles (jittered); every send on a live
     port is ACKed on its port a random round trip later, echoing its time; from
-    ``dead_from`` the sends on port ``dead`` get no ACK."""
+    ``dead_from`` the sends on port ``dead`` get no ACK. Each ACK also arrives as a frame
+    (``rx``, counted for the quiet rule), as in the NIC, unless ``frames`` is false."""
     rng = random.Random(seed)
     script = {}
     cycle = 0
@@ -105,6 +112,8 @@ def traffic(ports, cycles, *, dead=None, dead_from=0, rtt_cycles=(1500, 2500), g
             while any(item[0] == "ack" for item in script.get(at, ())):
                 at += 1                                 # one ACK per cycle, as the unit takes
             script.setdefault(at, []).append(("ack", port, clock(cycle, start_ns, jump)))
+            if frames:
+                script[at].append(("rx", port))
         port = (port + 1) % ports
         cycle += rng.randint(gap // 2, gap + gap // 2)
         if jump is not None and at >= jump[0] > cycle:
@@ -142,7 +151,8 @@ def test_a_slow_port_that_still_answers_is_not_reported_while_quiet_holds():
         script.setdefault(cycle, []).append(("send", port))
         extra = min(3_750, max(0, cycle - 6_000) // 2) if port == 2 else 0
         rtt = rng.randint(1500, 1800) + extra
-        script.setdefault(cycle + rtt, []).append(("ack", port, 1_000_000 + cycle * 8))
+        script.setdefault(cycle + rtt, []).extend([("ack", port, 1_000_000 + cycle * 8),
+                                                   ("rx", port)])
     got, want, counters, _ = run(4, script, window=16, quiet=8, cycles=36_000)
     same_reports(got, want, 4)
     assert got == []
@@ -157,8 +167,10 @@ def test_coalesced_acks_with_frames_arriving_report_only_the_dead_port():
     sends stay uncovered for tens of microseconds and its oldest one lags the newest echo by
     more than the window. The peer's frames (its data, traffic both ways) still arrive on every
     live port every few microseconds, so only port 1, dead from cycle 8,000 (nothing arrives
-    on it and none of its sends is ACKed), is reported; with no frames but the ACKs the live
-    ports are reported too (the quiet rule needs frames; one way, only ACKs come back)."""
+    on it and none of its sends is ACKed), is reported. With no frames but the ACKs (traffic
+    one way) a live port goes longer than ``quiet`` without a frame, but the other ports
+    receive only a few frames meanwhile, never ``watch_quiet_frames``: again only the dead
+    port is reported."""
     rng = random.Random(4)
     script = {}
     dead, dead_from = 1, 8_000
@@ -180,9 +192,54 @@ def test_coalesced_acks_with_frames_arriving_report_only_the_dead_port():
     same_reports(got, want, 4)
     assert got and {p for _, p in got} == {dead + 1}
     assert got[0][0] > dead_from
-    got, want, counters, _ = run(4, script, window=8, quiet=4, cycles=32_000)
-    # (reports of several ports due in the same few cycles may come in another order)
-    assert {p for _, p in got} == {p for _, p in want} == {1, 2, 3, 4}
+    acks_only = {cycle: list(items) + [("rx", item[1]) for item in items if item[0] == "ack"]
+                 for cycle, items in script.items()}
+    got, want, counters, _ = run(4, acks_only, window=8, quiet=4, cycles=32_000)
+    same_reports(got, want, 4)
+    assert got and {p for _, p in got} == {dead + 1}
+    assert got[0][0] > dead_from
+
+
+@pytest.mark.parametrize("ports", [2, 4, 8])
+def test_a_silent_port_is_quiet_only_once_the_others_received_the_frame_count(ports):
+    """Port 0 heard a frame, then nothing, and its send lags an echo on port 1 by more than
+    the window; its silence passes ``quiet`` long before the others' frames come in. While the
+    other ports have received fewer than ``watch_quiet_frames(ports)`` frames since port 0's
+    last one it is not reported; the frame that completes the count reports it (within the
+    scan); a frame on port 0 meanwhile starts the count again."""
+    need = watch_quiet_frames(ports)
+    assert need == 4 * ports
+
+    def script(count, reset_at=None):
+        out = {
+            0: [("send", 0)],
+            5: [("rx", 0)],
+            200: [("send", 1)],
+            # Port 1's send made the round trip: port 0's send lags by more than a unit.
+            300: [("ack", 1, clock(200)), ("rx", 1)],
+        }
+        # The other ports' frames (port 1's ACK above is the first), from well after quiet.
+        for n in range(count - 1):
+            out.setdefault(2_000 + 40 * n, []).append(("rx", 1 + n % (ports - 1)))
+        if reset_at is not None:
+            out.setdefault(reset_at, []).append(("rx", 0))
+        return out
+
+    last = 2_000 + 40 * (need - 2)
+    cycles = last + 2_000
+    got, want, _, _ = run(ports, script(need - 1), window=1, quiet=2, cycles=cycles)
+    assert got == want == []
+    got, want, _, _ = run(ports, script(need), window=1, quiet=2, cycles=cycles)
+    same_reports(got, want, ports)
+    assert [p for _, p in got] == [1]
+    assert last <= got[0][0] <= last + ports + 3
+    got, want, _, _ = run(ports, script(need, reset_at=last - 20), window=1, quiet=2,
+                          cycles=cycles)
+    assert got == want == []
+    # Without the quiet condition the lag alone reports it, whatever the frames.
+    got, want, _, _ = run(ports, script(need - 1), window=1, quiet=0, cycles=cycles)
+    same_reports(got, want, ports)
+    assert [p for _, p in got] == [1] and got[0][0] < 2_000
 
 
 def test_window_zero_is_off_and_reports_write_the_sends_off():
@@ -280,8 +337,11 @@ def test_quiet_counts_whole_units_without_cutting_the_quiet_time_short():
         # An ACK on port 0 for something older than its send: heard, but nothing covered.
         250: [("ack", 0, start - 5_000)],
         # Port 1's send made the round trip: port 0's send now lags by more than a unit.
-        300: [("ack", 1, start + 200 * NS_PER_CYCLE)],
+        300: [("ack", 1, start + 200 * NS_PER_CYCLE), ("rx", 1)],
     }
+    # Port 1 receives the frames that let port 0 be quiet, long before its time is up.
+    for n in range(1, watch_quiet_frames(2)):
+        script[300 + 10 * n] = [("rx", 1)]
     got, want, _, _ = run(2, script, window=1, quiet=2, cycles=1_000, start_ns=start)
     same_reports(got, want, 2)
     assert [p for _, p in got] == [1]
