@@ -39,6 +39,7 @@ from .req_tables import (
     requester_tables,
     table_access_signature,
     table_writes_signature,
+    with_write,
 )
 from .req_timer import arm_layout
 
@@ -219,8 +220,7 @@ class WrIntake(wiring.Component):
             entry = Signal.like(port.data, name=f"s1_{name}")
             m.d.comb += [port.addr.eq(self.wr.payload.qpn),
                          entry.eq(Mux(s1_held, captured, port.data))]
-            m.d.sync += captured.eq(Mux(written.en & (written.addr == s1.qpn), written.data,
-                                        entry))
+            m.d.sync += captured.eq(with_write(written, s1.qpn, entry))
             s1_entries[name] = entry
         s1_cfg, s1_sq, s1_ack, s1_cq = (s1_entries[n] for n in ("cfg", "sq", "ack", "cq"))
 
@@ -525,25 +525,21 @@ class Segmenter(wiring.Component):
         nscc_seen = Signal(CWND_BITS)
         lo_seen = Signal(PSN)
 
-        def written(port, qpn, current, field=None):
-            value = port.data if field is None else port.data[field]
-            return Mux(port.en & (port.addr == qpn), value, current)
-
         ack_w, cc_w, nscc_w, lo_w = (self.ack_write, self.cc_write, self.nscc_write,
                                      self.pool_lo_write)
         # Next cycle's entries: the WR's (taken now) or the QP's with this cycle's write.
-        una_next = written(ack_w, s2_qpn, una_seen, "una")
-        error_next = written(ack_w, s2_qpn, error_seen, "error")
-        ecn_next = written(cc_w, s2_qpn, ecn_seen, "cwnd")
-        nscc_next = written(nscc_w, s2_qpn, nscc_seen)
-        lo_next = written(lo_w, s2_qpn, lo_seen)
+        una_next = with_write(ack_w, s2_qpn, una_seen, "una")
+        error_next = with_write(ack_w, s2_qpn, error_seen, "error")
+        ecn_next = with_write(cc_w, s2_qpn, ecn_seen, "cwnd")
+        nscc_next = with_write(nscc_w, s2_qpn, nscc_seen)
+        lo_next = with_write(lo_w, s2_qpn, lo_seen)
         # The intake hands over no WR of a QP in ERROR: only this cycle's write can fail it.
-        job_lo = written(lo_w, job.qpn, job.lo)
+        job_lo = with_write(lo_w, job.qpn, job.lo)
         m.d.sync += [
-            una_seen.eq(Mux(take, written(ack_w, job.qpn, job.una, "una"), una_next)),
-            error_seen.eq(Mux(take, written(ack_w, job.qpn, C(0), "error"), error_next)),
-            ecn_seen.eq(Mux(take, written(cc_w, job.qpn, job.cwnd, "cwnd"), ecn_next)),
-            nscc_seen.eq(Mux(take, written(nscc_w, job.qpn, job.nscc_window), nscc_next)),
+            una_seen.eq(Mux(take, with_write(ack_w, job.qpn, job.una, "una"), una_next)),
+            error_seen.eq(Mux(take, with_write(ack_w, job.qpn, C(0), "error"), error_next)),
+            ecn_seen.eq(Mux(take, with_write(cc_w, job.qpn, job.cwnd, "cwnd"), ecn_next)),
+            nscc_seen.eq(Mux(take, with_write(nscc_w, job.qpn, job.nscc_window), nscc_next)),
             lo_seen.eq(Mux(take, job_lo, lo_next)),
         ]
 

@@ -34,7 +34,7 @@ from .req_defs import (
 )
 
 __all__ = ["requester_tables", "block_ram_bits", "TABLE_ACCESS", "table_access_signature",
-           "table_writes_signature",
+           "table_writes_signature", "with_write",
            "OBSERVED_TABLES", "observed_row_layout", "RequesterTables"]
 
 
@@ -205,6 +205,14 @@ def table_writes_signature(config, names):
         name: Out(WritePort.Signature(addr_width=_addr_width(tables[name][1]),
                                       shape=tables[name][0]))
         for name in names})
+
+
+def with_write(port, addr, current, field=None):
+    """``current`` (an entry at ``addr``, or its ``field``) with the write of this cycle on
+    ``port`` (a table's write port, as :func:`table_writes_signature` gives it) applied:
+    what a transparent read of ``addr`` would give next cycle."""
+    value = port.data if field is None else port.data[field]
+    return Mux(port.en & (port.addr == addr), value, current)
 
 
 class RequesterTables(wiring.Component):
