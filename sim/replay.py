@@ -72,7 +72,7 @@ def replay_frames(frames, config, *, ports, sim=None, build_dir=None, waves=None
     import hashlib
     import os
 
-    from hdl.nic import MrcNic
+    from sim.tb.pair import NIC_MODULE, NicDesign
     from sim.tb.runner import run_cocotb, source_key
 
     sim = sim or os.environ.get("SIM", "verilator")
@@ -85,9 +85,10 @@ def replay_frames(frames, config, *, ports, sim=None, build_dir=None, waves=None
         job, result = Path(tmp) / "job.json", Path(tmp) / "result.json"
         job.write_text(json.dumps({"config": config.to_dict(), "frames": [
             {"port": port, "hex": f.hex()} for f, port in zip(frames, ports, strict=True)]}))
-        # The NIC is elaborated and exported only when the gateware or the configuration
-        # changed since the design in build_dir was exported.
-        run_cocotb(lambda: MrcNic(config), toplevel="mrc_nic",
+        # The NIC is exported only when the gateware or the configuration changed since the
+        # design in build_dir was exported, and converted only when no other bench converted it
+        # (sim.tb.pair.export_nic: the Icarus and Verilator builds share the conversion).
+        run_cocotb(lambda: NicDesign(config), toplevel=NIC_MODULE,
                    test_module="sim.tb.cocotb_replay", build_dir=build_dir, sim=sim,
                    quick_build=True, reuse=True, waves=waves,
                    export_key=source_key("mrc_nic", config.to_dict()),

@@ -305,7 +305,7 @@ LONGEST_FIRST = [
     "test_parser.py",
     "test_rgmii.py",                # builds the self-test with the external plane
     "test_transport.py",            # builds the self-test
-    "test_cli.py",                  # exports the reduced NIC, Icarus compiles it
+    "test_cli.py",                  # Icarus compiles the replay NIC (one conversion: export_nic)
     "test_fuzz.py",                 # fuzz runs on the C++-agents build
     "test_path_select.py",          # one Verilator model of path select (on_verilator)
     "test_formal.py",               # make test's formal smoke (the rest: formal_deep)

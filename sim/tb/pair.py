@@ -4,9 +4,11 @@
 The two NICs have one configuration, so :meth:`NicPair.export_sv` writes the NIC once, as the
 module ``mrc_nic``, and a top that instantiates it twice: Verilator compiles one NIC's C++, not
 two, which halves the build of ``make sim`` (the build is most of a default run's wall time).
-A pair design is exported once: its Verilog is kept in :data:`PAIR_EXPORTS` and read from there
-by every bench of that design, the pair as the top and the C++ agents' wrapper around it
-(:class:`sim.tb.dpi.DpiPair`).
+A NIC is converted once per configuration and NSCC setting (:func:`export_nic`, kept in
+:data:`PAIR_EXPORTS`): the pair, a group and the one-NIC benches (:class:`NicDesign`) of one
+configuration read the same text. A pair design is exported once too: its Verilog is kept there
+and read by every bench of that design, the pair as the top and the C++ agents' wrapper around
+it (:class:`sim.tb.dpi.DpiPair`).
 """
 
 import dataclasses
@@ -26,10 +28,12 @@ from .. import export as _export_module
 from ..env import BUILD
 from ..export import export_sv, write_if_changed
 
-__all__ = ["NicPair", "NicGroup", "SMALL_CONFIG", "NIC_MODULE", "GROUP_MODULE", "PAIR_EXPORTS"]
+__all__ = ["NicPair", "NicGroup", "NicDesign", "export_nic", "SMALL_CONFIG", "RECEIVE_CONFIG",
+           "NIC_MODULE", "GROUP_MODULE", "PAIR_EXPORTS"]
 
-#: Where :meth:`NicPair.export_sv` keeps each pair design's Verilog: a folder per configuration
-#: and NSCC setting, holding ``nic_pair.sv`` and the key it was exported under.
+#: Where :func:`export_nic` keeps each NIC's Verilog and :meth:`NicPair.export_sv` each pair
+#: design's: a folder per design, configuration and NSCC setting (``mrc_nic-<digest>``,
+#: ``nic_pair-<digest>``), holding the Verilog and the key it was exported under.
 PAIR_EXPORTS = BUILD / "exports"
 
 #: The Verilog module name of the shared NIC.
@@ -40,6 +44,65 @@ NIC_MODULE = "mrc_nic"
 #: a NIC compiles in minutes under Verilator on two cores.
 SMALL_CONFIG = NicConfig(ports=4, qps=64, mpr_units=1, ev_profiles=1, evs_per_profile=16,
                          max_wimm=4, wr_slots=4, mtu=512)
+
+#: The one-NIC receive path's configuration in the tests (``mrc-nic replay`` and ``mrc-nic flow``
+#: with ``--sim``): :data:`SMALL_CONFIG` on 2 ports, so both commands' builds read one
+#: conversion of the NIC (:func:`export_nic`).
+RECEIVE_CONFIG = SMALL_CONFIG.replace(ports=2)
+
+
+def _design_parts(config, nscc):
+    """What names a NIC design besides the gateware: its configuration and NSCC setting."""
+    parts = [config.to_dict()]
+    if nscc is not None:
+        parts.append(dataclasses.asdict(nscc))
+    return parts
+
+
+def _cached_export(kind, parts, key_parts, make):
+    """The Verilog ``make()`` returns, kept in ``PAIR_EXPORTS/<kind>-<digest of parts>/<kind>.sv``
+    under the key :func:`sim.tb.runner.source_key` of ``kind``, ``parts`` and ``key_parts``
+    (the gateware with them): read from there while the key is unchanged, made and kept
+    otherwise (the folder locked meanwhile, so two workers take turns)."""
+    from .runner import _folder_lock, source_key
+    name = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:12]
+    folder = PAIR_EXPORTS / f"{kind}-{name}"
+    cached, key_file = folder / f"{kind}.sv", folder / "export.key"
+    key = source_key(kind, *parts, *key_parts)
+    with _folder_lock(folder):
+        if cached.exists() and key_file.exists() and key_file.read_text() == key:
+            return cached.read_text()
+        text = make()
+        key_file.unlink(missing_ok=True)
+        write_if_changed(cached, text)
+        key_file.write_text(key)
+        return text
+
+
+def export_nic(config, *, nscc=None):
+    """The Verilog of :class:`hdl.nic.MrcNic` (``config``, ``nscc``) as the module
+    :data:`NIC_MODULE`, converted once per configuration and NSCC setting while the gateware is
+    unchanged (kept in :data:`PAIR_EXPORTS`): the pairs, groups and one-NIC benches of one
+    configuration share the conversion."""
+    return _cached_export(
+        NIC_MODULE, _design_parts(config, nscc), [Path(_export_module.__file__).read_bytes()],
+        lambda: export_sv(MrcNic(config, nscc=nscc), name=NIC_MODULE))
+
+
+class NicDesign:
+    """One NIC as the top :data:`NIC_MODULE`, for :func:`sim.tb.runner.run_cocotb`
+    (``toplevel=NIC_MODULE``): its Verilog is :func:`export_nic`'s, shared with every other
+    bench of the same configuration and NSCC setting."""
+
+    def __init__(self, config, *, nscc=None):
+        self.config = config
+        self.nscc = nscc
+
+    def export_sv(self, path=None):
+        text = export_nic(self.config, nscc=self.nscc)
+        if path is not None:
+            write_if_changed(path, text)
+        return text
 
 
 def _connect(m, outer, inner, member):
@@ -107,30 +170,19 @@ class NicPair(wiring.Component):
 
         The text comes from :data:`PAIR_EXPORTS` when it was exported there under the same key
         (:func:`sim.tb.runner.source_key` of the gateware, this module, the export module, the
-        configuration and the NSCC setting); otherwise the pair is elaborated and the text kept
-        there."""
-        from .runner import _folder_lock, source_key
-        parts = [self._config.to_dict()]
-        if self._nscc is not None:
-            parts.append(dataclasses.asdict(self._nscc))
-        name = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:12]
-        folder = PAIR_EXPORTS / f"nic_pair-{name}"
-        cached, key_file = folder / "nic_pair.sv", folder / "export.key"
-        key = source_key("nic_pair", *parts, Path(__file__).read_bytes(),
-                         Path(_export_module.__file__).read_bytes())
+        configuration and the NSCC setting); otherwise the top is elaborated, the NIC's
+        Verilog is :func:`export_nic`'s, and the text is kept there."""
+        parts = _design_parts(self._config, self._nscc)
         self._shared = True
-        with _folder_lock(folder):
-            if cached.exists() and key_file.exists() and key_file.read_text() == key:
-                text = cached.read_text()
-                _mark_used(self, *self.nics.values())
-            else:
-                nic = export_sv(self.nics["a"], name=NIC_MODULE)
-                top = export_sv(self, name="nic_pair")
-                _mark_used(self.nics["b"])
-                text = nic + "\n" + top
-                key_file.unlink(missing_ok=True)
-                write_if_changed(cached, text)
-                key_file.write_text(key)
+        _mark_used(self, *self.nics.values())     # a kept text elaborates none of them
+
+        def make():
+            return export_nic(self._config, nscc=self._nscc) + "\n" + \
+                export_sv(self, name="nic_pair")
+
+        text = _cached_export("nic_pair", parts, [Path(__file__).read_bytes(),
+                                                  Path(_export_module.__file__).read_bytes()],
+                              make)
         if path is not None:
             write_if_changed(path, text)
         return text
@@ -156,6 +208,7 @@ class NicGroup(wiring.Component):
         if len(names) < 2 or len(set(names)) != len(names):
             raise ValueError(f"names: two or more distinct NIC names, not {names!r}")
         self._config = config
+        self._nscc = nscc
         self.names = tuple(names)
         self._nic = MrcNic(config, nscc=nscc)
         members = {}
@@ -177,10 +230,11 @@ class NicGroup(wiring.Component):
         return m
 
     def export_sv(self, path):
-        """Write the NIC once, as :data:`NIC_MODULE`, and the group as the top
-        :data:`GROUP_MODULE` with an instance of it per NIC, to ``path`` (kept when
-        unchanged)."""
-        nic = export_sv(self._nic, name=NIC_MODULE)
+        """Write the NIC once, as :data:`NIC_MODULE` (:func:`export_nic`'s Verilog), and the
+        group as the top :data:`GROUP_MODULE` with an instance of it per NIC, to ``path`` (kept
+        when unchanged)."""
+        _mark_used(self._nic)
+        nic = export_nic(self._config, nscc=self._nscc)
         top = export_sv(self, name=GROUP_MODULE)
         text = nic + "\n" + top
         write_if_changed(path, text)

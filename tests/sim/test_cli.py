@@ -11,7 +11,7 @@ from scapy.utils import rdpcap
 
 from sim.samples import sample_packets
 from sim.schema import validate_report
-from sim.tb.pair import SMALL_CONFIG
+from sim.tb.pair import RECEIVE_CONFIG
 
 
 def mrc_nic(*args, cwd=None):
@@ -53,12 +53,14 @@ def test_sim_foundation_flow(tmp_path):
 
 def test_sim_runs_the_rtl_receive_path(tmp_path):
     """Every frame of the flow's capture goes through the NIC top (Icarus) and is accepted."""
-    # The end-to-end benches' reduced NIC (64 QPs, one EV profile): the export, Icarus's
-    # compile and its run take a fraction of the default NIC's.
+    # The receive path's reduced NIC (64 QPs, one EV profile, 2 ports): the export, Icarus's
+    # compile and its run take a fraction of the default NIC's, and the conversion is the one
+    # tests/sim/test_replay.py's Verilator build reads.
     config = tmp_path / "config.json"
-    config.write_text(json.dumps(SMALL_CONFIG.to_dict()))
+    config.write_text(json.dumps(RECEIVE_CONFIG.to_dict()))
     result = mrc_nic("flow", "--bytes", 3000, "--msg-size", 1500, "--out", tmp_path,
-                     "--config", config, "--planes", 2, "--evs", 4, "--sim", "icarus")
+                     "--config", config, "--planes", RECEIVE_CONFIG.ports, "--evs", 4,
+                     "--sim", "icarus")
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads((tmp_path / "report.json").read_text())
     frames = report["data_packets"] + report["acks"]

@@ -12,11 +12,12 @@ from hdl import protocol as P
 from sim import defaults as D
 from sim import packets as pk
 from sim.samples import sample_packets
-from sim.tb.pair import SMALL_CONFIG as TEST_CONFIG
+from sim.tb.pair import RECEIVE_CONFIG as TEST_CONFIG
 
 
 def small_config(tmp_path):
-    """The end-to-end benches' reduced configuration (tests/hdl/test_nic_rtl.py), as a file."""
+    """The receive path's reduced configuration (2 ports; the NIC's conversion is shared with
+    the RTL run of tests/sim/test_cli.py), as a file."""
     path = tmp_path / "config.json"
     path.write_text(json.dumps(TEST_CONFIG.to_dict()))
     return path
