@@ -23,7 +23,7 @@ from .. import protocol as P
 from ..config import NicConfig
 from ..interfaces import completion_layout, place_beat_layout
 from ..packet.headers import PacketKind, packet_beat_layout
-from ..util import as_signal, below_mask, onehot, shift_right, validating
+from ..util import as_signal, onehot, shift_right, validating
 from .resp_admit import (
     Admission,
     checks_layout,
@@ -31,7 +31,7 @@ from .resp_admit import (
     distance_layout,
     header_checks,
 )
-from .resp_bits import lowest_set, popcount
+from .resp_bits import lowest_set, prefix_counts, select_sum
 from .resp_complete import CompletionReorder
 from .resp_defs import (
     DEFAULT_ACK_DELAY,
@@ -418,7 +418,7 @@ class Responder(wiring.Component):
         config = self._config
         window = config.window_psns
         qp, bm, wt, h = s.st.qp, s.st.bm, s.st.wt, s.h
-        chunk = min(CHUNK, window - 1)
+        chunk = s.chunk = min(CHUNK, window - 1)
         adding = ~s.is_cont                 # an in-order packet sets bit 0 before the search
         rcv_x = as_signal(m, bm.rcv | adding, "rcv_x")
         last_x = as_signal(m, bm.last | (adding & s.is_last_op), "last_x")
@@ -461,21 +461,29 @@ class Responder(wiring.Component):
             shifted = shift_right(m, advanced, step, name=f"{name}_shift")
             m.d.comb += s.new_bm[name].eq(Mux(s.advancing, shifted, placed))
 
-        # The sums over the step are made from the entry before `advancing` (which waits on
-        # the verdict) only selects them.
-        passed = below_mask(m, step, chunk, name="passed")
+        # The sums over the step are made for every step length from S2's registers, in
+        # parallel with the search: the step only selects one (no count or carry chain after
+        # it), and `advancing` (which waits on the verdict) selects the result.
+        # ends[k]: message ends among the first k PSNs (the MSN advance of a step of k).
+        ends = prefix_counts(m, last_x[:chunk], "msn_ends")
+        epos_after = [as_signal(m, Mux(qp.epos + k >= window, qp.epos + k - window, qp.epos + k),
+                                f"epos_after{k}") for k in range(chunk + 1)]
         s.new_epsn = Signal(24)
         s.new_epos = Signal.like(qp.epos)
         s.new_msn = Signal(24)
         s.wimm_msn = Signal(24)             # MSN of the completed WRITE_IMM's message
-        epos_sum = qp.epos + step
+        # The step that completes a WRITE_IMM passes its PSN (wimm_at + 1 PSNs).
+        upto_wimm = Mux(wimm_at >= chunk, chunk, wimm_at + 1)
         m.d.comb += [
-            s.new_epsn.eq(Mux(s.advancing, qp.epsn + step, qp.epsn)),
-            s.new_epos.eq(Mux(s.advancing, Mux(epos_sum >= window, epos_sum - window, epos_sum),
-                              qp.epos)),
-            s.new_msn.eq(Mux(s.advancing, qp.msn + popcount(last_x[:chunk] & passed), qp.msn)),
-            s.wimm_msn.eq(qp.msn + popcount(
-                last_x[:chunk] & below_mask(m, wimm_at + 1, chunk, name="upto_wimm"))),
+            s.new_epsn.eq(Mux(s.advancing,
+                              select_sum(m, qp.epsn, [C(k, ceil_log2(chunk + 1))
+                                                      for k in range(chunk + 1)],
+                                         step, "epsn_after"),
+                              qp.epsn)),
+            s.new_epos.eq(Mux(s.advancing, Array(epos_after)[step], qp.epos)),
+            s.new_msn.eq(Mux(s.advancing, select_sum(m, qp.msn, ends, step, "msn_after"),
+                             qp.msn)),
+            s.wimm_msn.eq(select_sum(m, qp.msn, ends, upto_wimm, "wimm_msn")),
         ]
 
         # WRITE_IMM entries (`CompletionReorder`): a placed one takes the first free slot,
@@ -567,8 +575,11 @@ class Responder(wiring.Component):
         # A probe of a QP that exists and responds is answered; any other is dropped (counted).
         s.send_probe_ack = s.is_probe & s.known & s.responding
         s.new_above = Signal.like(qp.above)
-        # above + placed - advance, the sums made before the verdict selects one.
-        m.d.comb += s.new_above.eq(Mux(s.advancing, qp.above + ~s.is_cont - s.step,
+        # above + placed - advance, the sums made for every step length before the step
+        # selects one and the verdict the result.
+        above_after = [as_signal(m, (qp.above + ~s.is_cont - k)[:len(qp.above)],
+                                 f"above_after{k}") for k in range(s.chunk + 1)]
+        m.d.comb += s.new_above.eq(Mux(s.advancing, Array(above_after)[s.step],
                                        Mux(s.placed, qp.above + 1, qp.above)))
         s.new_rcvd = Signal(RCVD_BYTES_BITS)
         # The sum is made before the verdict, which only selects it.
