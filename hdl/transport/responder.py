@@ -30,6 +30,7 @@ from .resp_admit import (
     distance_checks,
     distance_layout,
     header_checks,
+    qp_write_checks,
 )
 from .resp_bits import lowest_set, prefix_counts, select_sum
 from .resp_complete import CompletionReorder
@@ -115,7 +116,8 @@ def _observation_layout(config, mr_slots):
         # MR entry it starts from before S2's write of this cycle (the tables' data with
         # `prev` and `prev2`, or what it captured while it waited).
         "s1_row_op": 1, "s1_qpn": config.qpn_bits, "s1_older": state, "s1_mr_older": mr,
-        # The registered checks and S1's va + dma_len agree with the packets they belong to.
+        # The registered checks (the QP_WRITE one too) and S1's va + dma_len agree with the
+        # operations they belong to.
         "checks_ok": 1,
         # S2's registered distance agrees with its packet and the row it decides on (what
         # its verdict reads of it: the receive bits only inside the window).
@@ -300,6 +302,7 @@ class Responder(wiring.Component):
         s.nak_since = Signal(32, reset_less=True)   # S2: cycles - its row's last_nak
         s.nak_set = Signal()                        # S2 sends an out-of-window NACK
         s.cmd_limit = Signal(65, reset_less=True)   # S2's command's base + length
+        s.qp_write_ok = Signal(reset_less=True)     # S2's command: a QP_WRITE that passes
         s.e_fire = Signal()                         # S2 executes this cycle
         s.e_cont = Signal()                         # ... and its operation takes another step
         s.may_cont = Signal()                       # ... or might (S1 waits either way)
@@ -335,6 +338,7 @@ class Responder(wiring.Component):
                 s.nak_since.eq(Mux(a.same_now, since_now, a.since_older)),
                 e_valid.eq(1), e.eq(a.op),
                 s.mr.eq(a.mr), s.va_end.eq(a.va_end), s.cmd_limit.eq(a.cmd_limit),
+                s.qp_write_ok.eq(a.qp_write_ok),
                 s.checks.eq(a.checks), s.dist.eq(a.dist), s.st.eq(a.row),
             ]
         with m.Elif(s.e_fire):
@@ -661,17 +665,19 @@ class Responder(wiring.Component):
         s.resp = resp = Signal(responder_response_layout(config))
         s.qp_cmd_ok = Signal()
         s.set_rx = Signal()
-        state_ok = Cat(cmd.state == int(st) for st in P.QpState).any()
-        cmd_qpn_ok = cmd.qpn < config.qps
+        # Whether a QP_WRITE is taken comes registered from S1 (`qp_write_ok`): a restart's
+        # write-back, which S1 forwards, waits on no compare; the errno is picked from the
+        # same checks here.
+        qp_write = qp_write_checks(config, cmd)
+        cmd_qpn_ok = qp_write["qpn_ok"]
+        m.d.comb += [s.qp_cmd_ok.eq(is_ctl & s.qp_write_ok),
+                     s.set_rx.eq(is_ctl & s.qp_write_ok & cmd.set_psn)]
         with m.Switch(cmd.cmd):
             with m.Case(C_.QP_WRITE):
                 with m.If(~cmd_qpn_ok):
                     m.d.comb += resp.errno.eq(P.Errno.ENOENT)
-                with m.Elif(~state_ok | (cmd.mpr == 0) | (cmd.mpr > config.mpr_units) |
-                            (cmd.max_wimm == 0) | (cmd.max_wimm > config.max_wimm)):
+                with m.Elif(~qp_write["fields_ok"]):
                     m.d.comb += resp.errno.eq(P.Errno.EINVAL)
-                with m.Else():
-                    m.d.comb += [s.qp_cmd_ok.eq(is_ctl), s.set_rx.eq(is_ctl & cmd.set_psn)]
             with m.Case(C_.QP_READ):
                 with m.If(~cmd_qpn_ok):
                     m.d.comb += resp.errno.eq(P.Errno.ENOENT)
@@ -882,6 +888,9 @@ class Responder(wiring.Component):
         m.d.comb += obs.checks_ok.eq(
             (~s.e_valid | (s.checks.as_value() ==
                            Cat(e_checks[name] for name in checks_layout().members))) &
+            (~s.is_ctl | (s.qp_write_ok == ((s.e.cmd.cmd == ResponderCommand.QP_WRITE) &
+                                            Cat(qp_write_checks(self._config,
+                                                                s.e.cmd).values()).all()))) &
             a_obs.s1_va_end_ok)
         st, dist = s.st, s.dist
         e_dist = distance_checks(self._config, s.h.bth.psn, st.qp.epsn, st.qp.mpr, st.bm.rcv)

@@ -19,8 +19,7 @@ class _PrefixCounts(Elaboratable):
     def elaborate(self, platform):
         m = Module()
         counts = prefix_counts(m, self.bits, "ends")
-        assert len(counts) == len(self.counts)
-        m.d.comb += [mine.eq(count) for mine, count in zip(self.counts, counts)]
+        m.d.comb += [mine.eq(count) for mine, count in zip(self.counts, counts, strict=True)]
         return m
 
 
@@ -74,7 +73,7 @@ def test_the_selected_sum_is_the_base_plus_the_selected_increment(width, inc_bit
                                (rng.randrange(mod) | 0x1F) & (mod - 1)])
             incs = [rng.randrange(1 << inc_bits) for _ in range(increments)]
             ctx.set(dut.base, base)
-            for signal, inc in zip(dut.increments, incs):
+            for signal, inc in zip(dut.increments, incs, strict=True):
                 ctx.set(signal, inc)
             for index in range(increments):
                 ctx.set(dut.index, index)
