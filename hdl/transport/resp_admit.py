@@ -28,7 +28,7 @@ from .resp_layouts import (
     responder_layouts,
 )
 
-__all__ = ["Admission", "checks_layout", "header_checks", "distance_layout",
+__all__ = ["Admission", "checks_layout", "header_checks", "qp_write_checks", "distance_layout",
            "distance_checks", "distance_after_step", "admitted_layout",
            "admission_observation_layout"]
 
@@ -60,6 +60,18 @@ def header_checks(config, header, mr, va_end):
         "probe": header.kind == PacketKind.RPROBE,
         # Every check of a PLACED verdict that needs neither the QP entry nor the MR's PD.
         "static_ok": known & ~bad_seq & ~header.trimmed & mr_hit & in_bounds,
+    }
+
+
+def qp_write_checks(config, cmd):
+    """A QP_WRITE command's checks: its QP exists (``qpn_ok``, else ENOENT) and its fields are
+    in range (``fields_ok``, else EINVAL). The one definition: S1 registers their AND for S2
+    (a restart's write-back then waits on no compare), S2 picks the errno from them."""
+    state_ok = Cat(cmd.state == int(st) for st in P.QpState).any()
+    return {
+        "qpn_ok": cmd.qpn < config.qps,
+        "fields_ok": state_ok & (cmd.mpr != 0) & (cmd.mpr <= config.mpr_units) &
+        (cmd.max_wimm != 0) & (cmd.max_wimm <= config.max_wimm),
     }
 
 
@@ -137,13 +149,15 @@ def distance_after_step(m, config, psn, wb):
 def admitted_layout(config):
     """An operation leaving S1 for the execute stage: the operation, the row it starts from
     (S2's write-back of the cycle included), its MR entry, va + dma_len, the header and MR
-    checks, where its PSN lies against the row (`dist`), a command's base + length, and for
+    checks, where its PSN lies against the row (`dist`), a command's base + length, whether
+    it is a QP_WRITE that passes its checks (`qp_write_ok`: ``qp_write_checks``), and for
     the rate limit the cycles since the row's last NACK (`since_older`, valid unless
     `same_now`: the row is S2's write-back of the cycle)."""
     layouts = responder_layouts(config)
     return data.StructLayout({
         "op": op_layout(config), "row": layouts.state, "mr": layouts.mr, "va_end": 65,
         "checks": checks_layout(), "dist": distance_layout(config), "cmd_limit": 65,
+        "qp_write_ok": 1,
         "same_now": 1, "since_older": 32,
     })
 
@@ -397,6 +411,8 @@ class Admission(wiring.Component):
               for name in distance_layout(config).members),
             out.op.eq(s1), out.mr.eq(mr_entry), out.va_end.eq(s1_va_end),
             out.cmd_limit.eq(s1.cmd.base + s1.cmd.length),
+            out.qp_write_ok.eq((s1.cmd.cmd == ResponderCommand.QP_WRITE) &
+                               Cat(qp_write_checks(config, s1.cmd).values()).all()),
             *(out.checks[name].eq(value) for name, value in s1_checks.items()),
             out.row.eq(Mux(same_now, wb.state, older)),
             out.same_now.eq(same_now),

@@ -1,12 +1,12 @@
 """Small bit-level building blocks of the responder's execute stage: log-depth trees, no
-carry chains where a tree will do."""
+carry chains where a tree will do, and sums made before the index that selects them."""
 
 from amaranth import *
 from amaranth.utils import ceil_log2
 
 from ..util import as_signal
 
-__all__ = ["popcount", "or_all", "lowest_set"]
+__all__ = ["popcount", "or_all", "lowest_set", "prefix_counts", "select_sum"]
 
 
 def popcount(bits):
@@ -57,3 +57,46 @@ def lowest_set(m, bits, name):
     index = Signal(range(width + 1), name=name)
     m.d.comb += index.eq(Mux(found, lowest, width))
     return index
+
+
+def prefix_counts(m, bits, name):
+    """``[popcount(bits[:k]) for k in 0 .. len(bits)]``, a parallel prefix (log depth, half
+    the adders of one count per prefix), each as a Signal."""
+    width = len(bits)
+    count_bits = max(1, ceil_log2(width + 1))
+    counts = [bits[i] for i in range(width)]
+    span = 1
+    while span < width:
+        # Sklansky: each element in the upper half of a 2 * span block adds the total of the
+        # lower half (the block's element span - 1, finished at the previous level).
+        merged = []
+        for i, count in enumerate(counts):
+            if (i // span) % 2:
+                count = as_signal(m, (count + counts[(i // span) * span - 1])[:count_bits],
+                                  f"{name}_l{span}_{i}")
+            merged.append(count)
+        counts = merged
+        span *= 2
+    return [C(0, count_bits)] + [as_signal(m, count, f"{name}_{i + 1}")
+                                 for i, count in enumerate(counts)]
+
+
+def select_sum(m, base, increments, index, name):
+    """``(base + increments[index])`` modulo ``2**len(base)``, each sum made before ``index``
+    (which may come late) selects it: the low bits of every sum and the high bits plus one
+    are added from ``base`` and the increments, so after the index only a select and the
+    choice of the high bits by the selected carry remain (no carry chain). ``increments``
+    are small: at most ``len(base)`` bits wide."""
+    width = len(base)
+    low_bits = max(len(Value.cast(inc)) for inc in increments)
+    if low_bits >= width:
+        sums = [as_signal(m, (base + inc)[:width], f"{name}_sum{k}")
+                for k, inc in enumerate(increments)]
+        return as_signal(m, Array(sums)[index], name)
+    high = base[low_bits:]
+    high_up = as_signal(m, (high + 1)[:width - low_bits], f"{name}_high_up")
+    # The low bits of each sum with their carry out.
+    lows = [as_signal(m, base[:low_bits] + inc, f"{name}_low{k}")
+            for k, inc in enumerate(increments)]
+    low = as_signal(m, Array(lows)[index], f"{name}_low")
+    return as_signal(m, Cat(low[:low_bits], Mux(low[low_bits], high_up, high)), name)

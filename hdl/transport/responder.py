@@ -23,15 +23,16 @@ from .. import protocol as P
 from ..config import NicConfig
 from ..interfaces import completion_layout, place_beat_layout
 from ..packet.headers import PacketKind, packet_beat_layout
-from ..util import as_signal, below_mask, onehot, shift_right, validating
+from ..util import as_signal, onehot, shift_right, validating
 from .resp_admit import (
     Admission,
     checks_layout,
     distance_checks,
     distance_layout,
     header_checks,
+    qp_write_checks,
 )
-from .resp_bits import lowest_set, popcount
+from .resp_bits import lowest_set, prefix_counts, select_sum
 from .resp_complete import CompletionReorder
 from .resp_defs import (
     DEFAULT_ACK_DELAY,
@@ -115,7 +116,8 @@ def _observation_layout(config, mr_slots):
         # MR entry it starts from before S2's write of this cycle (the tables' data with
         # `prev` and `prev2`, or what it captured while it waited).
         "s1_row_op": 1, "s1_qpn": config.qpn_bits, "s1_older": state, "s1_mr_older": mr,
-        # The registered checks and S1's va + dma_len agree with the packets they belong to.
+        # The registered checks (the QP_WRITE one too) and S1's va + dma_len agree with the
+        # operations they belong to.
         "checks_ok": 1,
         # S2's registered distance agrees with its packet and the row it decides on (what
         # its verdict reads of it: the receive bits only inside the window).
@@ -300,6 +302,7 @@ class Responder(wiring.Component):
         s.nak_since = Signal(32, reset_less=True)   # S2: cycles - its row's last_nak
         s.nak_set = Signal()                        # S2 sends an out-of-window NACK
         s.cmd_limit = Signal(65, reset_less=True)   # S2's command's base + length
+        s.qp_write_ok = Signal(reset_less=True)     # S2's command: a QP_WRITE that passes
         s.e_fire = Signal()                         # S2 executes this cycle
         s.e_cont = Signal()                         # ... and its operation takes another step
         s.may_cont = Signal()                       # ... or might (S1 waits either way)
@@ -335,6 +338,7 @@ class Responder(wiring.Component):
                 s.nak_since.eq(Mux(a.same_now, since_now, a.since_older)),
                 e_valid.eq(1), e.eq(a.op),
                 s.mr.eq(a.mr), s.va_end.eq(a.va_end), s.cmd_limit.eq(a.cmd_limit),
+                s.qp_write_ok.eq(a.qp_write_ok),
                 s.checks.eq(a.checks), s.dist.eq(a.dist), s.st.eq(a.row),
             ]
         with m.Elif(s.e_fire):
@@ -418,7 +422,7 @@ class Responder(wiring.Component):
         config = self._config
         window = config.window_psns
         qp, bm, wt, h = s.st.qp, s.st.bm, s.st.wt, s.h
-        chunk = min(CHUNK, window - 1)
+        chunk = s.chunk = min(CHUNK, window - 1)
         adding = ~s.is_cont                 # an in-order packet sets bit 0 before the search
         rcv_x = as_signal(m, bm.rcv | adding, "rcv_x")
         last_x = as_signal(m, bm.last | (adding & s.is_last_op), "last_x")
@@ -461,21 +465,29 @@ class Responder(wiring.Component):
             shifted = shift_right(m, advanced, step, name=f"{name}_shift")
             m.d.comb += s.new_bm[name].eq(Mux(s.advancing, shifted, placed))
 
-        # The sums over the step are made from the entry before `advancing` (which waits on
-        # the verdict) only selects them.
-        passed = below_mask(m, step, chunk, name="passed")
+        # The sums over the step are made for every step length from S2's registers, in
+        # parallel with the search: the step only selects one (no count or carry chain after
+        # it), and `advancing` (which waits on the verdict) selects the result.
+        # ends[k]: message ends among the first k PSNs (the MSN advance of a step of k).
+        ends = prefix_counts(m, last_x[:chunk], "msn_ends")
+        epos_after = [as_signal(m, Mux(qp.epos + k >= window, qp.epos + k - window, qp.epos + k),
+                                f"epos_after{k}") for k in range(chunk + 1)]
         s.new_epsn = Signal(24)
         s.new_epos = Signal.like(qp.epos)
         s.new_msn = Signal(24)
         s.wimm_msn = Signal(24)             # MSN of the completed WRITE_IMM's message
-        epos_sum = qp.epos + step
+        # The step that completes a WRITE_IMM passes its PSN (wimm_at + 1 PSNs).
+        upto_wimm = Mux(wimm_at >= chunk, chunk, wimm_at + 1)
         m.d.comb += [
-            s.new_epsn.eq(Mux(s.advancing, qp.epsn + step, qp.epsn)),
-            s.new_epos.eq(Mux(s.advancing, Mux(epos_sum >= window, epos_sum - window, epos_sum),
-                              qp.epos)),
-            s.new_msn.eq(Mux(s.advancing, qp.msn + popcount(last_x[:chunk] & passed), qp.msn)),
-            s.wimm_msn.eq(qp.msn + popcount(
-                last_x[:chunk] & below_mask(m, wimm_at + 1, chunk, name="upto_wimm"))),
+            s.new_epsn.eq(Mux(s.advancing,
+                              select_sum(m, qp.epsn, [C(k, ceil_log2(chunk + 1))
+                                                      for k in range(chunk + 1)],
+                                         step, "epsn_after"),
+                              qp.epsn)),
+            s.new_epos.eq(Mux(s.advancing, Array(epos_after)[step], qp.epos)),
+            s.new_msn.eq(Mux(s.advancing, select_sum(m, qp.msn, ends, step, "msn_after"),
+                             qp.msn)),
+            s.wimm_msn.eq(select_sum(m, qp.msn, ends, upto_wimm, "wimm_msn")),
         ]
 
         # WRITE_IMM entries (`CompletionReorder`): a placed one takes the first free slot,
@@ -567,8 +579,11 @@ class Responder(wiring.Component):
         # A probe of a QP that exists and responds is answered; any other is dropped (counted).
         s.send_probe_ack = s.is_probe & s.known & s.responding
         s.new_above = Signal.like(qp.above)
-        # above + placed - advance, the sums made before the verdict selects one.
-        m.d.comb += s.new_above.eq(Mux(s.advancing, qp.above + ~s.is_cont - s.step,
+        # above + placed - advance, the sums made for every step length before the step
+        # selects one and the verdict the result.
+        above_after = [as_signal(m, (qp.above + ~s.is_cont - k)[:len(qp.above)],
+                                 f"above_after{k}") for k in range(s.chunk + 1)]
+        m.d.comb += s.new_above.eq(Mux(s.advancing, Array(above_after)[s.step],
                                        Mux(s.placed, qp.above + 1, qp.above)))
         s.new_rcvd = Signal(RCVD_BYTES_BITS)
         # The sum is made before the verdict, which only selects it.
@@ -650,17 +665,19 @@ class Responder(wiring.Component):
         s.resp = resp = Signal(responder_response_layout(config))
         s.qp_cmd_ok = Signal()
         s.set_rx = Signal()
-        state_ok = Cat(cmd.state == int(st) for st in P.QpState).any()
-        cmd_qpn_ok = cmd.qpn < config.qps
+        # Whether a QP_WRITE is taken comes registered from S1 (`qp_write_ok`): a restart's
+        # write-back, which S1 forwards, waits on no compare; the errno is picked from the
+        # same checks here.
+        qp_write = qp_write_checks(config, cmd)
+        cmd_qpn_ok = qp_write["qpn_ok"]
+        m.d.comb += [s.qp_cmd_ok.eq(is_ctl & s.qp_write_ok),
+                     s.set_rx.eq(is_ctl & s.qp_write_ok & cmd.set_psn)]
         with m.Switch(cmd.cmd):
             with m.Case(C_.QP_WRITE):
                 with m.If(~cmd_qpn_ok):
                     m.d.comb += resp.errno.eq(P.Errno.ENOENT)
-                with m.Elif(~state_ok | (cmd.mpr == 0) | (cmd.mpr > config.mpr_units) |
-                            (cmd.max_wimm == 0) | (cmd.max_wimm > config.max_wimm)):
+                with m.Elif(~qp_write["fields_ok"]):
                     m.d.comb += resp.errno.eq(P.Errno.EINVAL)
-                with m.Else():
-                    m.d.comb += [s.qp_cmd_ok.eq(is_ctl), s.set_rx.eq(is_ctl & cmd.set_psn)]
             with m.Case(C_.QP_READ):
                 with m.If(~cmd_qpn_ok):
                     m.d.comb += resp.errno.eq(P.Errno.ENOENT)
@@ -871,6 +888,9 @@ class Responder(wiring.Component):
         m.d.comb += obs.checks_ok.eq(
             (~s.e_valid | (s.checks.as_value() ==
                            Cat(e_checks[name] for name in checks_layout().members))) &
+            (~s.is_ctl | (s.qp_write_ok == ((s.e.cmd.cmd == ResponderCommand.QP_WRITE) &
+                                            Cat(qp_write_checks(self._config,
+                                                                s.e.cmd).values()).all()))) &
             a_obs.s1_va_end_ok)
         st, dist = s.st, s.dist
         e_dist = distance_checks(self._config, s.h.bth.psn, st.qp.epsn, st.qp.mpr, st.bm.rcv)
