@@ -366,6 +366,12 @@ class PlaneImpairment(wiring.Component):
     stack are trimmed at the same offsets and arrive damaged: the self-test sends none.
 
     Combinational: no latency, one beat per cycle; dropped beats are accepted at full rate.
+    The loss and trim compares are made a cycle ahead, from the value the LFSR takes at the
+    next clock edge, and registered: a frame's fate at its first beat is ``kill`` and two
+    flip-flops, and a new ``loss_rate`` or ``trim_rate`` applies to frames starting from the
+    cycle after it is set. Where a trimmed first beat is the same as the original (no
+    rewritten byte and no cut in it), the trim select of the data reads the registered fate
+    of the frame in progress only.
 
     Members
     -------
@@ -428,10 +434,25 @@ class PlaneImpairment(wiring.Component):
         start = self.i.valid & ~in_frame
         transfer = self.i.valid & self.i.ready
 
+        # Galois LFSR, taps 16, 14, 13, 11 (maximal length), stepped at each frame's start.
+        stepped = Mux(lfsr[0], (lfsr >> 1) ^ 0xB400, lfsr >> 1)
+        step = start & transfer
+        # The loss and trim compares of the LFSR's next value, registered: both candidates are
+        # compared and the step selects between the results, so the compares start at
+        # flip-flops and nothing after `lose`/`trim` is arithmetic (the compare in front of
+        # the fate select, and through it the data select of a wide beat, was the 125 MHz
+        # self-test's longest path).
+        lose = Signal()
+        trim = Signal()
+        m.d.sync += [
+            lose.eq(Mux(step, stepped[:8] < self.loss_rate, lfsr[:8] < self.loss_rate)),
+            trim.eq(Mux(step, stepped[8:] < self.trim_rate, lfsr[8:] < self.trim_rate)),
+        ]
+
         decided = Signal(2)
-        with m.If(self.kill | (lfsr[:8] < self.loss_rate)):
+        with m.If(self.kill | lose):
             m.d.comb += decided.eq(_Fate.DROP)
-        with m.Elif(lfsr[8:] < self.trim_rate):
+        with m.Elif(trim):
             m.d.comb += decided.eq(_Fate.TRIM)
         current = Mux(in_frame, fate, decided)
 
@@ -445,6 +466,10 @@ class PlaneImpairment(wiring.Component):
                     rewrite(self.i.p.data[8 * lane:8 * lane + 8]))
         at_cut = beat == cut_beat
         past_cut = beat > cut_beat
+        # Outside a frame `beat` is 0; when a trimmed beat 0 equals the original, the data
+        # select needs only `fate` (the last frame's outside a frame: harmless at beat 0).
+        first_beat_kept = cut_beat > 0 and all(offset >= lanes for offset in self._rewrites())
+        trim_data = (fate == _Fate.TRIM) if first_beat_kept else (current == _Fate.TRIM)
 
         m.d.comb += [
             self.o.p.first.eq(self.i.p.first),
@@ -459,26 +484,23 @@ class PlaneImpairment(wiring.Component):
                 with m.If(past_cut):
                     m.d.comb += self.i.ready.eq(1)
                 with m.Else():
-                    m.d.comb += [self.o.valid.eq(self.i.valid), self.i.ready.eq(self.o.ready),
-                                 self.o.p.data.eq(trimmed_data)]
-                    with m.If(at_cut):
-                        m.d.comb += [
-                            self.o.p.last.eq(1),
-                            self.o.p.keep.eq(self.i.p.keep & ((1 << cut_lanes) - 1)),
-                            self.o.p.data.eq(trimmed_data[:8 * cut_lanes]),
-                        ]
+                    m.d.comb += [self.o.valid.eq(self.i.valid), self.i.ready.eq(self.o.ready)]
             with m.Default():
                 m.d.comb += self.i.ready.eq(1)
+        with m.If(trim_data):
+            m.d.comb += self.o.p.data.eq(trimmed_data)
+            with m.If(at_cut):
+                m.d.comb += [
+                    self.o.p.last.eq(1),
+                    self.o.p.keep.eq(self.i.p.keep & ((1 << cut_lanes) - 1)),
+                    self.o.p.data.eq(trimmed_data[:8 * cut_lanes]),
+                ]
 
         with m.If(transfer):
             m.d.sync += [in_frame.eq(~self.i.p.last),
                          beat.eq(Mux(self.i.p.last, 0, Mux(past_cut, beat, beat + 1)))]
             with m.If(start):
-                m.d.sync += [
-                    fate.eq(decided),
-                    # Galois LFSR, taps 16, 14, 13, 11 (maximal length).
-                    lfsr.eq(Mux(lfsr[0], (lfsr >> 1) ^ 0xB400, lfsr >> 1)),
-                ]
+                m.d.sync += [fate.eq(decided), lfsr.eq(stepped)]
                 m.d.comb += [
                     self.frame.eq(1),
                     self.killed.eq(self.kill),
