@@ -863,8 +863,8 @@ class Reporter(wiring.Component):
                          active.eq(1)]
 
         # ``is_char``, ``char`` and ``last_digit`` describe ``items[position]`` and are
-        # registered: they are decoded for the next position while the current one is sent
-        # (the decode of the position behind the UART handshake was the critical path next).
+        # registered: they are decoded ahead while the current one is sent (the decode of the
+        # position behind the UART handshake was the critical path next).
         def decode(at, is_char_, char_, last_digit_):
             with m.Switch(at):
                 for n, item in enumerate(items):
@@ -874,20 +874,40 @@ class Reporter(wiring.Component):
                         else:
                             m.d.comb += last_digit_.eq(item[2] == 0)
 
-        next_position = Signal.like(position)
-        next_is_char = Signal()
-        next_char = Signal(8)
-        next_last_digit = Signal()
-        m.d.comb += next_position.eq(position + 1)
-        decode(next_position, next_is_char, next_char, next_last_digit)
-        first = items[0]
+        # Two positions ahead: the decode of ``position + 2`` is registered into ``ahead_*``
+        # (the next position's item), which ``is_char``, ``char`` and ``last_digit`` take at
+        # the handshake. Yosys turns the decode into a ROM and may move a register behind it
+        # to its address; the second register keeps the ROM's logic out of the cycle that
+        # feeds ``current``.
+        ahead_is_char = Signal()
+        ahead_char = Signal(8)
+        ahead_last_digit = Signal()
+        later_position = Signal(range(len(items) + 2))
+        later_is_char = Signal()
+        later_char = Signal(8)
+        later_last_digit = Signal()
+        m.d.comb += later_position.eq(position + 2)
+        decode(later_position, later_is_char, later_char, later_last_digit)
+
+        def constant(item):
+            if item is None:
+                return 0, 0, 0
+            if item[0] == "char":
+                return 1, item[1], 0
+            return 0, 0, int(item[2] == 0)
+
+        first = constant(items[0])
+        second = constant(items[1] if len(items) > 1 else None)
         with m.If(self.tick & ~active):
-            m.d.sync += [is_char.eq(first[0] == "char"),
-                         char.eq(first[1] if first[0] == "char" else 0),
-                         last_digit.eq(first[0] != "char" and first[2] == 0)]
+            m.d.sync += [Cat(is_char, char, last_digit).eq(Cat(C(first[0], 1), C(first[1], 8),
+                                                               C(first[2], 1))),
+                         Cat(ahead_is_char, ahead_char, ahead_last_digit).eq(
+                             Cat(C(second[0], 1), C(second[1], 8), C(second[2], 1)))]
         with m.Elif(self.o.valid & self.o.ready):
-            m.d.sync += [is_char.eq(next_is_char), char.eq(next_char),
-                         last_digit.eq(next_last_digit)]
+            m.d.sync += [is_char.eq(ahead_is_char), char.eq(ahead_char),
+                         last_digit.eq(ahead_last_digit),
+                         ahead_is_char.eq(later_is_char), ahead_char.eq(later_char),
+                         ahead_last_digit.eq(later_last_digit)]
         m.d.comb += [
             self.o.payload.eq(Mux(is_char, char, _nibble_ascii(current[-4:]))),
             self.o.valid.eq(active),
