@@ -366,6 +366,12 @@ class PlaneImpairment(wiring.Component):
     stack are trimmed at the same offsets and arrive damaged: the self-test sends none.
 
     Combinational: no latency, one beat per cycle; dropped beats are accepted at full rate.
+    The loss and trim compares are made a cycle ahead, from the value the LFSR takes at the
+    next clock edge, and registered: a frame's fate at its first beat is ``kill`` and two
+    flip-flops, and a new ``loss_rate`` or ``trim_rate`` applies to frames starting from the
+    cycle after it is set. Where a trimmed first beat is the same as the original (no
+    rewritten byte and no cut in it), the trim select of the data reads the registered fate
+    of the frame in progress only.
 
     Members
     -------
@@ -428,10 +434,25 @@ class PlaneImpairment(wiring.Component):
         start = self.i.valid & ~in_frame
         transfer = self.i.valid & self.i.ready
 
+        # Galois LFSR, taps 16, 14, 13, 11 (maximal length), stepped at each frame's start.
+        stepped = Mux(lfsr[0], (lfsr >> 1) ^ 0xB400, lfsr >> 1)
+        step = start & transfer
+        # The loss and trim compares of the LFSR's next value, registered: both candidates are
+        # compared and the step selects between the results, so the compares start at
+        # flip-flops and nothing after `lose`/`trim` is arithmetic (the compare in front of
+        # the fate select, and through it the data select of a wide beat, was the 125 MHz
+        # self-test's longest path).
+        lose = Signal()
+        trim = Signal()
+        m.d.sync += [
+            lose.eq(Mux(step, stepped[:8] < self.loss_rate, lfsr[:8] < self.loss_rate)),
+            trim.eq(Mux(step, stepped[8:] < self.trim_rate, lfsr[8:] < self.trim_rate)),
+        ]
+
         decided = Signal(2)
-        with m.If(self.kill | (lfsr[:8] < self.loss_rate)):
+        with m.If(self.kill | lose):
             m.d.comb += decided.eq(_Fate.DROP)
-        with m.Elif(lfsr[8:] < self.trim_rate):
+        with m.Elif(trim):
             m.d.comb += decided.eq(_Fate.TRIM)
         current = Mux(in_frame, fate, decided)
 
@@ -445,6 +466,10 @@ class PlaneImpairment(wiring.Component):
                     rewrite(self.i.p.data[8 * lane:8 * lane + 8]))
         at_cut = beat == cut_beat
         past_cut = beat > cut_beat
+        # Outside a frame `beat` is 0; when a trimmed beat 0 equals the original, the data
+        # select needs only `fate` (the last frame's outside a frame: harmless at beat 0).
+        first_beat_kept = cut_beat > 0 and all(offset >= lanes for offset in self._rewrites())
+        trim_data = (fate == _Fate.TRIM) if first_beat_kept else (current == _Fate.TRIM)
 
         m.d.comb += [
             self.o.p.first.eq(self.i.p.first),
@@ -459,26 +484,23 @@ class PlaneImpairment(wiring.Component):
                 with m.If(past_cut):
                     m.d.comb += self.i.ready.eq(1)
                 with m.Else():
-                    m.d.comb += [self.o.valid.eq(self.i.valid), self.i.ready.eq(self.o.ready),
-                                 self.o.p.data.eq(trimmed_data)]
-                    with m.If(at_cut):
-                        m.d.comb += [
-                            self.o.p.last.eq(1),
-                            self.o.p.keep.eq(self.i.p.keep & ((1 << cut_lanes) - 1)),
-                            self.o.p.data.eq(trimmed_data[:8 * cut_lanes]),
-                        ]
+                    m.d.comb += [self.o.valid.eq(self.i.valid), self.i.ready.eq(self.o.ready)]
             with m.Default():
                 m.d.comb += self.i.ready.eq(1)
+        with m.If(trim_data):
+            m.d.comb += self.o.p.data.eq(trimmed_data)
+            with m.If(at_cut):
+                m.d.comb += [
+                    self.o.p.last.eq(1),
+                    self.o.p.keep.eq(self.i.p.keep & ((1 << cut_lanes) - 1)),
+                    self.o.p.data.eq(trimmed_data[:8 * cut_lanes]),
+                ]
 
         with m.If(transfer):
             m.d.sync += [in_frame.eq(~self.i.p.last),
                          beat.eq(Mux(self.i.p.last, 0, Mux(past_cut, beat, beat + 1)))]
             with m.If(start):
-                m.d.sync += [
-                    fate.eq(decided),
-                    # Galois LFSR, taps 16, 14, 13, 11 (maximal length).
-                    lfsr.eq(Mux(lfsr[0], (lfsr >> 1) ^ 0xB400, lfsr >> 1)),
-                ]
+                m.d.sync += [fate.eq(decided), lfsr.eq(stepped)]
                 m.d.comb += [
                     self.frame.eq(1),
                     self.killed.eq(self.kill),
@@ -841,8 +863,8 @@ class Reporter(wiring.Component):
                          active.eq(1)]
 
         # ``is_char``, ``char`` and ``last_digit`` describe ``items[position]`` and are
-        # registered: they are decoded for the next position while the current one is sent
-        # (the decode of the position behind the UART handshake was the critical path next).
+        # registered: they are decoded ahead while the current one is sent (the decode of the
+        # position behind the UART handshake was the critical path next).
         def decode(at, is_char_, char_, last_digit_):
             with m.Switch(at):
                 for n, item in enumerate(items):
@@ -852,20 +874,40 @@ class Reporter(wiring.Component):
                         else:
                             m.d.comb += last_digit_.eq(item[2] == 0)
 
-        next_position = Signal.like(position)
-        next_is_char = Signal()
-        next_char = Signal(8)
-        next_last_digit = Signal()
-        m.d.comb += next_position.eq(position + 1)
-        decode(next_position, next_is_char, next_char, next_last_digit)
-        first = items[0]
+        # Two positions ahead: the decode of ``position + 2`` is registered into ``ahead_*``
+        # (the next position's item), which ``is_char``, ``char`` and ``last_digit`` take at
+        # the handshake. Yosys turns the decode into a ROM and may move a register behind it
+        # to its address; the second register keeps the ROM's logic out of the cycle that
+        # feeds ``current``.
+        ahead_is_char = Signal()
+        ahead_char = Signal(8)
+        ahead_last_digit = Signal()
+        later_position = Signal(range(len(items) + 2))
+        later_is_char = Signal()
+        later_char = Signal(8)
+        later_last_digit = Signal()
+        m.d.comb += later_position.eq(position + 2)
+        decode(later_position, later_is_char, later_char, later_last_digit)
+
+        def constant(item):
+            if item is None:
+                return 0, 0, 0
+            if item[0] == "char":
+                return 1, item[1], 0
+            return 0, 0, int(item[2] == 0)
+
+        first = constant(items[0])
+        second = constant(items[1] if len(items) > 1 else None)
         with m.If(self.tick & ~active):
-            m.d.sync += [is_char.eq(first[0] == "char"),
-                         char.eq(first[1] if first[0] == "char" else 0),
-                         last_digit.eq(first[0] != "char" and first[2] == 0)]
+            m.d.sync += [Cat(is_char, char, last_digit).eq(Cat(C(first[0], 1), C(first[1], 8),
+                                                               C(first[2], 1))),
+                         Cat(ahead_is_char, ahead_char, ahead_last_digit).eq(
+                             Cat(C(second[0], 1), C(second[1], 8), C(second[2], 1)))]
         with m.Elif(self.o.valid & self.o.ready):
-            m.d.sync += [is_char.eq(next_is_char), char.eq(next_char),
-                         last_digit.eq(next_last_digit)]
+            m.d.sync += [is_char.eq(ahead_is_char), char.eq(ahead_char),
+                         last_digit.eq(ahead_last_digit),
+                         ahead_is_char.eq(later_is_char), ahead_char.eq(later_char),
+                         ahead_last_digit.eq(later_last_digit)]
         m.d.comb += [
             self.o.payload.eq(Mux(is_char, char, _nibble_ascii(current[-4:]))),
             self.o.valid.eq(active),

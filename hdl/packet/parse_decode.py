@@ -2,7 +2,7 @@
 :class:`ParseWindows`), then, side by side, the parsed header (D2, :class:`ParseFields`) and
 the check bits and lengths (D2, :class:`ParseChecks`)."""
 
-from amaranth.hdl import Cat, Const, EnableInserter, Module, Mux, Signal
+from amaranth.hdl import Cat, Const, EnableInserter, Module, Mux, Signal, Value
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -71,6 +71,10 @@ class _Windows:
                           _v6_field(self.inner, "tclass"))
 
 
+#: Window bits selected by one copy of D1a's one-hot stack register.
+REPLICA_BITS = 64
+
+
 class ParseWindows(wiring.Component):
     """Cut the header windows (Ethernet, first IP header, SRH, inner IP header, UDP onwards)
     out of the capture of a frame that ended at the offsets of its stack, and classify its
@@ -128,12 +132,13 @@ class ParseWindows(wiring.Component):
         a = Signal(frame_layout(g))
         a_eth = Signal(8 * DOT1Q.size)
         a_hot = Signal(len(untagged))       # the untagged stack (or its tagged twin), one-hot
+        a_hot_next = Cat(d0.hot[index[s]] | d0.hot[index[twin[s]]] for s in untagged)
         cap_bits = g.cap_beats * g.data_width
         m.d.sync += [
             a.eq(d0),
             a.cap.eq(Mux(d0.flags.vlan, d0.cap[8 * tag:], d0.cap[:cap_bits])),
             a_eth.eq(d0.cap[:8 * DOT1Q.size]),
-            a_hot.eq(Cat(d0.hot[index[s]] | d0.hot[index[twin[s]]] for s in untagged)),
+            a_hot.eq(a_hot_next),
         ]
 
         # D1: registers load every cycle as well.
@@ -171,16 +176,27 @@ class ParseWindows(wiring.Component):
                         m.d.comb += code.eq(Cat(Const(1, 1),
                                                 Const(op in P.IMMEDIATE_OPCODES, 1),
                                                 Const(kind.value, 3)))
-        hot = a_hot
-        m.d.sync += [
-            d1.outer.eq(onehot_select(hot, [window(s.l3, IPV6.size) for s in untagged])),
-            d1.srh.eq(onehot_select(hot, [window(s.l3 + IPV6.size, SRH.size)
-                                          for s in untagged])),
-            d1.inner.eq(onehot_select(hot, [window(s.x, IPV6.size) for s in untagged])),
-            d1.l4.eq(onehot_select(hot, [window(s.u, L4_WINDOW) for s in untagged])),
-            Cat(d1.opcode_ok, d1.imm, d1.kind.as_value()).eq(
-                onehot_select(hot, [opcode_class[s.code] for s in untagged])),
-        ]
+        # The select's one-hot drives every window bit: each chunk of REPLICA_BITS window bits
+        # reads its own copy of it (named ``*_replica*``: the board builds keep such copies
+        # apart, see ``boards/build.py``), so no select net fans out across the chip.
+        def select(target, values):
+            target = Value.cast(target)
+            for lo in range(0, len(target), REPLICA_BITS):
+                hi = min(lo + REPLICA_BITS, len(target))
+                replica = Signal(len(untagged), name=f"a_hot_replica{len(replicas)}")
+                replicas.append(replica)
+                m.d.sync += [
+                    replica.eq(a_hot_next),
+                    target[lo:hi].eq(onehot_select(replica, [v[lo:hi] for v in values])),
+                ]
+
+        replicas = []
+        select(d1.outer, [window(s.l3, IPV6.size) for s in untagged])
+        select(d1.srh, [window(s.l3 + IPV6.size, SRH.size) for s in untagged])
+        select(d1.inner, [window(s.x, IPV6.size) for s in untagged])
+        select(d1.l4, [window(s.u, L4_WINDOW) for s in untagged])
+        m.d.sync += Cat(d1.opcode_ok, d1.imm, d1.kind.as_value()).eq(
+            onehot_select(a_hot, [opcode_class[s.code] for s in untagged]))
         return m
 
 

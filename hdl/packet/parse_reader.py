@@ -1,7 +1,7 @@
 """The receive parser's reader: accepted frames' payloads out of the packet FIFO, realigned
 to lane 0, with their headers (:class:`ParseReader`)."""
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -10,6 +10,10 @@ from .headers import packet_beat_layout, packet_header_layout
 from .parse_defs import ParserGeometry, queue_entry_layout
 
 __all__ = ["ParseReader"]
+
+#: Header bits per copy of the registers that steer the header banks (their enables and the
+#: output's bank select): each copy reaches that many flip-flops or multiplexers only.
+REPLICA_BITS = 128
 
 
 class ParseReader(wiring.Component):
@@ -84,7 +88,6 @@ class ParseReader(wiring.Component):
         lane = Signal(g.lane_bits)
         last_keep = Signal(lanes)
         bank = Signal()                 # header bank of the frame being read
-        o_bank = Signal()               # header bank of the beat in the output register
         banks = [Signal(header_layout, name=f"header_bank{k}") for k in range(2)]
 
         start = Signal()
@@ -96,9 +99,14 @@ class ParseReader(wiring.Component):
             self.r_seek.eq(~active & (self.entry.valid | self.queue_empty)),
             self.r_seek_ptr.eq(Mux(self.entry.valid, cur.seek_ptr, self.verdict_end)),
         ]
+        # The next values of `active` and `bank`: the banks' enables are registered from them.
+        active_next = Signal()
+        bank_next = Signal()
+        m.d.comb += [active_next.eq(active), bank_next.eq(bank)]
+        m.d.sync += [active.eq(active_next), bank.eq(bank_next)]
         with m.If(start):
+            m.d.comb += [active_next.eq(1), bank_next.eq(~bank)]
             m.d.sync += [
-                active.eq(1),
                 has_payload.eq(cur.has_payload),
                 have_prev.eq(0),
                 in_left.eq(cur.in_beats),
@@ -108,17 +116,34 @@ class ParseReader(wiring.Component):
                 out_first.eq(1),
                 lane.eq(cur.pay_lane),
                 last_keep.eq(cur.last_keep),
-                bank.eq(~bank),
             ]
         # While idle, the bank the next frame will use follows the queue's head, so it holds
         # that frame's header once it starts: its enable comes from registers alone, not from
-        # the queue's level (the head is read straight from the queue's RAM), and it fans out
-        # to every header bit. The other bank keeps the header of a beat still waiting in ``o``.
-        with m.If(~active):
-            with m.If(bank):
-                m.d.sync += banks[0].eq(cur.header)
-            with m.Else():
-                m.d.sync += banks[1].eq(cur.header)
+        # the queue's level (the head is read straight from the queue's RAM). The other bank
+        # keeps the header of a beat still waiting in ``o``. Each chunk of REPLICA_BITS header
+        # bits has its own copy of both enables, registered from the next `active` and `bank`
+        # (named ``*_replica*``: the board builds keep such copies apart), so no enable net
+        # fans out to every header bit.
+        header_bits = len(Value.cast(cur.header))
+        cur_header = Value.cast(cur.header)
+        bank_bits = [Value.cast(bank_k) for bank_k in banks]
+        o_header = Value.cast(self.o.payload.header)
+        chunks = [(lo, min(lo + REPLICA_BITS, header_bits))
+                  for lo in range(0, header_bits, REPLICA_BITS)]
+        o_bank_copies = []
+        for n, (lo, hi) in enumerate(chunks):
+            # After reset the reader is idle on bank 0: bank 1 follows the queue's head.
+            load = [Signal(name=f"bank{k}_load_replica{n}", init=k) for k in range(2)]
+            # The header bank of the beat in the output register.
+            o_bank_copy = Signal(name=f"o_bank_replica{n}")
+            o_bank_copies.append(o_bank_copy)
+            m.d.sync += [load[0].eq(~active_next & bank_next),
+                         load[1].eq(~active_next & ~bank_next)]
+            for k in range(2):
+                with m.If(load[k]):
+                    m.d.sync += bank_bits[k][lo:hi].eq(cur_header[lo:hi])
+            m.d.comb += o_header[lo:hi].eq(Mux(o_bank_copy, bank_bits[1][lo:hi],
+                                               bank_bits[0][lo:hi]))
 
         o_free = Signal()
         emit = Signal()
@@ -133,10 +158,7 @@ class ParseReader(wiring.Component):
                 m.d.comb += [emit.eq(o_free & fifo_r.valid), consume.eq(o_free & fifo_r.valid)]
             with m.Else():
                 m.d.comb += emit.eq(o_free)
-        m.d.comb += [
-            fifo_r.ready.eq(consume),
-            self.o.payload.header.eq(Mux(o_bank, banks[1], banks[0])),
-        ]
+        m.d.comb += fifo_r.ready.eq(consume)
 
         with m.If(consume):
             m.d.sync += [prev_beat.eq(fifo_r.payload), have_prev.eq(1),
@@ -151,7 +173,7 @@ class ParseReader(wiring.Component):
                 out_left.eq(out_left - 1),
                 out_last.eq(out_left == 2),
                 out_first.eq(0),
-                o_bank.eq(bank),
+                Cat(o_bank_copies).eq(bank.replicate(len(o_bank_copies))),
                 self.o.valid.eq(1),
                 self.o.payload.data.eq(joined.bit_select(Cat(Const(0, 3), lane), W) & kept),
                 self.o.payload.keep.eq(keep),
@@ -159,5 +181,5 @@ class ParseReader(wiring.Component):
                 self.o.payload.last.eq(out_last),
             ]
             with m.If(out_last):
-                m.d.sync += active.eq(0)
+                m.d.comb += active_next.eq(0)
         return m
