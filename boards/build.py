@@ -24,6 +24,7 @@ from pathlib import Path
 
 import sim  # noqa: F401  (applies the tool environment of sim/env.py)
 from hdl.config import NicConfig
+from hdl.util import REPLICA_TAG
 from sim.env import BUILD
 
 from .tops import BOARDS, BlockBench, EngineBench, EngineBenchPlatform
@@ -33,10 +34,10 @@ __all__ = ["BuildError", "BuildResult", "build_board", "build_bench", "read_repo
            "SCALING_QPS", "synth_block", "place_block", "scaling_report"]
 
 SEED = 1
-#: Also marks ``keep`` the flip-flops driving a wire named ``*_replica*`` (copies of a register
-#: made to split its fan-out), so that Yosys does not merge them back into one.
+#: Also marks ``keep`` the flip-flops driving a wire whose name holds ``REPLICA_TAG`` (copies of
+#: a register made to split its fan-out), so that Yosys does not merge them back into one.
 RENAME_WORKAROUND = ("hierarchy -top top; proc; flatten; opt_clean -purge; "
-                     "setattr -set keep 1 w:*_replica* %ci1:+[Q] w:*_replica* %d; "
+                     f"setattr -set keep 1 w:*{REPLICA_TAG}* %ci1:+[Q] w:*{REPLICA_TAG}* %d; "
                      "rename -enumerate -pattern pw_%; rename -enumerate -pattern pc_% t:*")
 
 #: nextpnr BEL types and the resource names the report uses.

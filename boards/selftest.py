@@ -865,14 +865,23 @@ class Reporter(wiring.Component):
         # ``is_char``, ``char`` and ``last_digit`` describe ``items[position]`` and are
         # registered: they are decoded ahead while the current one is sent (the decode of the
         # position behind the UART handshake was the critical path next).
+        def item_bits(item):
+            """``is_char``, ``char`` and ``last_digit`` of ``item`` (all 0 past the end)."""
+            if item is None:
+                return 0, 0, 0
+            if item[0] == "char":
+                return 1, item[1], 0
+            return 0, 0, int(item[2] == 0)
+
+        def as_value(bits):
+            return Cat(C(bits[0], 1), C(bits[1], 8), C(bits[2], 1))
+
         def decode(at, is_char_, char_, last_digit_):
             with m.Switch(at):
                 for n, item in enumerate(items):
                     with m.Case(n):
-                        if item[0] == "char":
-                            m.d.comb += [is_char_.eq(1), char_.eq(item[1])]
-                        else:
-                            m.d.comb += last_digit_.eq(item[2] == 0)
+                        m.d.comb += Cat(is_char_, char_, last_digit_).eq(
+                            as_value(item_bits(item)))
 
         # Two positions ahead: the decode of ``position + 2`` is registered into ``ahead_*``
         # (the next position's item), which ``is_char``, ``char`` and ``last_digit`` take at
@@ -889,20 +898,11 @@ class Reporter(wiring.Component):
         m.d.comb += later_position.eq(position + 2)
         decode(later_position, later_is_char, later_char, later_last_digit)
 
-        def constant(item):
-            if item is None:
-                return 0, 0, 0
-            if item[0] == "char":
-                return 1, item[1], 0
-            return 0, 0, int(item[2] == 0)
-
-        first = constant(items[0])
-        second = constant(items[1] if len(items) > 1 else None)
+        second = items[1] if len(items) > 1 else None
         with m.If(self.tick & ~active):
-            m.d.sync += [Cat(is_char, char, last_digit).eq(Cat(C(first[0], 1), C(first[1], 8),
-                                                               C(first[2], 1))),
+            m.d.sync += [Cat(is_char, char, last_digit).eq(as_value(item_bits(items[0]))),
                          Cat(ahead_is_char, ahead_char, ahead_last_digit).eq(
-                             Cat(C(second[0], 1), C(second[1], 8), C(second[2], 1)))]
+                             as_value(item_bits(second)))]
         with m.Elif(self.o.valid & self.o.ready):
             m.d.sync += [is_char.eq(ahead_is_char), char.eq(ahead_char),
                          last_digit.eq(ahead_last_digit),

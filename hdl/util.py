@@ -5,7 +5,7 @@ from contextlib import contextmanager
 from amaranth.hdl import Cat, Const, Mux, Signal, Value
 
 __all__ = ["validating", "as_signal", "shift_right", "shift_left", "onehot", "below_mask", "any_of",
-           "onehot_select"]
+           "onehot_select", "REPLICA_TAG", "chunks"]
 
 
 @contextmanager
@@ -84,3 +84,14 @@ def onehot_select(hot, values):
     """``values[i]`` where bit ``i`` of the one-hot ``hot`` is set, as an AND-OR (no decode in
     front of the select); 0 when no bit is set."""
     return any_of([Mux(hot[i], value, 0) for i, value in enumerate(values)])
+
+
+#: Name fragment of a register copy made to split a fan-out (one copy per chunk of the bits
+#: it steers): the board builds mark the flip-flops driving such wires ``keep``, so that Yosys
+#: does not merge the copies back into one (``boards/build.py``).
+REPLICA_TAG = "_replica"
+
+
+def chunks(width, step):
+    """``(lo, hi)`` bit ranges of at most ``step`` bits that cover ``width`` bits, in order."""
+    return [(lo, min(lo + step, width)) for lo in range(0, width, step)]

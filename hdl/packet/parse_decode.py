@@ -7,7 +7,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from .. import protocol as P
-from ..util import onehot_select, validating
+from ..util import REPLICA_TAG, chunks, onehot_select, validating
 from . import layouts as L
 from .headers import PacketKind, opcode_kind, packet_header_layout
 from .parse_defs import (
@@ -177,13 +177,12 @@ class ParseWindows(wiring.Component):
                                                 Const(op in P.IMMEDIATE_OPCODES, 1),
                                                 Const(kind.value, 3)))
         # The select's one-hot drives every window bit: each chunk of REPLICA_BITS window bits
-        # reads its own copy of it (named ``*_replica*``: the board builds keep such copies
-        # apart, see ``boards/build.py``), so no select net fans out across the chip.
+        # reads its own copy of it (named with ``REPLICA_TAG``: the board builds keep such
+        # copies apart), so no select net fans out across the chip.
         def select(target, values):
             target = Value.cast(target)
-            for lo in range(0, len(target), REPLICA_BITS):
-                hi = min(lo + REPLICA_BITS, len(target))
-                replica = Signal(len(untagged), name=f"a_hot_replica{len(replicas)}")
+            for lo, hi in chunks(len(target), REPLICA_BITS):
+                replica = Signal(len(untagged), name=f"a_hot{REPLICA_TAG}{len(replicas)}")
                 replicas.append(replica)
                 m.d.sync += [
                     replica.eq(a_hot_next),

@@ -5,7 +5,7 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..util import validating
+from ..util import REPLICA_TAG, chunks, validating
 from .headers import packet_beat_layout, packet_header_layout
 from .parse_defs import ParserGeometry, queue_entry_layout
 
@@ -122,20 +122,17 @@ class ParseReader(wiring.Component):
         # the queue's level (the head is read straight from the queue's RAM). The other bank
         # keeps the header of a beat still waiting in ``o``. Each chunk of REPLICA_BITS header
         # bits has its own copy of both enables, registered from the next `active` and `bank`
-        # (named ``*_replica*``: the board builds keep such copies apart), so no enable net
-        # fans out to every header bit.
-        header_bits = len(Value.cast(cur.header))
+        # (named with ``REPLICA_TAG``: the board builds keep such copies apart), so no enable
+        # net fans out to every header bit.
         cur_header = Value.cast(cur.header)
         bank_bits = [Value.cast(bank_k) for bank_k in banks]
         o_header = Value.cast(self.o.payload.header)
-        chunks = [(lo, min(lo + REPLICA_BITS, header_bits))
-                  for lo in range(0, header_bits, REPLICA_BITS)]
         o_bank_copies = []
-        for n, (lo, hi) in enumerate(chunks):
+        for n, (lo, hi) in enumerate(chunks(len(cur_header), REPLICA_BITS)):
             # After reset the reader is idle on bank 0: bank 1 follows the queue's head.
-            load = [Signal(name=f"bank{k}_load_replica{n}", init=k) for k in range(2)]
+            load = [Signal(name=f"bank{k}_load{REPLICA_TAG}{n}", init=k) for k in range(2)]
             # The header bank of the beat in the output register.
-            o_bank_copy = Signal(name=f"o_bank_replica{n}")
+            o_bank_copy = Signal(name=f"o_bank{REPLICA_TAG}{n}")
             o_bank_copies.append(o_bank_copy)
             m.d.sync += [load[0].eq(~active_next & bank_next),
                          load[1].eq(~active_next & ~bank_next)]
