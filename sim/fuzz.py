@@ -321,7 +321,7 @@ def run_fuzz(*, packets, seed, load=0.5, planes=8, mtu=1024, out=None, vectors=N
                    quick_build=quick_build,
                    export_key=source_key("nic_pair-dpi", config.to_dict(), dpi_key(),
                                          dataclasses.asdict(nscc)),
-                   verilator_args=verilator_args(),
+                   verilator_args=verilator_args(), optimise_cycles=True,
                    extra_env={"FUZZ_JOB": str(job_path), "MRC_DPI": "1"})
         result = json.loads(result_path.read_text())
     result["total_wall_s"] = time.monotonic() - wall0

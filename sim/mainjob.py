@@ -338,7 +338,8 @@ def run_scenario(scn, out, *, log=print, build_dir=None, quick_build=False,
                        waves=waves, log=log, reuse=True, quick_build=quick_build,
                        export_key=source_key("nic_pair-dpi", config.to_dict(), dpi_key(),
                                              *nscc_key),
-                       verilator_args=verilator_args(), extra_env={**env, "MRC_DPI": "1"})
+                       verilator_args=verilator_args(), optimise_cycles=True,
+                       extra_env={**env, "MRC_DPI": "1"})
         else:
             # A quick build (the tests') of the Python agents' bench is always the traceable
             # one: Python, not the model, sets that bench's pace, and one build then serves
@@ -419,6 +420,9 @@ def _run_group(scn, out, *, log, build_dir, quick_build, nscc):
                log=log, reuse=True, quick_build=quick_build,
                export_key=source_key("nic_group-dpi", names, config.to_dict(), dpi_key(),
                                      *nscc_key),
+               # Not optimise_cycles: Verilator writes each NIC instance's code apart, so a quick
+               # build of the group would pay for -O1 once per NIC, more than its short test
+               # runs save.
                verilator_args=verilator_args(), extra_env=env)
     return json.loads((out / "result.json").read_text())
 

@@ -240,7 +240,8 @@ def export_once(component, *, toplevel, build_dir, export_key=None):
 
 def run_cocotb(component, *, toplevel, test_module, build_dir, extra_env=None, sim=None,
                testcase=None, waves=None, quick_build=False, reuse=False, export_key=None,
-               ports_only=True, log=None, traceable=None, verilator_args=()):
+               ports_only=True, log=None, traceable=None, verilator_args=(),
+               optimise_cycles=False):
     """Export ``component`` as ``toplevel`` into ``build_dir`` and run ``test_module`` on it.
 
     ``waves``: a :class:`WavesWindow` (write that file inside that window), ``True`` (the
@@ -253,8 +254,13 @@ def run_cocotb(component, *, toplevel, test_module, build_dir, extra_env=None, s
     model without it; the window is no part of either build, so moving it never rebuilds.
 
     ``quick_build``: compile Verilator's C++ without optimisation (``-O0``): a whole NIC
-    compiles several times faster and simulates about half as fast, the right trade for tests;
-    other builds compile the model's per-cycle code at ``-O3``. ``reuse``: keep an earlier
+    compiles several times faster and its model runs several times slower, the right trade for
+    tests whose runs Python paces; other builds compile the model's per-cycle code at ``-O3``.
+    ``optimise_cycles``: with ``quick_build``, compile the per-cycle half (Verilator's
+    ``OPT_FAST``) at ``-O1`` and only the set-up half at ``-O0``: for benches whose runs spend
+    their time in the model, not in Python (the C++ stream agents'), where that half at
+    ``-O0`` runs many times slower and at ``-O1`` takes about twice as long to compile.
+    ``reuse``: keep an earlier
     simulator build in ``build_dir`` when the exported design is unchanged. ``export_key``
     (see :func:`source_key`): skip the export (elaboration) when the design in ``build_dir``
     was exported under the same key;
@@ -329,7 +335,7 @@ def run_cocotb(component, *, toplevel, test_module, build_dir, extra_env=None, s
         flags = " ".join(part for part in flags.split()
                          if not part.startswith(("OPT_FAST=", "OPT_SLOW=")))
         if quick_build:
-            flags = f"{flags} OPT_FAST=-O0 OPT_SLOW=-O0"
+            flags = f"{flags} OPT_FAST={'-O1' if optimise_cycles else '-O0'} OPT_SLOW=-O0"
         else:
             # The per-cycle ("fast") half of the model at -O3 instead of verilated.mk's -Os:
             # a little longer to compile, faster to run (docs/performance.md).
@@ -347,6 +353,14 @@ def run_cocotb(component, *, toplevel, test_module, build_dir, extra_env=None, s
     # above stands in for cocotb's, which would dump the whole run.
     with _folder_lock(build_dir):
         stale = not args_file.exists() or args_file.read_text() != args_text
+        if stale and sim == "verilator":
+            # cocotb's Verilator runner builds incrementally whatever ``always`` says, and make
+            # does not see the optimisation flags change: drop the compiled objects, so a
+            # build made with other flags is compiled again (Verilator's C++ is kept when its
+            # own arguments are unchanged).
+            for pattern in ("*.o", "*.a", "*.gch"):
+                for compiled in build_dir.glob(pattern):
+                    compiled.unlink()
         runner.build(sources=sources, hdl_toplevel=toplevel, build_dir=build_dir,
                      timescale=("1ns", "1ps"), waves=sim == "verilator" and traceable,
                      build_args=build_args,
