@@ -438,7 +438,7 @@ def test_requester_with_nscc_selected_sends_within_the_nscc_window_and_completes
     qpns = (1, 6)
     wrs = [{"qpn": qpns[i % 2], "opcode": P.WrOpcode.RDMA_WRITE, "wr_id": i,
             "local_addr": 0, "remote_addr": 0, "rkey": 0, "imm": 0,
-            "length": rng.randrange(1, 30) * CONFIG.mtu} for i in range(12)]
+            "length": rng.randrange(1, 10) * CONFIG.mtu} for i in range(12)]
     stats = {"in_flight": 0, "marks": 0}
 
     async def testbench(ctx):
