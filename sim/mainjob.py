@@ -420,9 +420,8 @@ def _run_group(scn, out, *, log, build_dir, quick_build, nscc):
                log=log, reuse=True, quick_build=quick_build,
                export_key=source_key("nic_group-dpi", names, config.to_dict(), dpi_key(),
                                      *nscc_key),
-               # Not optimise_cycles: Verilator writes each NIC instance's code apart, so a quick
-               # build of the group would pay for -O1 once per NIC, more than its short test
-               # runs save.
+               # Not optimise_cycles: -O1 costs the group's larger model more compile time than
+               # its short test runs save.
                verilator_args=verilator_args(), extra_env=env)
     return json.loads((out / "result.json").read_text())
 
