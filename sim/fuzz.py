@@ -20,7 +20,6 @@ every other QP          left in RESET
 ======================  ==========================================================
 """
 
-import dataclasses
 import json
 import random
 import time
@@ -291,8 +290,8 @@ def run_fuzz(*, packets, seed, load=0.5, planes=8, mtu=1024, out=None, vectors=N
 
     from .mainjob import rtl_nscc_setting
     from .scenario import nic_config_for
-    from .tb.dpi import DPI_TOP, DpiPair, dpi_key, verilator_args
-    from .tb.runner import run_cocotb, source_key
+    from .tb.dpi import pair_build
+    from .tb.runner import run_cocotb
 
     scn = scenario_for(seed=seed, planes=planes, mtu=mtu)
     config = nic_config_for(scn)
@@ -315,13 +314,9 @@ def run_fuzz(*, packets, seed, load=0.5, planes=8, mtu=1024, out=None, vectors=N
                "result": str(result_path), "replay": replay}
         # In a file: a vector's frames are too long for the environment.
         job_path.write_text(json.dumps(job))
-        run_cocotb(lambda: DpiPair(config, nscc=nscc), toplevel=DPI_TOP,
-                   test_module="sim.tb.cocotb_fuzz",
+        run_cocotb(**pair_build(config, nscc), test_module="sim.tb.cocotb_fuzz",
                    build_dir=build, sim="verilator", waves=False, log=log, reuse=True,
                    quick_build=quick_build,
-                   export_key=source_key("nic_pair-dpi", config.to_dict(), dpi_key(),
-                                         dataclasses.asdict(nscc)),
-                   verilator_args=verilator_args(), optimise_cycles=True,
                    extra_env={"FUZZ_JOB": str(job_path), "MRC_DPI": "1"})
         result = json.loads(result_path.read_text())
     result["total_wall_s"] = time.monotonic() - wall0

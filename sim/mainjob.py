@@ -319,7 +319,7 @@ def run_scenario(scn, out, *, log=print, build_dir=None, quick_build=False,
         result = _run_group(scn, out, log=log, build_dir=build_dir, quick_build=quick_build,
                             nscc=build_nscc)
     elif scn.backend == "rtl":
-        from .tb.dpi import DPI_TOP, DpiPair, dpi_key, uses_dpi, verilator_args
+        from .tb.dpi import pair_build, uses_dpi
         from .tb.pair import NicPair
         from .tb.runner import run_cocotb, source_key
         nscc = build_nscc
@@ -333,13 +333,9 @@ def run_scenario(scn, out, *, log=print, build_dir=None, quick_build=False,
         if uses_dpi(scn):       # the stream agents in C++ (sim/tb/dpi.py)
             base = Path(build_dir or _build_dir(scn, nscc))
             build = base.with_name(base.name + "-dpi")
-            run_cocotb(lambda: DpiPair(config, nscc=nscc), toplevel=DPI_TOP,
-                       test_module="sim.tb.cocotb_fabric", build_dir=build, sim=scn.sim,
-                       waves=waves, log=log, reuse=True, quick_build=quick_build,
-                       export_key=source_key("nic_pair-dpi", config.to_dict(), dpi_key(),
-                                             *nscc_key),
-                       verilator_args=verilator_args(), optimise_cycles=True,
-                       extra_env={**env, "MRC_DPI": "1"})
+            run_cocotb(**pair_build(config, nscc), test_module="sim.tb.cocotb_fabric",
+                       build_dir=build, sim=scn.sim, waves=waves, log=log, reuse=True,
+                       quick_build=quick_build, extra_env={**env, "MRC_DPI": "1"})
         else:
             # A quick build (the tests') of the Python agents' bench is always the traceable
             # one: Python, not the model, sets that bench's pace, and one build then serves

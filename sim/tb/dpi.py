@@ -41,7 +41,7 @@ from .streams import _plan
 
 __all__ = ["DPI_SOURCE", "DPI_TOP", "StreamPlan", "stream_plan", "wrapper_sv",
            "verilator_args", "DpiAgents", "DpiBus", "DpiPair", "DpiGroup", "GROUP_DPI_TOP",
-           "uses_dpi", "dpi_key",
+           "uses_dpi", "dpi_key", "pair_build",
            "MAX_PAYLOAD_BITS", "MAX_STREAMS"]
 
 #: The C++ agents.
@@ -441,6 +441,21 @@ class DpiPair:
         text = text + "\n" + wrapper_sv(text, self.config)
         write_if_changed(path, text)
         return text
+
+
+def pair_build(config, nscc):
+    """The :func:`sim.tb.runner.run_cocotb` arguments of the C++ agents' pair build, which the
+    main job and the fuzzer share (one build folder): the design, its top and export key, the
+    agents' Verilator arguments, and the per-cycle code at ``-O1`` under ``quick_build``
+    (``optimise_cycles``: its runs are paced by the model, not by Python). ``nscc``: both NICs'
+    NSCC setting."""
+    import dataclasses
+
+    from .runner import source_key
+    return {"component": lambda: DpiPair(config, nscc=nscc), "toplevel": DPI_TOP,
+            "export_key": source_key("nic_pair-dpi", config.to_dict(), dpi_key(),
+                                     dataclasses.asdict(nscc)),
+            "verilator_args": verilator_args(), "optimise_cycles": True}
 
 
 class DpiGroup:

@@ -260,8 +260,8 @@ def run_cocotb(component, *, toplevel, test_module, build_dir, extra_env=None, s
     ``OPT_FAST``) at ``-O1`` and only the set-up half at ``-O0``: for benches whose runs spend
     their time in the model, not in Python (the C++ stream agents'), where that half at
     ``-O0`` runs many times slower and at ``-O1`` takes about twice as long to compile.
-    ``reuse``: keep an earlier
-    simulator build in ``build_dir`` when the exported design is unchanged. ``export_key``
+    ``reuse``: keep an earlier simulator build in ``build_dir`` when the exported design is
+    unchanged. ``export_key``
     (see :func:`source_key`): skip the export (elaboration) when the design in ``build_dir``
     was exported under the same key;
     ``component`` may then be a callable that makes the component, so it is not even built.
