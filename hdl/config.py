@@ -50,6 +50,8 @@ _PARAMETERS = {
                 "outstanding work requests over all QPs (shared WR pool), at least wr_slots"),
     "psn_pool": (4096, _range(32, 262144),
                  "data packets in flight over all QPs (shared per-PSN state), a multiple of 16"),
+    "segmenters": (4, _range(1, 16),
+                   "WRs cut into packets at once, each of a different QP (segmenter contexts)"),
     "ip_version": (6, _choice(4, 6), "IP version of the underlay the NIC builds"),
     "trim_dscp": (P.DEFAULT_TRIM_DSCP, _range(0, 63), "DSCP code point marking trimmed packets"),
     "clock_hz": (125_000_000, _range(1_000_000, 500_000_000), "engine clock frequency in Hz"),
@@ -63,7 +65,7 @@ class NicConfig:
     Parameters
     ----------
     data_width, ports, qps, mpr_units, ev_profiles, evs_per_profile, mtu,
-    max_wimm, wr_slots, wr_pool, psn_pool, ip_version, trim_dscp, clock_hz
+    max_wimm, wr_slots, wr_pool, psn_pool, segmenters, ip_version, trim_dscp, clock_hz
         See :meth:`describe` (or ``docs/configuration.md``) for meaning and allowed range.
     """
     data_width: int = _PARAMETERS["data_width"][0]
@@ -77,6 +79,7 @@ class NicConfig:
     wr_slots: int = _PARAMETERS["wr_slots"][0]
     wr_pool: int = _PARAMETERS["wr_pool"][0]
     psn_pool: int = _PARAMETERS["psn_pool"][0]
+    segmenters: int = _PARAMETERS["segmenters"][0]
     ip_version: int = _PARAMETERS["ip_version"][0]
     trim_dscp: int = _PARAMETERS["trim_dscp"][0]
     clock_hz: int = _PARAMETERS["clock_hz"][0]

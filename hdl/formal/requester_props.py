@@ -52,10 +52,10 @@ def formal_config():
     """The smallest configuration: 2 QPs, a 128-PSN window, 2 WR slots, a WR pool of 4
     entries (every value of its 2-bit index an entry), a PSN pool of 2 chunks (every value
     of its 1-bit index a chunk: fewer than one QP's window needs, so packets wait for one),
-    64-bit datapath."""
+    one segmenter context (the invariants observe one), 64-bit datapath."""
     return NicConfig(qps=2, mpr_units=1, data_width=64, ports=1,
                      evs_per_profile=4, ev_profiles=1, max_wimm=1, wr_slots=2, wr_pool=4,
-                     psn_pool=2 * PSN_CHUNK)
+                     psn_pool=2 * PSN_CHUNK, segmenters=1)
 
 
 def drive_inputs(m, dut):

@@ -17,8 +17,8 @@ __all__ = [
     "RequesterCommand", "requester_command_layout", "requester_response_layout",
     "send_context_layout", "sent_layout", "retx_layout", "qp_error_layout",
     "REQUESTER_COUNTERS", "MAX_WR_PACKETS", "TIME_SHIFT", "TIME_BITS", "ACKREQ_EVERY_BITS",
-    "bitmap_psns", "slot_depth", "pool_entries", "pool_index_bits", "PSN_CHUNK", "psn_chunks",
-    "psn_chunk_bits", "chunk_map_slots", "wr_refusal", "wr_packets",
+    "bitmap_psns", "slot_depth", "pool_entries", "segmenter_contexts", "pool_index_bits",
+    "PSN_CHUNK", "psn_chunks", "psn_chunk_bits", "chunk_map_slots", "wr_refusal", "wr_packets",
     "FATAL_NAK_STATUS",
     "QP_WRITE_STATES", "WalkKind", "walk_layout", "retry_expiry", "RetryExpiry",
     "RETRY_EXPONENT_MAX", "RETRY_COUNT_BITS", "INFER_K_BITS", "INFER_K_DEFAULT",
@@ -297,6 +297,12 @@ def pool_entries(config):
     (``qps x wr_slots``), which bound the WRs outstanding anyway: a larger ``wr_pool`` is not
     built."""
     return min(config.wr_pool, config.qps * config.wr_slots)
+
+
+def segmenter_contexts(config):
+    """WRs the segmenter cuts at once, each of a different QP: ``segmenters``, but no more
+    than the QPs, which bound them anyway: a larger ``segmenters`` is not built."""
+    return min(config.segmenters, config.qps)
 
 
 def pool_index_bits(config):

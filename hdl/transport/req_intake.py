@@ -30,6 +30,7 @@ from .req_defs import (
     pool_entries,
     pool_index_bits,
     psn_chunk_bits,
+    segmenter_contexts,
     slot_depth,
 )
 from .req_psnpool import chunk_alloc_signature
@@ -228,7 +229,12 @@ class WrIntake(wiring.Component):
         fwd_valid = Signal()
         fwd_qpn = Signal(qb)
         fwd_end = Signal(PSN)
-        s1_next_psn = Mux(fwd_valid & (fwd_qpn == s1.qpn), fwd_end, s1_entries["next_psn"])
+        # With several segmenter contexts the QP's WR may go to the context that sends its
+        # previous WR's last packet this cycle, whose next PSN write is not in the table yet.
+        s1_next_psn_table = s1_entries["next_psn"]
+        if segmenter_contexts(cfg) > 1:
+            s1_next_psn_table = with_write(self.writes.next_psn, s1.qpn, s1_next_psn_table)
+        s1_next_psn = Mux(fwd_valid & (fwd_qpn == s1.qpn), fwd_end, s1_next_psn_table)
 
         s1_state = Mux(s1_ack.error, P.QpState.ERROR, s1_cfg.state)
         s1_op_ok = ((s1.opcode == P.WrOpcode.RDMA_WRITE)
@@ -455,12 +461,13 @@ class Segmenter(wiring.Component):
 
     COUNTERS = ("arm_dropped", "psn_pool_waits")
 
-    def __init__(self, *, config, observe=False):
+    def __init__(self, *, config, observe=False, shared=False):
         with validating(self):
             check_config(config)
             check_observe(observe)
         self._config = config
         self._observe = observe
+        self._shared = bool(shared)
         tables = requester_tables(config)
 
         def tracked(name):
@@ -479,6 +486,8 @@ class Segmenter(wiring.Component):
             "pool_lo_write": tracked("pool_lo"),
             "arm": Out(stream.Signature(arm_layout(config))),
             "events": Out(events_layout(self.COUNTERS)),
+            **({"busy": Out(1), "qpn": Out(config.qpn_bits), "continues": In(1)}
+               if shared else {}),
             **({"obs": Out(segmenter_observation_layout(config))} if observe else {}),
         })
 
@@ -652,8 +661,13 @@ class Segmenter(wiring.Component):
                 s2_seen.eq(1), s2_pool_waited.eq(0),
             ]
             # The QP the segmenter last worked on: its own register, with this cycle's packet.
-            with m.If(~s2_seen | (job.qpn != s2_qpn)):
+            # One of several contexts keeps it only for a WR that continues its QP (another
+            # context may have worked on the QP since).
+            own = self.continues if self._shared else s2_seen & (job.qpn == s2_qpn)
+            with m.If(~own):
                 m.d.sync += s2_chunk.eq(job.chunk)
+        if self._shared:
+            m.d.comb += [self.busy.eq(s2_active), self.qpn.eq(s2_qpn)]
 
         wp = self.tables.write.next_psn
         with m.If(ctl.write):

@@ -81,6 +81,7 @@ from .req_defs import (
     requester_command_layout,
     requester_response_layout,
     retx_layout,
+    segmenter_contexts,
     send_context_layout,
     sent_layout,
     slot_depth,
@@ -97,6 +98,7 @@ from .req_intake import (
 from .req_nscc import NSCC_TIME_BITS, NsccEngine, nscc_constants
 from .req_psnpool import PsnPool
 from .req_retransmit import Retransmitter, Walker
+from .req_segbank import SegmenterBank
 from .req_send import FeedbackMerge, SendRegister
 from .req_tables import (
     TABLE_ACCESS,
@@ -232,6 +234,10 @@ class Requester(wiring.Component):
             if not isinstance(config, NicConfig):
                 raise TypeError(f"Configuration must be a NicConfig, not {config!r}")
             check_observe(observe)
+            if observe and segmenter_contexts(config) != 1:
+                raise ValueError(f"observe=True (the formal proofs) needs a single segmenter "
+                                 f"context: NicConfig.segmenters must be 1, not "
+                                 f"{config.segmenters!r}")
             if nscc is not None:
                 nscc_constants(nscc, mtu=config.mtu)
         self._config = config
@@ -274,7 +280,10 @@ class Requester(wiring.Component):
                                                            nscc=self._nscc is not None,
                                                            observe=observe)
         m.submodules.intake = intake = WrIntake(config=cfg, observe=observe)
-        m.submodules.segmenter = segmenter = Segmenter(config=cfg, observe=observe)
+        if segmenter_contexts(cfg) == 1:
+            m.submodules.segmenter = segmenter = Segmenter(config=cfg, observe=observe)
+        else:
+            m.submodules.segmenter = segmenter = SegmenterBank(config=cfg)
         m.submodules.walker = walker = Walker(config=cfg)
         m.submodules.retransmitter = retransmitter = Retransmitter(config=cfg)
         m.submodules.sender = sender = SendRegister(config=cfg)

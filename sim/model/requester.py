@@ -49,6 +49,7 @@ from hdl.transport.req_defs import (
     cc_page,
     psn_chunks,
     retry_expiry,
+    segmenter_contexts,
     timer_page,
     wr_packets,
     wr_refusal,
@@ -161,7 +162,10 @@ class RequesterModel:
         self._queue = deque()           # posted WRs not yet taken (one queue: HOL blocking)
         self._pool_used = 0             # WRs outstanding over all QPs (the shared WR pool)
         self._chunks = psn_chunks(config)   # chunks of the shared per-PSN state (psn_pool)
-        self._current = None            # [qpn, slot, psn, remaining, index] being segmented
+        # The segmenter's contexts: each None or the WR it cuts, [qpn, slot, psn, remaining,
+        # packets sent]; new packets go from them in turn, from context ``_turn`` on.
+        self._contexts = [None] * segmenter_contexts(config)
+        self._turn = 0
         self._retx = deque()            # (qpn, psn) waiting to be resent
         self._walks = deque()           # [kind, qpn, psn, count, first] ranges to walk
         self._drained = deque()         # resends decided before a QP_WRITE, not pulled yet
@@ -294,11 +298,22 @@ class RequesterModel:
             request = self._walk_step()
             if request is not None:
                 return request
-        while self._current is not None:
-            qpn, slot, psn, remaining, index = self._current
+        contexts = len(self._contexts)
+        for turn in range(contexts):
+            index = (self._turn + turn) % contexts
+            request = self._segment(index)
+            if request is not None:
+                self._turn = (index + 1) % contexts
+                return request
+        return None
+
+    def _segment(self, index):
+        """The next packet of the WR segmenter context ``index`` holds, or ``None``."""
+        while self._contexts[index] is not None:
+            qpn, slot, psn, remaining, count = self._contexts[index]
             qp = self._qps[qpn]
             if qp.error:
-                self._current = None            # the QP failed: the rest is never sent
+                self._contexts[index] = None    # the QP failed: the rest is never sent
                 self._admit()
                 continue
             ahead, window = P.psn_diff(psn, qp.una), qp.mpr * P.MPR_UNIT_PSNS
@@ -314,7 +329,7 @@ class RequesterModel:
             every = self.ackreq_every
             # The packet that fills the window asks for an ACK (no wait for coalescing).
             ackreq = (last or ahead + 1 >= window
-                      or (every != 0 and index % every == every - 1))
+                      or (every != 0 and count % every == every - 1))
             request = self._packet(qpn, slot, psn, ackreq=ackreq, retransmission=False)
             if psn == qp.una:               # the oldest outstanding PSN: start the timer
                 qp.armed, qp.start, qp.retries = True, self.now_units, 0
@@ -322,10 +337,11 @@ class RequesterModel:
             self.meta[(qpn, psn % self.window)] = (self._time(), False)
             self.counters["packets"] += 1
             if last:
-                self._current = None
+                self._contexts[index] = None
                 self._admit()
             else:
-                self._current = [qpn, slot, P.psn_add(psn, 1), remaining - dma_len, index + 1]
+                self._contexts[index] = [qpn, slot, P.psn_add(psn, 1), remaining - dma_len,
+                                         count + 1]
             return request
         return None
 
@@ -727,8 +743,10 @@ class RequesterModel:
             is_imm = wr.opcode == P.WrOpcode.RDMA_WRITE_WITH_IMM
             if is_imm and qp.wimm_in_flight >= qp.max_wimm:
                 return
-            if self._current is not None:
-                return
+            if any(c is not None and c[0] == wr.qpn for c in self._contexts):
+                return                          # a WR of the QP is still being cut
+            if None not in self._contexts:
+                return                          # every context is busy
             first = qp.alloc_psn
             qp.alloc_psn = P.psn_add(first, wr_packets(self.config, wr.length))
             slot = _Slot(wr, first, qp.alloc_psn, None, is_imm, qp.msgs, qp.imm_msgs)
@@ -737,7 +755,7 @@ class RequesterModel:
             qp.slots.append(slot)
             self._pool_used += 1
             qp.wimm_in_flight += is_imm
-            self._current = [wr.qpn, slot, first, wr.length, 0]
+            self._contexts[self._contexts.index(None)] = [wr.qpn, slot, first, wr.length, 0]
             self._queue.popleft()
             self.counters["wrs"] += 1
 

@@ -163,6 +163,31 @@ def test_head_of_line_blocking_across_qps():
     assert [r["qpn"] for r in m.pull_all()] == [0]   # QP 1 waits behind QP 0's second WR
 
 
+def test_segmenter_contexts_let_other_qps_pass_a_full_window_and_keep_each_qps_order():
+    """Two contexts: QP 0's WR fills its window and waits; QP 1's WRs go meanwhile, one after
+    the other in the second context, the two contexts taking turns; QP 0's second WR waits
+    for its first; QP 2's WR waits for a free context."""
+    m = model(CONFIG.replace(segmenters=2), qps=(0, 1, 2))
+    m.post(wr(0, length=130 * 256, wr_id=1))
+    m.post(wr(1, length=2 * 256, wr_id=2))
+    m.post(wr(1, length=256, wr_id=3))
+    m.post(wr(0, length=256, wr_id=4))
+    m.post(wr(2, length=256, wr_id=5))
+    sent = [(r["qpn"], r["context"]["psn"]) for r in m.pull_all()]
+    assert sent[:4] == [(0, 0), (1, 0), (0, 1), (1, 1)]           # turns
+    assert [psn for qpn, psn in sent if qpn == 0] == list(range(128))  # window full
+    assert [psn for qpn, psn in sent if qpn == 1] == [0, 1, 2]    # both WRs, in order
+    assert [qpn for qpn, _ in sent if qpn == 2] == []             # WR 4 holds the queue
+    m.receive(ack(1, 2))
+    m.receive(ack(0, 127))                  # QP 0's first WR ends; its second follows it
+    sent = [(r["qpn"], r["context"]["psn"]) for r in m.pull_all()]
+    assert [psn for qpn, psn in sent if qpn == 0] == [128, 129, 130]
+    assert [psn for qpn, psn in sent if qpn == 2] == [0]
+    m.receive(ack(0, 130))
+    m.receive(ack(2, 0))
+    assert [c["wr_id"] for c in m.completions] == [2, 3, 1, 4, 5]
+
+
 def test_cumulative_ack_advances_and_completes_in_order():
     m = model()
     for i in range(3):
@@ -613,8 +638,9 @@ def test_software_error_flushes_outstanding_wrs_in_order_and_stops_the_qp():
     """QP_WRITE ERROR on a QP with outstanding WRs: at once, nothing more is sent or resent for
     it (the rest of a half-sent WR, trims, retx, timer, inference), every outstanding WR
     completes in order with WR_FLUSH_ERR (a refused one with its own status), later WRs are
-    flushed, later ACKs dropped, no qp_error event; the head-of-line WR of another QP goes."""
-    m = model(psn=0xFFFFF0, qps=(0, 1))
+    flushed, later ACKs dropped, no qp_error event; the head-of-line WR of another QP goes
+    (one segmenter context: with more it would go at once, beside QP 0's)."""
+    m = model(CONFIG.replace(segmenters=1), psn=0xFFFFF0, qps=(0, 1))
     m.qp_write(0, psn=0xFFFFF0, max_wimm=2, timeout=2, retry_exp=P.RETRY_INFINITE)
     m.post(wr(length=2 * 256, wr_id=0))
     m.post(wr(length=3 * 256, wr_id=1))

@@ -1,0 +1,156 @@
+"""Several segmenter contexts (:class:`SegmenterBank`): WRs of different QPs cut into packets
+side by side, so a QP whose window is full holds none of the others."""
+
+from amaranth import *
+from amaranth.lib import stream, wiring
+from amaranth.lib.memory import WritePort
+from amaranth.lib.wiring import In, Out
+
+from ..util import validating
+from .req_common import ControlSignature, check_config, events_layout
+from .req_defs import segmenter_contexts
+from .req_intake import Segmenter, segment_job_layout
+from .req_psnpool import chunk_alloc_signature
+from .req_send import send_item_layout
+from .req_tables import requester_tables, table_access_signature
+from .req_timer import arm_layout
+
+__all__ = ["SegmenterBank"]
+
+
+class SegmenterBank(wiring.Component):
+    """:func:`~.req_defs.segmenter_contexts` :class:`~.req_intake.Segmenter` contexts behind
+    one WR input and one packet output, with the ports of one segmenter.
+
+    A WR goes to the context that holds a WR of its QP (taken in the cycle that context
+    offers its last packet, as one segmenter takes the next WR), else to the lowest context
+    that is free or offers its last packet now: a QP's WRs are cut one after the other, in
+    order, and WRs of other QPs wait for none of them. The WR intake keeps a QP's next PSN
+    right for either case (its forwarding register, and this cycle's ``next_psn`` write).
+    A context that continues its QP keeps its own chunk register; one that takes a QP
+    another context may have worked on since takes the WR's ``tail_chunk`` (no context held
+    the QP the cycle before, so the table has every write).
+
+    Packets: the contexts that offer one take turns (round robin from the one after the
+    last taken), so a window-limited QP never paces the others. Only the context whose
+    packet is taken writes its QP's ``next_psn``, chunk map and ``tail_chunk``, takes a PSN
+    pool chunk and arms the timer, so those ports are the winner's. Throughput: one packet
+    per cycle; a WR's first packet goes the cycle after it is taken, as with one segmenter.
+    The events are OR-ed: ``psn_pool_waits`` counts the cycles in which some context starts
+    waiting for a chunk.
+
+    Members
+    -------
+    The members of :class:`~.req_intake.Segmenter` (without ``obs``: the formal proofs
+    observe a single segmenter).
+    """
+
+    COUNTERS = Segmenter.COUNTERS
+
+    def __init__(self, *, config):
+        with validating(self):
+            check_config(config)
+        self._config = config
+        tables = requester_tables(config)
+
+        def tracked(name):
+            return In(WritePort.Signature(addr_width=config.qpn_bits, shape=tables[name][0]))
+
+        super().__init__({
+            "tables": In(table_access_signature(config, "segmenter")),
+            "control": In(ControlSignature(config)),
+            "now": In(32),
+            "i": In(stream.Signature(segment_job_layout(config))),
+            "o": Out(stream.Signature(send_item_layout(config))),
+            "alloc": In(chunk_alloc_signature(config)),
+            "ack_write": tracked("ack"),
+            "cc_write": tracked("cc"),
+            "nscc_write": tracked("nscc_window"),
+            "pool_lo_write": tracked("pool_lo"),
+            "arm": Out(stream.Signature(arm_layout(config))),
+            "events": Out(events_layout(self.COUNTERS)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self._config
+        count = segmenter_contexts(cfg)
+        contexts = []
+        for index in range(count):
+            context = Segmenter(config=cfg, shared=True)
+            m.submodules[f"context{index}"] = context
+            contexts.append(context)
+            # Shared inputs: the control, the time, the tracked write ports, the PSN pool's
+            # free list (only the winner takes).
+            m.d.comb += [
+                context.now.eq(self.now),
+                context.alloc.available.eq(self.alloc.available),
+                context.alloc.chunk.eq(self.alloc.chunk),
+                context.alloc.hold.eq(self.alloc.hold),
+                context.alloc.hold_qpn.eq(self.alloc.hold_qpn),
+                context.arm.ready.eq(self.arm.ready),
+            ]
+            for port in ("ack_write", "cc_write", "nscc_write", "pool_lo_write"):
+                theirs, ours = getattr(context, port), getattr(self, port)
+                m.d.comb += [theirs.addr.eq(ours.addr), theirs.data.eq(ours.data),
+                             theirs.en.eq(ours.en)]
+
+        wiring.connect(m, wiring.flipped(self.control), *(c.control for c in contexts))
+
+        # -- WRs: to the context holding the QP, else the lowest free one -------------------
+        job = self.i.payload
+        hits = Cat(c.busy & (c.qpn == job.qpn) for c in contexts)
+        ready = Cat(c.i.ready for c in contexts)
+        target = Signal(range(count))
+        with m.If(hits.any()):
+            for index in reversed(range(count)):
+                with m.If(hits[index]):
+                    m.d.comb += target.eq(index)
+        with m.Else():
+            for index in reversed(range(count)):
+                with m.If(ready[index]):
+                    m.d.comb += target.eq(index)
+        m.d.comb += self.i.ready.eq(ready.bit_select(target, 1))
+        for index, context in enumerate(contexts):
+            m.d.comb += [context.i.payload.eq(job),
+                         context.i.valid.eq(self.i.valid & (target == index)),
+                         context.continues.eq(hits[index])]
+
+        # -- packets: round robin over the contexts that offer one --------------------------
+        valid = Cat(c.o.valid for c in contexts)
+        turn = Signal(range(count))     # the context first in line this cycle
+        from_turn = Signal(count)
+        m.d.comb += from_turn.eq(valid & ~((C(1, count + 1) << turn) - 1)[:count])
+        grant = Signal(range(count))
+        with m.If(from_turn.any()):
+            for index in reversed(range(count)):
+                with m.If(from_turn[index]):
+                    m.d.comb += grant.eq(index)
+        with m.Else():
+            for index in reversed(range(count)):
+                with m.If(valid[index]):
+                    m.d.comb += grant.eq(index)
+        taken = self.o.valid & self.o.ready
+        with m.If(taken):
+            m.d.sync += turn.eq(Mux(grant == count - 1, 0, grant + 1))
+        m.d.comb += [self.o.valid.eq(valid.any()),
+                     self.o.payload.eq(Array(c.o.payload for c in contexts)[grant])]
+        for index, context in enumerate(contexts):
+            m.d.comb += context.o.ready.eq(self.o.ready & (grant == index))
+
+        # -- the winner's writes, chunk and arm event ---------------------------------------
+        winner = Signal(range(count))   # the context whose packet is taken (else any)
+        m.d.comb += winner.eq(grant)
+        for name in ("next_psn", "chunk_map", "tail_chunk"):
+            ours = getattr(self.tables.write, name)
+            ports = Array(getattr(c.tables.write, name) for c in contexts)
+            m.d.comb += [ours.addr.eq(ports[winner].addr), ours.data.eq(ports[winner].data),
+                         ours.en.eq(ports[winner].en)]
+        m.d.comb += [
+            self.alloc.take.eq(Cat(c.alloc.take for c in contexts).any()),
+            self.arm.valid.eq(Cat(c.arm.valid for c in contexts).any()),
+            self.arm.payload.eq(Array(c.arm.payload for c in contexts)[winner]),
+        ]
+        for name in self.COUNTERS:
+            m.d.comb += self.events[name].eq(Cat(c.events[name] for c in contexts).any())
+        return m
