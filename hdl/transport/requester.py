@@ -14,7 +14,9 @@ of its own, with its latency, throughput and hazards in its docstring:
   (an error completion through the WR ring, so completions stay in order) and claims a WR
   slot of its QP's ring and an entry of the shared WR pool (its free list);
 * **segmenter** (:class:`~.req_intake.Segmenter`, S2) cuts the WR into MTU packets, one per
-  cycle, each checked against the window (``next_psn - una < mpr * 128``);
+  cycle, each checked against the window (``next_psn - una < mpr * 128``); with
+  ``NicConfig.segmenters`` above 1, several of them (:class:`~.req_segbank.SegmenterBank`)
+  cut WRs of different QPs side by side and take turns on the output;
 * **walker** (:class:`~.req_retransmit.Walker`) turns PSN ranges (timeout and inferred
   losses) into single PSNs for the retransmitter;
 * **retransmitter** (:class:`~.req_retransmit.Retransmitter`, R0, RM, R1-R3) rebuilds a
