@@ -45,7 +45,8 @@ from .req_tables import (
 from .req_timer import arm_layout
 
 __all__ = ["INTAKE_READS", "segment_job_layout", "intake_observation_layout",
-           "segment_check_layout", "segmenter_observation_layout", "WrIntake", "Segmenter"]
+           "segment_check_layout", "segmenter_observation_layout", "segmenter_members",
+           "WrIntake", "Segmenter"]
 
 #: The tables the intake reads, each for the WR it checks.
 INTAKE_READS = TABLE_ACCESS["intake"][0]
@@ -113,6 +114,30 @@ def segmenter_observation_layout(config):
                               "remaining": 32, "last": 1, "mpr": 4,
                               "una": PSN, "fresh": 1, "una_seen": PSN, "error_seen": 1,
                               "check": segment_check_layout(), "emit": 1})
+
+
+def segmenter_members(config):
+    """The ports of a segmenter, as :class:`Segmenter` and
+    :class:`~.req_segbank.SegmenterBank` both have them (see :class:`Segmenter`)."""
+    tables = requester_tables(config)
+
+    def tracked(name):
+        return In(WritePort.Signature(addr_width=config.qpn_bits, shape=tables[name][0]))
+
+    return {
+        "tables": In(table_access_signature(config, "segmenter")),
+        "control": In(ControlSignature(config)),
+        "now": In(32),
+        "i": In(stream.Signature(segment_job_layout(config))),
+        "o": Out(stream.Signature(send_item_layout(config))),
+        "alloc": In(chunk_alloc_signature(config)),
+        "ack_write": tracked("ack"),
+        "cc_write": tracked("cc"),
+        "nscc_write": tracked("nscc_window"),
+        "pool_lo_write": tracked("pool_lo"),
+        "arm": Out(stream.Signature(arm_layout(config))),
+        "events": Out(events_layout(Segmenter.COUNTERS)),
+    }
 
 
 class WrIntake(wiring.Component):
@@ -468,24 +493,8 @@ class Segmenter(wiring.Component):
         self._config = config
         self._observe = observe
         self._shared = bool(shared)
-        tables = requester_tables(config)
-
-        def tracked(name):
-            return In(WritePort.Signature(addr_width=config.qpn_bits, shape=tables[name][0]))
-
         super().__init__({
-            "tables": In(table_access_signature(config, "segmenter")),
-            "control": In(ControlSignature(config)),
-            "now": In(32),
-            "i": In(stream.Signature(segment_job_layout(config))),
-            "o": Out(stream.Signature(send_item_layout(config))),
-            "alloc": In(chunk_alloc_signature(config)),
-            "ack_write": tracked("ack"),
-            "cc_write": tracked("cc"),
-            "nscc_write": tracked("nscc_window"),
-            "pool_lo_write": tracked("pool_lo"),
-            "arm": Out(stream.Signature(arm_layout(config))),
-            "events": Out(events_layout(self.COUNTERS)),
+            **segmenter_members(config),
             **({"busy": Out(1), "qpn": Out(config.qpn_bits), "continues": In(1)}
                if shared else {}),
             **({"obs": Out(segmenter_observation_layout(config))} if observe else {}),

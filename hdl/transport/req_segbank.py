@@ -2,20 +2,22 @@
 side by side, so a QP whose window is full holds none of the others."""
 
 from amaranth import *
-from amaranth.lib import stream, wiring
-from amaranth.lib.memory import WritePort
-from amaranth.lib.wiring import In, Out
+from amaranth.lib import wiring
 
 from ..util import validating
-from .req_common import ControlSignature, check_config, events_layout
+from .req_common import check_config
 from .req_defs import segmenter_contexts
-from .req_intake import Segmenter, segment_job_layout
-from .req_psnpool import chunk_alloc_signature
-from .req_send import send_item_layout
-from .req_tables import requester_tables, table_access_signature
-from .req_timer import arm_layout
+from .req_intake import Segmenter, segmenter_members
 
 __all__ = ["SegmenterBank"]
+
+
+def lowest(bits):
+    """The index of the lowest set bit of ``bits`` (0 when none is set)."""
+    index = C(0, range(len(bits)))
+    for position in reversed(range(len(bits))):
+        index = Mux(bits[position], position, index)
+    return index
 
 
 class SegmenterBank(wiring.Component):
@@ -51,25 +53,7 @@ class SegmenterBank(wiring.Component):
         with validating(self):
             check_config(config)
         self._config = config
-        tables = requester_tables(config)
-
-        def tracked(name):
-            return In(WritePort.Signature(addr_width=config.qpn_bits, shape=tables[name][0]))
-
-        super().__init__({
-            "tables": In(table_access_signature(config, "segmenter")),
-            "control": In(ControlSignature(config)),
-            "now": In(32),
-            "i": In(stream.Signature(segment_job_layout(config))),
-            "o": Out(stream.Signature(send_item_layout(config))),
-            "alloc": In(chunk_alloc_signature(config)),
-            "ack_write": tracked("ack"),
-            "cc_write": tracked("cc"),
-            "nscc_write": tracked("nscc_window"),
-            "pool_lo_write": tracked("pool_lo"),
-            "arm": Out(stream.Signature(arm_layout(config))),
-            "events": Out(events_layout(self.COUNTERS)),
-        })
+        super().__init__(segmenter_members(config))
 
     def elaborate(self, platform):
         m = Module()
@@ -102,14 +86,7 @@ class SegmenterBank(wiring.Component):
         hits = Cat(c.busy & (c.qpn == job.qpn) for c in contexts)
         ready = Cat(c.i.ready for c in contexts)
         target = Signal(range(count))
-        with m.If(hits.any()):
-            for index in reversed(range(count)):
-                with m.If(hits[index]):
-                    m.d.comb += target.eq(index)
-        with m.Else():
-            for index in reversed(range(count)):
-                with m.If(ready[index]):
-                    m.d.comb += target.eq(index)
+        m.d.comb += target.eq(Mux(hits.any(), lowest(hits), lowest(ready)))
         m.d.comb += self.i.ready.eq(ready.bit_select(target, 1))
         for index, context in enumerate(contexts):
             m.d.comb += [context.i.payload.eq(job),
@@ -122,14 +99,7 @@ class SegmenterBank(wiring.Component):
         from_turn = Signal(count)
         m.d.comb += from_turn.eq(valid & ~((C(1, count + 1) << turn) - 1)[:count])
         grant = Signal(range(count))
-        with m.If(from_turn.any()):
-            for index in reversed(range(count)):
-                with m.If(from_turn[index]):
-                    m.d.comb += grant.eq(index)
-        with m.Else():
-            for index in reversed(range(count)):
-                with m.If(valid[index]):
-                    m.d.comb += grant.eq(index)
+        m.d.comb += grant.eq(Mux(from_turn.any(), lowest(from_turn), lowest(valid)))
         taken = self.o.valid & self.o.ready
         with m.If(taken):
             m.d.sync += turn.eq(Mux(grant == count - 1, 0, grant + 1))
