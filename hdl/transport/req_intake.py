@@ -44,7 +44,8 @@ from .req_tables import (
 )
 from .req_timer import arm_layout
 
-__all__ = ["INTAKE_READS", "segment_job_layout", "intake_observation_layout",
+__all__ = ["INTAKE_READS", "segment_job_layout", "context_state_layout",
+           "intake_observation_layout",
            "segment_check_layout", "segmenter_observation_layout", "segmenter_members",
            "WrIntake", "Segmenter"]
 
@@ -53,18 +54,28 @@ INTAKE_READS = TABLE_ACCESS["intake"][0]
 
 
 def segment_job_layout(config):
-    """An accepted WR for the segmenter: its QP, first PSN, WR pool entry (``slot``) and ring
-    position (``pos``), length, addresses, immediate data, METH numbers, and the QP's MPR,
-    una, ``tail_chunk`` (``chunk``), ``pool_lo`` (``lo``), ECN window (``cwnd``) and NSCC
-    window (``nscc_window``) entries when it was checked."""
+    """An accepted WR for the segmenter: its QP, first PSN, end PSN (the QP's next PSN once
+    the WR is sent), WR pool entry (``slot``) and ring position (``pos``), length,
+    addresses, immediate data, METH numbers, and the QP's MPR, una, ``tail_chunk``
+    (``chunk``), ``pool_lo`` (``lo``), ECN window (``cwnd``) and NSCC window
+    (``nscc_window``) entries when it was checked, and whether the QP has failed since
+    (``error``: the intake hands over none, a register between it and the segmenters may
+    see the failure)."""
     return data.StructLayout({
-        "qpn": config.qpn_bits, "psn": PSN, "slot": pool_index_bits(config),
+        "qpn": config.qpn_bits, "psn": PSN, "end": PSN, "slot": pool_index_bits(config),
         "pos": log2(slot_depth(config)), "length": 32,
         "va": 64, "local": 64, "rkey": 32, "imm": 32, "is_imm": 1, "msn": MSN_BITS,
         "rqmsn": MSN_BITS, "mpr": 4, "una": PSN,
         "chunk": psn_chunk_bits(config), "lo": PSN,
-        "cwnd": CWND_BITS, "nscc_window": CWND_BITS,
+        "cwnd": CWND_BITS, "nscc_window": CWND_BITS, "error": 1,
     })
+
+
+def context_state_layout(config):
+    """What each of several segmenter contexts tells the WR intake: it holds a WR
+    (``busy``) of this QP, whose end PSN is ``end`` (the QP's next PSN once the WR is
+    sent)."""
+    return data.StructLayout({"busy": 1, "qpn": config.qpn_bits, "end": PSN})
 
 
 def intake_observation_layout(config):
@@ -169,7 +180,10 @@ class WrIntake(wiring.Component):
 
     Hazards: the QP the segmenter works on (or last worked on) has not written its final
     next PSN yet: the intake keeps the end PSN of the last WR it handed over and takes it
-    from there (a QP_WRITE of that QP clears it).
+    from there (a QP_WRITE of that QP clears it). With several segmenter contexts
+    (:class:`~.req_segbank.SegmenterBank`), a QP's last WR may be in a context while WRs of
+    other QPs were handed over since: each context tells its QP and its WR's end PSN
+    (``contexts``), and the intake takes the QP's next PSN from there.
     Every other table read is transparent. The tables are read for the WR on ``wr`` whether
     or not S1 takes it, so S1's stall steers no read address: a WR that waits captures its
     QP's entries each cycle, with the tables' writes of the cycle (``writes``), as the
@@ -192,6 +206,9 @@ class WrIntake(wiring.Component):
         WRs to send, to the segmenter.
     wr_trigger : ``Out(stream.Signature(config.qpn_bits))``
         The QP of a refused WR, for the completion engine.
+    contexts : ``In(data.ArrayLayout(context_state_layout(config), contexts))``
+        Only with several segmenter contexts (:func:`~.req_defs.segmenter_contexts`): the
+        WR each holds.
     events : ``Out(events_layout(COUNTERS))``
     obs : ``Out(intake_observation_layout(config))``
         Only with ``observe=True`` (the formal proofs); nothing else changes.
@@ -214,6 +231,9 @@ class WrIntake(wiring.Component):
             "pool_free": Out(range(pool_entries(config) + 1)),
             "o": Out(stream.Signature(segment_job_layout(config))),
             "wr_trigger": Out(stream.Signature(config.qpn_bits)),
+            **({"contexts": In(data.ArrayLayout(context_state_layout(config),
+                                                segmenter_contexts(config)))}
+               if segmenter_contexts(config) > 1 else {}),
             "events": Out(events_layout(self.COUNTERS)),
             **({"obs": Out(intake_observation_layout(config))} if observe else {}),
         })
@@ -254,11 +274,15 @@ class WrIntake(wiring.Component):
         fwd_valid = Signal()
         fwd_qpn = Signal(qb)
         fwd_end = Signal(PSN)
-        # With several segmenter contexts the QP's WR may go to the context that sends its
-        # previous WR's last packet this cycle, whose next PSN write is not in the table yet.
+        # With several segmenter contexts the QP's last WR may be in a context (handed over
+        # before the last one): its end PSN (one context at most holds the QP).
         s1_next_psn_table = s1_entries["next_psn"]
         if segmenter_contexts(cfg) > 1:
-            s1_next_psn_table = with_write(self.writes.next_psn, s1.qpn, s1_next_psn_table)
+            held = Cat(c.busy & (c.qpn == s1.qpn) for c in self.contexts)
+            held_end = 0
+            for index, c in enumerate(self.contexts):
+                held_end = held_end | Mux(held[index], c.end, 0)
+            s1_next_psn_table = Mux(held.any(), held_end, s1_next_psn_table)
         s1_next_psn = Mux(fwd_valid & (fwd_qpn == s1.qpn), fwd_end, s1_next_psn_table)
 
         s1_state = Mux(s1_ack.error, P.QpState.ERROR, s1_cfg.state)
@@ -390,7 +414,8 @@ class WrIntake(wiring.Component):
 
         job = self.o.payload
         m.d.comb += [
-            job.qpn.eq(s1.qpn), job.psn.eq(s1_next_psn), job.slot.eq(s1_entry),
+            job.qpn.eq(s1.qpn), job.psn.eq(s1_next_psn), job.end.eq(s1_end),
+            job.slot.eq(s1_entry),
             job.pos.eq(s1_sq.tail[:sb]),
             job.length.eq(s1.length), job.va.eq(s1.remote_addr), job.local.eq(s1.local_addr),
             job.rkey.eq(s1.rkey), job.imm.eq(s1.imm), job.is_imm.eq(s1_is_imm),
@@ -480,6 +505,12 @@ class Segmenter(wiring.Component):
         processing's, the NSCC engine's, the PSN pool's), tracked into the WR's entries.
     arm : ``Out(stream.Signature(arm_layout(config)))``
     events : ``Out(events_layout(COUNTERS))``
+    busy, qpn, end : ``Out(1)``, ``Out(config.qpn_bits)``, ``Out(PSN)``
+        Only with ``shared=True`` (a context of :class:`~.req_segbank.SegmenterBank`): a WR
+        is held, its QP and its end PSN.
+    continues : ``In(1)``
+        Only with ``shared=True``: the WR taken continues the QP of the one held, so the
+        context keeps its own chunk register.
     obs : ``Out(segmenter_observation_layout(config))``
         Only with ``observe=True`` (the formal proofs); nothing else changes.
     """
@@ -495,7 +526,8 @@ class Segmenter(wiring.Component):
         self._shared = bool(shared)
         super().__init__({
             **segmenter_members(config),
-            **({"busy": Out(1), "qpn": Out(config.qpn_bits), "continues": In(1)}
+            **({"busy": Out(1), "qpn": Out(config.qpn_bits), "end": Out(PSN),
+                "continues": In(1)}
                if shared else {}),
             **({"obs": Out(segmenter_observation_layout(config))} if observe else {}),
         })
@@ -551,11 +583,13 @@ class Segmenter(wiring.Component):
         ecn_next = with_write(cc_w, s2_qpn, ecn_seen, "cwnd")
         nscc_next = with_write(nscc_w, s2_qpn, nscc_seen)
         lo_next = with_write(lo_w, s2_qpn, lo_seen)
-        # The intake hands over no WR of a QP in ERROR: only this cycle's write can fail it.
+        # The intake hands over no WR of a QP in ERROR (a register between may have seen it
+        # fail, ``job.error``); else only this cycle's write can fail it.
         job_lo = with_write(lo_w, job.qpn, job.lo)
         m.d.sync += [
             una_seen.eq(Mux(take, with_write(ack_w, job.qpn, job.una, "una"), una_next)),
-            error_seen.eq(Mux(take, with_write(ack_w, job.qpn, C(0), "error"), error_next)),
+            error_seen.eq(Mux(take, with_write(ack_w, job.qpn, job.error, "error"),
+                              error_next)),
             ecn_seen.eq(Mux(take, with_write(cc_w, job.qpn, job.cwnd, "cwnd"), ecn_next)),
             nscc_seen.eq(Mux(take, with_write(nscc_w, job.qpn, job.nscc_window), nscc_next)),
             lo_seen.eq(Mux(take, job_lo, lo_next)),
@@ -592,7 +626,7 @@ class Segmenter(wiring.Component):
         step = checks((s2_psn + 1)[:PSN], una_next, s2_mpr, ecn_next, nscc_next, lo_next,
                       windows=1, error=error_next)
         start = checks(job.psn, job.una, job.mpr, job.cwnd, job.nscc_window, job_lo,
-                       windows=0, error=0)
+                       windows=0, error=job.error)
         m.d.sync += s2_check.eq(Mux(take, start, Mux(emit, step, stay)))
 
         # -- this cycle's packet ----------------------------------------------------------
@@ -676,7 +710,10 @@ class Segmenter(wiring.Component):
             with m.If(~own):
                 m.d.sync += s2_chunk.eq(job.chunk)
         if self._shared:
-            m.d.comb += [self.busy.eq(s2_active), self.qpn.eq(s2_qpn)]
+            s2_end = Signal(PSN)
+            with m.If(take):
+                m.d.sync += s2_end.eq(job.end)
+            m.d.comb += [self.busy.eq(s2_active), self.qpn.eq(s2_qpn), self.end.eq(s2_end)]
 
         wp = self.tables.write.next_psn
         with m.If(ctl.write):

@@ -2,12 +2,14 @@
 side by side, so a QP whose window is full holds none of the others."""
 
 from amaranth import *
-from amaranth.lib import wiring
+from amaranth.lib import data, wiring
+from amaranth.lib.wiring import Out
 
 from ..util import validating
 from .req_common import check_config
 from .req_defs import segmenter_contexts
-from .req_intake import Segmenter, segmenter_members
+from .req_intake import Segmenter, context_state_layout, segment_job_layout, segmenter_members
+from .req_tables import with_write
 
 __all__ = ["SegmenterBank"]
 
@@ -24,27 +26,40 @@ class SegmenterBank(wiring.Component):
     """:func:`~.req_defs.segmenter_contexts` :class:`~.req_intake.Segmenter` contexts behind
     one WR input and one packet output, with the ports of one segmenter.
 
-    A WR goes to the context that holds a WR of its QP (taken in the cycle that context
-    offers its last packet, as one segmenter takes the next WR), else to the lowest context
-    that is free or offers its last packet now: a QP's WRs are cut one after the other, in
-    order, and WRs of other QPs wait for none of them. The WR intake keeps a QP's next PSN
-    right for either case (its forwarding register, and this cycle's ``next_psn`` write).
-    A context that continues its QP keeps its own chunk register; one that takes a QP
-    another context may have worked on since takes the WR's ``tail_chunk`` (no context held
-    the QP the cycle before, so the table has every write).
+    A WR taken on ``i`` waits a cycle in a register (the hand-off, H), so the intake's table
+    reads and next PSN end there and the contexts' checks of its first packet start from
+    registers. While it waits, H keeps the WR's entries of its QP up to date from the
+    tables' write ports (una and the error flag, the ECN and NSCC windows, ``pool_lo``,
+    ``tail_chunk``), as the intake does for a WR in S1: they are what a transparent read
+    addressed last cycle would give. H takes the next WR in the cycle its WR goes on, so
+    WRs still pass one per cycle.
+
+    From H a WR goes to the context that holds a WR of its QP (taken in the cycle that
+    context offers its last packet, as one segmenter takes the next WR), else to the lowest
+    context that is free or offers its last packet now: a QP's WRs are cut one after the
+    other, in order, and WRs of other QPs wait for none of them. The WR intake keeps a QP's
+    next PSN right for either case: its forwarding register holds the end PSN of the WR in
+    H (the last it handed over), and each context tells it its QP and its WR's end PSN
+    (``contexts``). A context that continues its QP keeps its own chunk register; one that
+    takes a QP another context may have worked on since takes H's ``tail_chunk`` (no
+    context held the QP the cycle before, so H has every write).
 
     Packets: the contexts that offer one take turns (round robin from the one after the
     last taken), so a window-limited QP never paces the others. Only the context whose
     packet is taken writes its QP's ``next_psn``, chunk map and ``tail_chunk``, takes a PSN
     pool chunk and arms the timer, so those ports are the winner's. Throughput: one packet
-    per cycle; a WR's first packet goes the cycle after it is taken, as with one segmenter.
+    per cycle; a WR's first packet goes two cycles after it is taken (one with one
+    segmenter: H is the cycle more).
     The events are OR-ed: ``psn_pool_waits`` counts the cycles in which some context starts
     waiting for a chunk.
 
     Members
     -------
     The members of :class:`~.req_intake.Segmenter` (without ``obs``: the formal proofs
-    observe a single segmenter).
+    observe a single segmenter), and:
+
+    contexts : ``Out(data.ArrayLayout(context_state_layout(config), contexts))``
+        The WR each context holds, for the intake's next PSN.
     """
 
     COUNTERS = Segmenter.COUNTERS
@@ -53,7 +68,11 @@ class SegmenterBank(wiring.Component):
         with validating(self):
             check_config(config)
         self._config = config
-        super().__init__(segmenter_members(config))
+        super().__init__({
+            **segmenter_members(config),
+            "contexts": Out(data.ArrayLayout(context_state_layout(config),
+                                             segmenter_contexts(config))),
+        })
 
     def elaborate(self, platform):
         m = Module()
@@ -81,16 +100,48 @@ class SegmenterBank(wiring.Component):
 
         wiring.connect(m, wiring.flipped(self.control), *(c.control for c in contexts))
 
+        for index, context in enumerate(contexts):
+            state = self.contexts[index]
+            m.d.comb += [state.busy.eq(context.busy), state.qpn.eq(context.qpn),
+                         state.end.eq(context.end)]
+
+        # -- H: the hand-off register -------------------------------------------------------
+        h_valid = Signal()
+        job = Signal(segment_job_layout(cfg))
+        h_taken = Signal()
+
+        def tracked(source):
+            """``source`` (a WR) with this cycle's writes to its QP's entries."""
+            entry = Signal(segment_job_layout(cfg))
+            qpn = source.qpn
+            m.d.comb += [
+                entry.eq(source),
+                entry.una.eq(with_write(self.ack_write, qpn, source.una, "una")),
+                entry.error.eq(with_write(self.ack_write, qpn, source.error, "error")),
+                entry.cwnd.eq(with_write(self.cc_write, qpn, source.cwnd, "cwnd")),
+                entry.nscc_window.eq(with_write(self.nscc_write, qpn, source.nscc_window)),
+                entry.lo.eq(with_write(self.pool_lo_write, qpn, source.lo)),
+                entry.chunk.eq(with_write(self.tables.write.tail_chunk, qpn, source.chunk)),
+            ]
+            return entry
+
+        m.d.comb += self.i.ready.eq(~h_valid | h_taken)
+        with m.If(self.i.valid & self.i.ready):
+            m.d.sync += [h_valid.eq(1), job.eq(tracked(self.i.payload))]
+        with m.Else():
+            with m.If(h_taken):
+                m.d.sync += h_valid.eq(0)
+            m.d.sync += job.eq(tracked(job))
+
         # -- WRs: to the context holding the QP, else the lowest free one -------------------
-        job = self.i.payload
         hits = Cat(c.busy & (c.qpn == job.qpn) for c in contexts)
         ready = Cat(c.i.ready for c in contexts)
         target = Signal(range(count))
         m.d.comb += target.eq(Mux(hits.any(), lowest(hits), lowest(ready)))
-        m.d.comb += self.i.ready.eq(ready.bit_select(target, 1))
+        m.d.comb += h_taken.eq(h_valid & ready.bit_select(target, 1))
         for index, context in enumerate(contexts):
             m.d.comb += [context.i.payload.eq(job),
-                         context.i.valid.eq(self.i.valid & (target == index)),
+                         context.i.valid.eq(h_valid & (target == index)),
                          context.continues.eq(hits[index])]
 
         # -- packets: round robin over the contexts that offer one --------------------------

@@ -143,7 +143,8 @@ class Requester(wiring.Component):
     on one QP.
 
     Latencies: a WR's first send request leaves 3 cycles after the WR is taken (intake, then
-    the segmenter, then the output register); an ACK updates the QP 2 cycles after it is
+    the segmenter, then the output register; 4 with several segmenter contexts, whose
+    hand-off register is a cycle more); an ACK updates the QP 2 cycles after it is
     taken; a retransmit request leaves 5 cycles after it is taken; a completion leaves a few
     cycles after the ACK that allows it (4 cycles per QP the completion engine visits), then
     one per cycle for the same QP.
@@ -393,6 +394,8 @@ class Requester(wiring.Component):
         wiring.connect(m, wiring.flipped(self.wr), intake.wr)
         fifo_in(wr_triggers, intake.wr_trigger)
         wiring.connect(m, intake.o, segmenter.i)
+        if segmenter_contexts(cfg) > 1:
+            m.d.comb += intake.contexts.eq(segmenter.contexts)
         fifo_in(arm_fifo, segmenter.arm)
         wiring.connect(m, segmenter.o, sender.new)
         wiring.connect(m, psnpool.alloc, segmenter.alloc)
