@@ -68,7 +68,8 @@ class AckProcessor(wiring.Component):
     tables two cycles after A0 took the packet: cumulative
     advance (only a SACK moves una), the SACK bitmap merged into the ``acked`` bitmap (any
     ``sack_psn_offset``; bits outside ``[una, next_psn)`` are ignored), the ECN window
-    (``cc``), the time una last advanced (``progress``); a fatal NAK for an outstanding PSN
+    (``cc``, written from a register a cycle later, in A3), the time una last advanced
+    (``progress``); a fatal NAK for an outstanding PSN
     fails the QP. A QP whose retries are exhausted (``exceed``, from the timer scanner)
     takes an rx beat's place and fails the QP with RETRY_EXC_ERR if it is still live. A
     packet for an unknown QP, a QP not live, of an unknown kind, acknowledging beyond
@@ -76,7 +77,8 @@ class AckProcessor(wiring.Component):
     counted (``bad_acks``). One packet per cycle, back to back on one QP: A0's read sees
     every write up to its own cycle (the ports are transparent); the write of the packet
     ahead, in A2 while this one is in A1, is forwarded from the write port into A1's
-    registers (``ack``, ``cc``, ``trig_set``; for ``acked`` the select and the written
+    registers (``ack``, ``cc``, ``trig_set``; for ``cc`` also the A3 write of the packet two
+    ahead; for ``acked`` the select and the written
     bitmap are registered and A2 picks: this engine is their only writer). A2's compares
     against una take registers directly, side by side, against both candidates for the new
     una (the stored one and the SACK's cumulative PSN + 1), and are picked after.
@@ -288,11 +290,27 @@ class AckProcessor(wiring.Component):
                                        a1_base[:wb], window)),
         ]
         writes = self.tables.write
+        # The ECN window A2 decides is written from a register in A3, so only A2's own
+        # forwarding waits on its arithmetic (the tables' other readers, which track the
+        # write port, see a registered write). A1 forwards A2's decision (the item ahead)
+        # and A3's write (the item two ahead: the read addressed in A0 could not see it).
+        cc_next = SimpleNamespace(addr=Signal(qb, name="a2_cc_addr"),
+                                  en=Signal(name="a2_cc_en"),
+                                  data=Signal.like(reads.cc.data, name="a2_cc_data"))
+        m.d.sync += [writes.cc.addr.eq(cc_next.addr), writes.cc.en.eq(cc_next.en),
+                     writes.cc.data.eq(cc_next.data)]
         stored = {}
+        forwards = {}                   # the item ahead writes the entry A1 read
         for name in ("ack", "cc", "trig_set"):
             port, wp = getattr(reads, name), getattr(writes, name)
             stored[name] = Signal.like(port.data, name=f"a2_{name}")
-            m.d.sync += stored[name].eq(Mux(wp.en & (wp.addr == a1_qpn), wp.data, port.data))
+            forward = Signal(name=f"a1_{name}_forward")
+            m.d.comb += forward.eq(wp.en & (wp.addr == a1_qpn))
+            forwards[name] = forward
+            entry = Mux(forward, wp.data, port.data)
+            if name == "cc":
+                entry = Mux(cc_next.en & (cc_next.addr == a1_qpn), cc_next.data, entry)
+            m.d.sync += stored[name].eq(entry)
         # The acked bitmap's forwarding is a registered select and the written bitmap beside
         # the table's read: A2 picks, so the wide write data of the ACK ahead ends in a
         # register instead of running on through a multiplexer.
@@ -350,17 +368,44 @@ class AckProcessor(wiring.Component):
         # SACK bit i is PSN base + i (any sack_psn_offset); keep the bits for PSNs in
         # [max(new una, base), next_psn): a bitmap that does not overlap the window adds
         # nothing. The bits kept form one run, [lo, hi), which lies at window positions from
-        # base + lo on: the mask is made there, beside the bits rotated in A1. `lo` is made
-        # from both una candidates and picked. The stored bits of PSNs una passes are
-        # cleared (`clear`); PSNs in [una, next_psn) span at most the window, so a kept bit
-        # never shares a position with a cleared one.
-        lo_una = clamp(psn_sub(a_una, a2_base), bitmap_bits)
-        lo_cum = clamp(psn_sub(a2_cum1, a2_base), bitmap_bits)
-        lo = sig(Mux(advance, lo_cum, lo_una), "a_lo")
-        hi = sig(clamp(psn_sub(a_next, a2_base), bitmap_bits), "a_hi")
-        keep_len = Mux(hi > lo, hi - lo, 0)
-        sack_rot = sig(a2_sack_rot & circular_ones((a2_base[:wb] + lo)[:wb], keep_len, window),
-                       "a_sack_rot")
+        # base + lo on: the mask is made there, beside the bits rotated in A1. The run's
+        # ends, length and mask are made in A1 for both una candidates (the SACK's
+        # cumulative PSN + 1, and the QP's una as A2 reads it) and registered: A2 only picks
+        # them by `advance`. The stored bits of PSNs una passes are cleared (`clear`); PSNs
+        # in [una, next_psn) span at most the window, so a kept bit never shares a position
+        # with a cleared one.
+        #
+        # A1's una is the table's, or the una A2 writes this cycle (the item ahead's, the
+        # only path from A2's decision back into A2): the SACK's cumulative PSN + 1 when it
+        # advances, else the una it read. Its distance from the base is made for each source
+        # side by side, and picked. (A control write or flush never meets an item in A1:
+        # the control decides with ACK processing idle.)
+        def run_mask(lo):
+            """The mask of the run from ``lo`` (a clamped distance from the base) to
+            ``hi``, at the window positions."""
+            keep = Mux(a1_hi > lo, a1_hi - lo, 0)
+            return circular_ones((a1_base[:wb] + lo)[:wb], keep, window)
+
+        a1_hi = Signal(range(bitmap_bits + 1), name="a1_hi")
+        m.d.comb += a1_hi.eq(clamp(psn_sub(reads.next_psn.data, a1_base), bitmap_bits))
+        a1_lo_una = Signal(range(bitmap_bits + 1), name="a1_lo_una")
+        m.d.comb += a1_lo_una.eq(Mux(
+            forwards["ack"],
+            Mux(advance & ~x_apply, clamp(psn_sub(a2_cum1, a1_base), bitmap_bits),
+                clamp(psn_sub(a_una, a1_base), bitmap_bits)),
+            clamp(psn_sub(reads.ack.data.una, a1_base), bitmap_bits)))
+        a1_lo_cum = Signal.like(a1_hi, name="a1_lo_cum")
+        m.d.comb += a1_lo_cum.eq(clamp(psn_sub(a1_cum + 1, a1_base), bitmap_bits))
+        a2_hi = Signal.like(a1_hi, name="a2_hi")
+        a2_lo_cum = Signal.like(a1_hi, name="a2_lo_cum")
+        a2_lo_una = Signal.like(a1_hi, name="a2_lo_una")
+        a2_mask_cum = Signal(window, name="a2_mask_cum")
+        a2_mask_una = Signal(window, name="a2_mask_una")
+        m.d.sync += [a2_hi.eq(a1_hi), a2_lo_cum.eq(a1_lo_cum), a2_lo_una.eq(a1_lo_una),
+                     a2_mask_cum.eq(run_mask(a1_lo_cum)), a2_mask_una.eq(run_mask(a1_lo_una))]
+        lo = sig(Mux(advance, a2_lo_cum, a2_lo_una), "a_lo")
+        hi = a2_hi
+        sack_rot = sig(a2_sack_rot & Mux(advance, a2_mask_cum, a2_mask_una), "a_sack_rot")
         clear_len = sig(Mux(advance, psn_sub(a2_cum1, a_una)[:wb + 1], 0), "a_clear_len")
         clear = sig(circular_ones(a_una[:wb], clear_len, window), "a_clear")
         new_bitmap = Signal(window)
@@ -427,7 +472,7 @@ class AckProcessor(wiring.Component):
     def _write_tables(self, m, v):
         """A2's writes of the QP's ``ack``, ``acked`` and ``cc`` entries."""
         ctl = self.control
-        wps = {name: getattr(self.tables.write, name) for name in ("ack", "acked", "cc")}
+        wps = {name: getattr(self.tables.write, name) for name in ("ack", "acked")}
         with m.If(ctl.write):
             m.d.comb += [
                 wps["ack"].addr.eq(ctl.qpn), wps["ack"].en.eq(1),
@@ -499,13 +544,14 @@ class AckProcessor(wiring.Component):
             cc_grown = a_cc.cwnd + cc_steps
             m.d.comb += [cc_write.cwnd.eq(Mux(cc_grown < cc_max, cc_grown, cc_max)),
                          cc_write.acc.eq(Mux(cc_left < cc_thr, cc_left, cc_thr - 1))]
+        cc_wp = v.cc_next               # written from a register in A3
         with m.If(ctl.write):
-            m.d.comb += [wps["cc"].addr.eq(ctl.qpn), wps["cc"].en.eq(1),
-                         wps["cc"].data.cwnd.eq(Cat(C(0, 7), ctl.mpr)),
-                         wps["cc"].data.recover.eq(ctl.psn)]
+            m.d.comb += [cc_wp.addr.eq(ctl.qpn), cc_wp.en.eq(1),
+                         cc_wp.data.cwnd.eq(Cat(C(0, 7), ctl.mpr)),
+                         cc_wp.data.recover.eq(ctl.psn)]
         with m.Else():
-            m.d.comb += [wps["cc"].addr.eq(v.a2_qpn), wps["cc"].en.eq(v.a_apply & v.is_ack),
-                         wps["cc"].data.eq(cc_write)]
+            m.d.comb += [cc_wp.addr.eq(v.a2_qpn), cc_wp.en.eq(v.a_apply & v.is_ack),
+                         cc_wp.data.eq(cc_write)]
 
     def _outputs(self, m, v):
         """A2's completion trigger and ``progress`` write; the other outputs (queue items,

@@ -480,6 +480,8 @@ class Segmenter(wiring.Component):
     Hazards: una comes with the WR for the first cycle, as the intake read it (the tracked
     una, with the write of the cycle the WR is taken, from the second); the ECN and NSCC
     windows count from the second cycle (with CONFIG ``cc`` the first cycle sends nothing).
+    ACK processing writes a QP's ECN window a cycle after its una: with the ECN window on,
+    no packet of the QP goes in the cycle its window is written.
     ``pool_lo`` comes with the WR, with the PSN pool's write of the cycle the WR is taken;
     a later write in that first cycle only moves it towards una (the PSN pool holds the QP
     while a write changes whether it holds any chunk), so the span check errs on the side of
@@ -650,8 +652,13 @@ class Segmenter(wiring.Component):
         s2_need_chunk = check.need_chunk
         s2_chunk_ok = ~s2_need_chunk | (alloc.available & check.span_ok)
         s2_pool_hold = alloc.hold & (alloc.hold_qpn == s2_qpn)
+        # ACK processing writes the ECN window a cycle after the una of the same ACK: in the
+        # cycle the QP's window is written, this cycle's checks paired the new una with the
+        # old window, so the packet waits for the checks made with both.
+        s2_cc_hold = (cc_on & ~ctl.cc_nscc & self.cc_write.en
+                      & (self.cc_write.addr == s2_qpn))
         s2_go = (s2_active & ~s2_abort & check.window_ok & s2_cc_ok & ~ctl.hold
-                 & ~s2_pool_hold)
+                 & ~s2_pool_hold & ~s2_cc_hold)
         m.d.comb += [
             self.o.valid.eq(s2_go & s2_chunk_ok),
             emit.eq(self.o.valid & self.o.ready),
