@@ -17,7 +17,7 @@ from .req_common import (
     check_config,
     check_depth,
     check_observe,
-    circular_ones,
+    circular_span,
     clamp,
     events_layout,
     log2,
@@ -367,12 +367,13 @@ class AckProcessor(wiring.Component):
 
         # SACK bit i is PSN base + i (any sack_psn_offset); keep the bits for PSNs in
         # [max(new una, base), next_psn): a bitmap that does not overlap the window adds
-        # nothing. The bits kept form one run, [lo, hi), which lies at window positions from
-        # base + lo on: the mask is made there, beside the bits rotated in A1. The run's
-        # ends, length and mask are made in A1 for both una candidates (the SACK's
-        # cumulative PSN + 1, and the QP's una as A2 reads it) and registered: A2 only picks
-        # them by `advance`. The stored bits of PSNs una passes are cleared (`clear`); PSNs
-        # in [una, next_psn) span at most the window, so a kept bit never shares a position
+        # nothing. The bits kept form one run, [lo, hi), which lies at window positions
+        # base + lo up to base + hi: the mask is made there, beside the bits rotated in A1.
+        # The run's ends are made in A1 for both una candidates (the SACK's cumulative
+        # PSN + 1, and the QP's una as A2 reads it) and registered; A2 decodes both masks
+        # from them and picks one by `advance`. The stored bits of PSNs una passes are
+        # cleared (`clear`: from una to the cumulative PSN + 1, both registers); PSNs in
+        # [una, next_psn) span at most the window, so a kept bit never shares a position
         # with a cleared one.
         #
         # A1's una is the table's, or the una A2 writes this cycle (the item ahead's, the
@@ -380,12 +381,6 @@ class AckProcessor(wiring.Component):
         # advances, else the una it read. Its distance from the base is made for each source
         # side by side, and picked. (A control write or flush never meets an item in A1:
         # the control decides with ACK processing idle.)
-        def run_mask(lo):
-            """The mask of the run from ``lo`` (a clamped distance from the base) to
-            ``hi``, at the window positions."""
-            keep = Mux(a1_hi > lo, a1_hi - lo, 0)
-            return circular_ones((a1_base[:wb] + lo)[:wb], keep, window)
-
         a1_hi = Signal(range(bitmap_bits + 1), name="a1_hi")
         m.d.comb += a1_hi.eq(clamp(psn_sub(reads.next_psn.data, a1_base), bitmap_bits))
         a1_lo_una = Signal(range(bitmap_bits + 1), name="a1_lo_una")
@@ -397,17 +392,23 @@ class AckProcessor(wiring.Component):
         a1_lo_cum = Signal.like(a1_hi, name="a1_lo_cum")
         m.d.comb += a1_lo_cum.eq(clamp(psn_sub(a1_cum + 1, a1_base), bitmap_bits))
         a2_hi = Signal.like(a1_hi, name="a2_hi")
-        a2_lo_cum = Signal.like(a1_hi, name="a2_lo_cum")
-        a2_lo_una = Signal.like(a1_hi, name="a2_lo_una")
-        a2_mask_cum = Signal(window, name="a2_mask_cum")
-        a2_mask_una = Signal(window, name="a2_mask_una")
-        m.d.sync += [a2_hi.eq(a1_hi), a2_lo_cum.eq(a1_lo_cum), a2_lo_una.eq(a1_lo_una),
-                     a2_mask_cum.eq(run_mask(a1_lo_cum)), a2_mask_una.eq(run_mask(a1_lo_una))]
-        lo = sig(Mux(advance, a2_lo_cum, a2_lo_una), "a_lo")
+        a2_end = Signal(wb, name="a2_run_end")          # window position base + hi
+        m.d.sync += [a2_hi.eq(a1_hi), a2_end.eq((a1_base[:wb] + a1_hi)[:wb])]
+        runs = {}
+        for name, a1_lo in (("cum", a1_lo_cum), ("una", a1_lo_una)):
+            lo_reg = Signal.like(a1_hi, name=f"a2_lo_{name}")
+            start = Signal(wb, name=f"a2_run_start_{name}")
+            kept = Signal(name=f"a2_run_kept_{name}")   # hi > lo: the run is not empty
+            m.d.sync += [lo_reg.eq(a1_lo), start.eq((a1_base[:wb] + a1_lo)[:wb]),
+                         kept.eq(a1_hi > a1_lo)]
+            runs[name] = (lo_reg, Mux(kept, circular_span(start, a2_end, window), 0))
+        lo = sig(Mux(advance, runs["cum"][0], runs["una"][0]), "a_lo")
         hi = a2_hi
-        sack_rot = sig(a2_sack_rot & Mux(advance, a2_mask_cum, a2_mask_una), "a_sack_rot")
+        sack_rot = sig(a2_sack_rot & Mux(advance, runs["cum"][1], runs["una"][1]),
+                       "a_sack_rot")
         clear_len = sig(Mux(advance, psn_sub(a2_cum1, a_una)[:wb + 1], 0), "a_clear_len")
-        clear = sig(circular_ones(a_una[:wb], clear_len, window), "a_clear")
+        clear = sig(Mux(advance, circular_span(a_una[:wb], a2_cum1[:wb], window), 0),
+                    "a_clear")
         new_bitmap = Signal(window)
         m.d.comb += new_bitmap.eq((a_old_bitmap & ~clear) | sack_rot)
         new_bits = (sack_rot & ~a_old_bitmap).any()

@@ -12,8 +12,8 @@ from ..config import NicConfig
 from .req_defs import ACKREQ_EVERY_BITS, INFER_K_BITS, REO_WND_BITS
 
 __all__ = [
-    "PSN", "WIMM_BITS", "log2", "psn_sub", "psn_ge", "psn_gt", "clamp", "ones",
-    "circular_ones", "rotate_left",
+    "PSN", "WIMM_BITS", "log2", "psn_sub", "psn_ge", "psn_gt", "clamp", "at_or_above",
+    "ones", "circular_span", "circular_ones", "rotate_left",
     "popcount", "kth_highest", "data_opcode", "ControlSignature", "events_layout",
     "check_config", "check_depth", "check_observe",
 ]
@@ -46,27 +46,58 @@ def psn_gt(a, b):
 def clamp(distance, limit):
     """A 24-bit serial distance clamped to ``[0, limit]`` (negative -> 0)."""
     bits = limit.bit_length()
-    return Mux(distance[PSN - 1], 0, Mux(distance >= limit, limit, distance[:bits]))
+    if limit & (limit - 1) == 0:    # a power of two: at or over it is a high bit set
+        over = distance[bits - 1:PSN - 1].any()
+    else:
+        over = distance >= limit
+    return Mux(distance[PSN - 1], 0, Mux(over, limit, distance[:bits]))
+
+
+def at_or_above(value, width):
+    """Bits ``i`` in ``[0, width)`` (a power of two) set where ``i >= value`` (none when
+    ``value`` is ``width`` or more). A two-level decode, no compare per bit: the value's
+    high and low halves are each decoded once (which high half it has, which it is below,
+    which low halves it is at or under), and each bit is one small function of three of
+    those lines."""
+    bits = log2(width)
+    value = Value.cast(value)
+    over = value[bits:].any() if len(value) > bits else C(0)
+    low_bits = bits // 2
+    v_low, v_high = value[:low_bits], value[low_bits:bits]
+    high_is = [v_high == j for j in range(1 << (bits - low_bits))]
+    high_below = [Cat(*high_is[:j]).any() if j else C(0) for j in range(len(high_is))]
+    if low_bits:
+        low_is = [v_low == k for k in range(1 << low_bits)]
+        low_at_most = [Cat(*low_is[:k + 1]).any() for k in range(len(low_is))]
+    else:
+        low_at_most = [C(1)]
+    lows = len(low_at_most)
+    return Cat(*(~over & (high_below[i // lows] | (high_is[i // lows] & low_at_most[i % lows]))
+                 for i in range(width)))
 
 
 def ones(count, width):
-    """``count`` low bits set, ``count`` from 0 to ``width``. One compare per bit, side by
-    side: no shifter and no borrow chain across ``width`` bits."""
-    return Cat(*(count > i for i in range(width)))
+    """``count`` low bits set, ``count`` from 0 to ``width``: the bits below ``count``
+    (:func:`at_or_above`, inverted; no shifter and no borrow chain across ``width`` bits)."""
+    return ~at_or_above(count, width)
+
+
+def circular_span(start, end, width):
+    """The bits from ``start`` up to ``end`` (not included), wrapping at ``width`` (a power
+    of two); every bit when ``start == end`` (callers gate an empty run)."""
+    bits = log2(width)
+    from_start = at_or_above(start, width)
+    from_end = at_or_above(end, width)
+    wraps = end[:bits] <= start[:bits]
+    return Mux(wraps, from_start | ~from_end, from_start & ~from_end)
 
 
 def circular_ones(start, count, width):
     """``count`` bits set from bit ``start`` up, wrapping at ``width`` (a power of two);
-    ``count`` from 0 to ``width``. As ``rotate_left(ones(count, width), start, width)``, with
-    one compare per bit instead of a shifter."""
-    bits = (width - 1).bit_length()
-    # The run ends at `start + count`; past `width` it wraps. Each bit compares its constant
-    # index with the two ends (no per-bit subtraction).
-    end = start + count
-    wraps = end >= width
-    end = end[:bits]
-    return Cat(*(Mux(wraps, (C(i, bits) >= start) | (C(i, bits) < end),
-                     (C(i, bits) >= start) & (C(i, bits) < end)) for i in range(width)))
+    ``count`` from 0 to ``width``. As ``rotate_left(ones(count, width), start, width)``,
+    from the two ends' decodes (:func:`circular_span`) instead of a shifter."""
+    bits = log2(width)
+    return Mux(count == 0, 0, circular_span(start, (start + count)[:bits], width))
 
 
 def rotate_left(value, amount, width):

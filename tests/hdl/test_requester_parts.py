@@ -11,7 +11,7 @@ from amaranth.sim import Simulator
 
 from hdl.config import NicConfig
 from hdl.transport.req_ack import AckProcessor
-from hdl.transport.req_common import circular_ones
+from hdl.transport.req_common import at_or_above, circular_ones, clamp, ones
 from hdl.transport.req_defs import WalkKind
 from hdl.transport.req_retransmit import Walker
 from hdl.transport.req_send import FeedbackMerge, SendRegister
@@ -127,6 +127,37 @@ def test_circular_ones_sets_count_bits_from_start_wrapping_at_width(width):
                 run = (1 << c) - 1
                 expected = ((run << s) | (run >> (width - s))) & ((1 << width) - 1)
                 assert ctx.get(out) == expected, (s, c)
+
+    sim = Simulator(m)
+    sim.add_testbench(bench)
+    sim.run()
+
+
+@pytest.mark.parametrize("width", [2, 64, 256])
+def test_decoded_thermometers_and_clamp_match_their_definitions(width):
+    """``at_or_above`` (bits at or above a value, none past the width, for values up to
+    four times it), ``ones`` (counts 0 to width) and ``clamp`` (24-bit distances, negative
+    and far ones too, to a power-of-two and another limit), against plain Python."""
+    bits = (width - 1).bit_length()
+    value, count, distance = Signal(bits + 2), Signal(bits + 1), Signal(24)
+    above, low, to64, to100 = Signal(width), Signal(width), Signal(7), Signal(7)
+    m = Module()
+    m.d.comb += [above.eq(at_or_above(value, width)), low.eq(ones(count, width)),
+                 to64.eq(clamp(distance, 64)), to100.eq(clamp(distance, 100))]
+
+    async def bench(ctx):
+        for v in range(4 * width):
+            ctx.set(value, v)
+            assert ctx.get(above) == sum(1 << i for i in range(width) if i >= v), v
+        for c in range(width + 1):
+            ctx.set(count, c)
+            assert ctx.get(low) == (1 << c) - 1, c
+        for d in (0, 1, 63, 64, 65, 99, 100, 101, 127, 128, 1 << 22, (1 << 23) - 1,
+                  1 << 23, (1 << 24) - 1):
+            ctx.set(distance, d)
+            negative = d >> 23
+            assert ctx.get(to64) == (0 if negative else min(d, 64)), d
+            assert ctx.get(to100) == (0 if negative else min(d, 100)), d
 
     sim = Simulator(m)
     sim.add_testbench(bench)
