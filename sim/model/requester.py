@@ -166,6 +166,10 @@ class RequesterModel:
         # packets sent]; new packets go from them in turn, from context ``_turn`` on.
         self._contexts = [None] * segmenter_contexts(config)
         self._turn = 0
+        # With several contexts a WR the intake accepts waits in the hand-off register
+        # (None or its context entry) until a context takes it: a WR of a QP a context holds
+        # waits there for that context, and the WRs behind it wait in the queue.
+        self._handoff = None
         self._retx = deque()            # (qpn, psn) waiting to be resent
         self._walks = deque()           # [kind, qpn, psn, count, first] ranges to walk
         self._drained = deque()         # resends decided before a QP_WRITE, not pulled yet
@@ -724,9 +728,29 @@ class RequesterModel:
     def _time(self):
         return self.now_units & ((1 << TIME_BITS) - 1)
 
+    def _hand_on(self):
+        """The WR in the hand-off register to a context, when one may take it. A context
+        (or the register) whose QP failed sends nothing more and is free."""
+        for index, context in enumerate(self._contexts):
+            if context is not None and self._qps[context[0]].error:
+                self._contexts[index] = None
+        entry = self._handoff
+        if entry is not None and self._qps[entry[0]].error:
+            self._handoff = entry = None
+        if entry is None or any(c is not None and c[0] == entry[0] for c in self._contexts):
+            return
+        if None in self._contexts:
+            self._contexts[self._contexts.index(None)] = entry
+            self._handoff = None
+
     def _admit(self):
         """Take WRs from the head of the queue while they fit (head-of-line blocking)."""
-        while self._queue:
+        handoff = len(self._contexts) > 1
+        while True:
+            if handoff:
+                self._hand_on()
+            if not self._queue:
+                return
             wr = self._queue[0]
             qp = self._qps[wr.qpn]
             if len(qp.slots) >= self.config.wr_slots or self._pool_used >= self.config.wr_pool:
@@ -743,10 +767,11 @@ class RequesterModel:
             is_imm = wr.opcode == P.WrOpcode.RDMA_WRITE_WITH_IMM
             if is_imm and qp.wimm_in_flight >= qp.max_wimm:
                 return
-            if any(c is not None and c[0] == wr.qpn for c in self._contexts):
-                return                          # a WR of the QP is still being cut
-            if None not in self._contexts:
-                return                          # every context is busy
+            if handoff:
+                if self._handoff is not None:
+                    return                      # the hand-off register is full
+            elif self._contexts[0] is not None:
+                return                          # the segmenter is busy
             first = qp.alloc_psn
             qp.alloc_psn = P.psn_add(first, wr_packets(self.config, wr.length))
             slot = _Slot(wr, first, qp.alloc_psn, None, is_imm, qp.msgs, qp.imm_msgs)
@@ -755,7 +780,11 @@ class RequesterModel:
             qp.slots.append(slot)
             self._pool_used += 1
             qp.wimm_in_flight += is_imm
-            self._contexts[self._contexts.index(None)] = [wr.qpn, slot, first, wr.length, 0]
+            entry = [wr.qpn, slot, first, wr.length, 0]
+            if handoff:
+                self._handoff = entry
+            else:
+                self._contexts[0] = entry
             self._queue.popleft()
             self.counters["wrs"] += 1
 
