@@ -381,16 +381,19 @@ class AckProcessor(wiring.Component):
         # advances, else the una it read. Its distance from the base is made for each source
         # side by side, and picked. (A control write or flush never meets an item in A1:
         # the control decides with ACK processing idle.)
+        def from_base(psn):
+            """``psn``'s bit position in A1's SACK bitmap, clamped to ``[0, bitmap_bits]``."""
+            return clamp(psn_sub(psn, a1_base), bitmap_bits)
+
         a1_hi = Signal(range(bitmap_bits + 1), name="a1_hi")
-        m.d.comb += a1_hi.eq(clamp(psn_sub(reads.next_psn.data, a1_base), bitmap_bits))
+        m.d.comb += a1_hi.eq(from_base(reads.next_psn.data))
         a1_lo_una = Signal(range(bitmap_bits + 1), name="a1_lo_una")
         m.d.comb += a1_lo_una.eq(Mux(
             forwards["ack"],
-            Mux(advance & ~x_apply, clamp(psn_sub(a2_cum1, a1_base), bitmap_bits),
-                clamp(psn_sub(a_una, a1_base), bitmap_bits)),
-            clamp(psn_sub(reads.ack.data.una, a1_base), bitmap_bits)))
+            Mux(advance & ~x_apply, from_base(a2_cum1), from_base(a_una)),
+            from_base(reads.ack.data.una)))
         a1_lo_cum = Signal.like(a1_hi, name="a1_lo_cum")
-        m.d.comb += a1_lo_cum.eq(clamp(psn_sub(a1_cum + 1, a1_base), bitmap_bits))
+        m.d.comb += a1_lo_cum.eq(from_base(a1_cum + 1))
         a2_hi = Signal.like(a1_hi, name="a2_hi")
         a2_end = Signal(wb, name="a2_run_end")          # window position base + hi
         m.d.sync += [a2_hi.eq(a1_hi), a2_end.eq((a1_base[:wb] + a1_hi)[:wb])]
