@@ -16,7 +16,8 @@ from ..config import PSN_CHUNK
 __all__ = [
     "RequesterCommand", "requester_command_layout", "requester_response_layout",
     "send_context_layout", "sent_layout", "retx_layout", "qp_error_layout",
-    "REQUESTER_COUNTERS", "MAX_WR_PACKETS", "TIME_SHIFT", "TIME_BITS", "ACKREQ_EVERY_BITS",
+    "REQUESTER_COUNTERS", "HANDOFF_ENTRIES", "MAX_WR_PACKETS", "TIME_SHIFT", "TIME_BITS",
+    "ACKREQ_EVERY_BITS",
     "bitmap_psns", "slot_depth", "pool_entries", "segmenter_contexts", "pool_index_bits",
     "PSN_CHUNK", "psn_chunks", "psn_chunk_bits", "chunk_map_slots", "wr_refusal", "wr_packets",
     "FATAL_NAK_STATUS",
@@ -297,6 +298,11 @@ def pool_entries(config):
     (``qps x wr_slots``), which bound the WRs outstanding anyway: a larger ``wr_pool`` is not
     built."""
     return min(config.wr_pool, config.qps * config.wr_slots)
+
+
+#: WRs the hand-off register in front of several segmenter contexts holds
+#: (:class:`~.req_segbank.SegmenterBank`): the one offered to the contexts and one behind it.
+HANDOFF_ENTRIES = 2
 
 
 def segmenter_contexts(config):

@@ -182,8 +182,9 @@ class WrIntake(wiring.Component):
     next PSN yet: the intake keeps the end PSN of the last WR it handed over and takes it
     from there (a QP_WRITE of that QP clears it). With several segmenter contexts
     (:class:`~.req_segbank.SegmenterBank`), a QP's last WR may be in a context while WRs of
-    other QPs were handed over since: each context tells its QP and its WR's end PSN
-    (``contexts``), and the intake takes the QP's next PSN from there.
+    other QPs were handed over since, or in the older entry of the bank's hand-off register:
+    each context and that entry tell their QP and WR's end PSN (``contexts``, ``handoff``),
+    and the intake takes the QP's next PSN from there (the hand-off's first).
     Every other table read is transparent. The tables are read for the WR on ``wr`` whether
     or not S1 takes it, so S1's stall steers no read address: a WR that waits captures its
     QP's entries each cycle, with the tables' writes of the cycle (``writes``), as the
@@ -209,6 +210,9 @@ class WrIntake(wiring.Component):
     contexts : ``In(data.ArrayLayout(context_state_layout(config), contexts))``
         Only with several segmenter contexts (:func:`~.req_defs.segmenter_contexts`): the
         WR each holds.
+    handoff : ``In(context_state_layout(config))``
+        Only with several segmenter contexts: the WR in the older entry of the bank's
+        hand-off register.
     events : ``Out(events_layout(COUNTERS))``
     obs : ``Out(intake_observation_layout(config))``
         Only with ``observe=True`` (the formal proofs); nothing else changes.
@@ -232,7 +236,8 @@ class WrIntake(wiring.Component):
             "o": Out(stream.Signature(segment_job_layout(config))),
             "wr_trigger": Out(stream.Signature(config.qpn_bits)),
             **({"contexts": In(data.ArrayLayout(context_state_layout(config),
-                                                segmenter_contexts(config)))}
+                                                segmenter_contexts(config))),
+                "handoff": In(context_state_layout(config))}
                if segmenter_contexts(config) > 1 else {}),
             "events": Out(events_layout(self.COUNTERS)),
             **({"obs": Out(intake_observation_layout(config))} if observe else {}),
@@ -274,8 +279,9 @@ class WrIntake(wiring.Component):
         fwd_valid = Signal()
         fwd_qpn = Signal(qb)
         fwd_end = Signal(PSN)
-        # With several segmenter contexts the QP's last WR may be in a context (handed over
-        # before the last one): its end PSN (one context at most holds the QP).
+        # With several segmenter contexts the QP's last WR may be in the hand-off register's
+        # older entry or in a context (handed over before the last one): its end PSN (the
+        # hand-off's is the newer; one context at most holds the QP).
         s1_next_psn_table = s1_entries["next_psn"]
         if segmenter_contexts(cfg) > 1:
             held = Cat(c.busy & (c.qpn == s1.qpn) for c in self.contexts)
@@ -283,6 +289,8 @@ class WrIntake(wiring.Component):
             for index, c in enumerate(self.contexts):
                 held_end = held_end | Mux(held[index], c.end, 0)
             s1_next_psn_table = Mux(held.any(), held_end, s1_next_psn_table)
+            h = self.handoff
+            s1_next_psn_table = Mux(h.busy & (h.qpn == s1.qpn), h.end, s1_next_psn_table)
         s1_next_psn = Mux(fwd_valid & (fwd_qpn == s1.qpn), fwd_end, s1_next_psn_table)
 
         s1_state = Mux(s1_ack.error, P.QpState.ERROR, s1_cfg.state)

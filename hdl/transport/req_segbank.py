@@ -7,7 +7,7 @@ from amaranth.lib.wiring import Out
 
 from ..util import validating
 from .req_common import check_config
-from .req_defs import segmenter_contexts
+from .req_defs import HANDOFF_ENTRIES, segmenter_contexts
 from .req_intake import Segmenter, context_state_layout, segment_job_layout, segmenter_members
 from .req_tables import with_write
 
@@ -26,21 +26,24 @@ class SegmenterBank(wiring.Component):
     """:func:`~.req_defs.segmenter_contexts` :class:`~.req_intake.Segmenter` contexts behind
     one WR input and one packet output, with the ports of one segmenter.
 
-    A WR taken on ``i`` waits a cycle in a register (the hand-off, H), so the intake's table
-    reads and next PSN end there and the contexts' checks of its first packet start from
-    registers. While it waits, H keeps the WR's entries of its QP up to date from the
-    tables' write ports (una and the error flag, the ECN and NSCC windows, ``pool_lo``,
-    ``tail_chunk``), as the intake does for a WR in S1: they are what a transparent read
-    addressed last cycle would give. H takes the next WR in the cycle its WR goes on, so
-    WRs still pass one per cycle.
+    A WR taken on ``i`` waits at least a cycle in a two-entry register (the hand-off, H), so
+    the intake's table reads and next PSN end there and the contexts' checks of its first
+    packet start from registers. While it waits, H keeps the WR's entries of its QP up to
+    date from the tables' write ports (una and the error flag, the ECN and NSCC windows,
+    ``pool_lo``, ``tail_chunk``), as the intake does for a WR in S1: they are what a
+    transparent read addressed last cycle would give. The older entry is offered to the
+    contexts; the younger takes the intake's next WR while the older waits, so ``i.ready``
+    is a register (the younger entry is empty) and no context's ready reaches the intake.
+    H takes the next WR in the cycle its older WR goes on, so WRs still pass one per cycle.
 
     From H a WR goes to the context that holds a WR of its QP (taken in the cycle that
     context offers its last packet, as one segmenter takes the next WR), else to the lowest
     context that is free or offers its last packet now: a QP's WRs are cut one after the
     other, in order, and WRs of other QPs wait for none of them. The WR intake keeps a QP's
-    next PSN right for either case: its forwarding register holds the end PSN of the WR in
-    H (the last it handed over), and each context tells it its QP and its WR's end PSN
-    (``contexts``). A context that continues its QP keeps its own chunk register; one that
+    next PSN right for either case: its forwarding register holds the end PSN of the WR
+    last handed over (H's younger entry, or its older when that is the only one), H tells it
+    the QP and end PSN of its older entry (``handoff``), and each context its QP and its WR's
+    end PSN (``contexts``). A context that continues its QP keeps its own chunk register; one that
     takes a QP another context may have worked on since takes H's ``tail_chunk`` (no
     context held the QP the cycle before, so H has every write).
 
@@ -60,6 +63,8 @@ class SegmenterBank(wiring.Component):
 
     contexts : ``Out(data.ArrayLayout(context_state_layout(config), contexts))``
         The WR each context holds, for the intake's next PSN.
+    handoff : ``Out(context_state_layout(config))``
+        The WR in H's older entry, for the intake's next PSN (newer than any context's).
     """
 
     COUNTERS = Segmenter.COUNTERS
@@ -72,6 +77,7 @@ class SegmenterBank(wiring.Component):
             **segmenter_members(config),
             "contexts": Out(data.ArrayLayout(context_state_layout(config),
                                              segmenter_contexts(config))),
+            "handoff": Out(context_state_layout(config)),
         })
 
     def elaborate(self, platform):
@@ -105,14 +111,18 @@ class SegmenterBank(wiring.Component):
             m.d.comb += [state.busy.eq(context.busy), state.qpn.eq(context.qpn),
                          state.end.eq(context.end)]
 
-        # -- H: the hand-off register -------------------------------------------------------
-        h_valid = Signal()
-        job = Signal(segment_job_layout(cfg))
+        # -- H: the hand-off register, two entries deep ------------------------------------
+        # The older entry (h0) is offered to the contexts; the younger (h1) takes a WR from
+        # the intake while h0 waits, so ``i.ready`` is a register (h1 empty) and the
+        # contexts' ready chain ends at H.
+        h0_valid, h1_valid = Signal(), Signal()
+        job = Signal(segment_job_layout(cfg))       # h0
+        job1 = Signal(segment_job_layout(cfg))      # h1
         h_taken = Signal()
 
-        def tracked(source):
+        def tracked(source, name):
             """``source`` (a WR) with this cycle's writes to its QP's entries."""
-            entry = Signal(segment_job_layout(cfg))
+            entry = Signal(segment_job_layout(cfg), name=name)
             qpn = source.qpn
             m.d.comb += [
                 entry.eq(source),
@@ -125,13 +135,26 @@ class SegmenterBank(wiring.Component):
             ]
             return entry
 
-        m.d.comb += self.i.ready.eq(~h_valid | h_taken)
-        with m.If(self.i.valid & self.i.ready):
-            m.d.sync += [h_valid.eq(1), job.eq(tracked(self.i.payload))]
+        taken_in = Signal()
+        m.d.comb += [self.i.ready.eq(~h1_valid), taken_in.eq(self.i.valid & ~h1_valid)]
+        incoming = tracked(self.i.payload, "h_incoming")
+        h0_tracked, h1_tracked = tracked(job, "h0_tracked"), tracked(job1, "h1_tracked")
+        with m.If(~h0_valid | h_taken):
+            # h0 moves on (or is empty): h1, else the intake's WR, takes its place.
+            with m.If(h1_valid):
+                m.d.sync += [job.eq(h1_tracked), h1_valid.eq(0)]
+            with m.Else():
+                m.d.sync += [job.eq(incoming), h0_valid.eq(taken_in)]
         with m.Else():
-            with m.If(h_taken):
-                m.d.sync += h_valid.eq(0)
-            m.d.sync += job.eq(tracked(job))
+            m.d.sync += job.eq(h0_tracked)
+            with m.If(h1_valid):
+                m.d.sync += job1.eq(h1_tracked)
+            with m.Else():
+                m.d.sync += [job1.eq(incoming), h1_valid.eq(taken_in)]
+        m.d.comb += [self.handoff.busy.eq(h0_valid), self.handoff.qpn.eq(job.qpn),
+                     self.handoff.end.eq(job.end)]
+        h_valid = h0_valid
+        assert HANDOFF_ENTRIES == 2, "H is built with two entries"
 
         # -- WRs: to the context holding the QP, else the lowest free one -------------------
         hits = Cat(c.busy & (c.qpn == job.qpn) for c in contexts)

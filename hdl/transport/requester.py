@@ -395,7 +395,8 @@ class Requester(wiring.Component):
         fifo_in(wr_triggers, intake.wr_trigger)
         wiring.connect(m, intake.o, segmenter.i)
         if segmenter_contexts(cfg) > 1:
-            m.d.comb += intake.contexts.eq(segmenter.contexts)
+            m.d.comb += [intake.contexts.eq(segmenter.contexts),
+                         intake.handoff.eq(segmenter.handoff)]
         fifo_in(arm_fifo, segmenter.arm)
         wiring.connect(m, segmenter.o, sender.new)
         wiring.connect(m, psnpool.alloc, segmenter.alloc)

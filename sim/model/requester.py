@@ -32,6 +32,7 @@ from hdl.transport.req_defs import (
     CC_MAX_STEPS,
     CC_MIN_WINDOW,
     FATAL_NAK_STATUS,
+    HANDOFF_ENTRIES,
     INFER_K_DEFAULT,
     MSN_BITS,
     NACK_COUNTERS,
@@ -166,10 +167,11 @@ class RequesterModel:
         # packets sent]; new packets go from them in turn, from context ``_turn`` on.
         self._contexts = [None] * segmenter_contexts(config)
         self._turn = 0
-        # With several contexts a WR the intake accepts waits in the hand-off register
-        # (None or its context entry) until a context takes it: a WR of a QP a context holds
-        # waits there for that context, and the WRs behind it wait in the queue.
-        self._handoff = None
+        # With several contexts a WR the intake accepts waits in the two-entry hand-off
+        # register (its context entries, oldest first) until a context takes it: a WR of a
+        # QP a context holds waits there for that context, one more WR behind it, and the
+        # WRs behind those in the queue.
+        self._handoff = deque()
         self._retx = deque()            # (qpn, psn) waiting to be resent
         self._walks = deque()           # [kind, qpn, psn, count, first] ranges to walk
         self._drained = deque()         # resends decided before a QP_WRITE, not pulled yet
@@ -729,19 +731,20 @@ class RequesterModel:
         return self.now_units & ((1 << TIME_BITS) - 1)
 
     def _hand_on(self):
-        """The WR in the hand-off register to a context, when one may take it. A context
-        (or the register) whose QP failed sends nothing more and is free."""
+        """The WRs in the hand-off register to contexts, oldest first, while one may take
+        the oldest. A context (or hand-off entry) whose QP failed sends nothing more and is
+        free."""
         for index, context in enumerate(self._contexts):
             if context is not None and self._qps[context[0]].error:
                 self._contexts[index] = None
-        entry = self._handoff
-        if entry is not None and self._qps[entry[0]].error:
-            self._handoff = entry = None
-        if entry is None or any(c is not None and c[0] == entry[0] for c in self._contexts):
-            return
-        if None in self._contexts:
-            self._contexts[self._contexts.index(None)] = entry
-            self._handoff = None
+        self._handoff = deque(e for e in self._handoff if not self._qps[e[0]].error)
+        while self._handoff:
+            entry = self._handoff[0]
+            if any(c is not None and c[0] == entry[0] for c in self._contexts):
+                return
+            if None not in self._contexts:
+                return
+            self._contexts[self._contexts.index(None)] = self._handoff.popleft()
 
     def _admit(self):
         """Take WRs from the head of the queue while they fit (head-of-line blocking)."""
@@ -768,7 +771,7 @@ class RequesterModel:
             if is_imm and qp.wimm_in_flight >= qp.max_wimm:
                 return
             if handoff:
-                if self._handoff is not None:
+                if len(self._handoff) == HANDOFF_ENTRIES:
                     return                      # the hand-off register is full
             elif self._contexts[0] is not None:
                 return                          # the segmenter is busy
@@ -782,7 +785,7 @@ class RequesterModel:
             qp.wimm_in_flight += is_imm
             entry = [wr.qpn, slot, first, wr.length, 0]
             if handoff:
-                self._handoff = entry
+                self._handoff.append(entry)
             else:
                 self._contexts[0] = entry
             self._queue.popleft()
