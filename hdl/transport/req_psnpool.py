@@ -29,8 +29,8 @@ def release_layout(config):
 def chunk_alloc_signature(config):
     """The segmenter's side of the free list, from the pool's side: ``available`` (a chunk is
     free), ``chunk`` (the one the segmenter gets), ``take`` (the segmenter takes it this
-    cycle), and ``hold``/``hold_qpn`` (the reclaimer is returning QP ``hold_qpn``'s last
-    chunk: the segmenter sends nothing of that QP this cycle)."""
+    cycle), and ``hold``/``hold_qpn`` (the reclaimer is deciding on QP ``hold_qpn``'s chunks
+    or returning its last one: the segmenter sends nothing of that QP this cycle)."""
     return wiring.Signature({
         "available": Out(1),
         "chunk": Out(psn_chunk_bits(config)),
@@ -90,15 +90,17 @@ class PsnPool(wiring.Component):
     ``pool_lo`` to the QP_WRITE's PSN. A job reads the QP's ``pool_lo`` and next PSN (IDLE),
     decides (LOAD), then reads the chunk map entries of the chunks it returns, one per cycle
     ACK processing lends the port, returns each the cycle after its read (WALK), and writes
-    ``pool_lo`` after the last: 3 cycles plus one per chunk while no ACK arrives.
+    ``pool_lo`` from a register the cycle after the decision or the last return: 3 cycles
+    plus one per chunk while no ACK arrives (the next job may start in the write's cycle).
     Releases wait in a small queue (``release`` not ready while it is full). A chunk is in
     exactly one place: never handed out, in the FIFO, or in one QP's chunk map, so the FIFO
     always has room.
 
     Hazards: whether the segmenter's next PSN of a QP needs a chunk depends on the QP's
-    ``pool_lo``: while a job returns a QP's last chunk (from LOAD) the segmenter sends
-    nothing of that QP (``alloc.hold``); it sees ``pool_lo``'s write a cycle later through
-    its transparent port (and forwards the write into a WR it takes in that cycle). The
+    ``pool_lo``: while a job decides (LOAD, whether or not it returns the QP's last chunk)
+    and while it returns the QP's last chunk, up to the cycle ``pool_lo`` is written, the
+    segmenter sends nothing of that QP (``alloc.hold``, from registers); it sees
+    ``pool_lo``'s write a cycle later through its transparent port (and forwards the write into a WR it takes in that cycle). The
     segmenter keeps a QP's chunks within :func:`~.req_defs.chunk_map_slots` chunk numbers of
     its ``pool_lo``, so a chunk map entry is never overwritten before its chunk is returned.
     The control waits for the reclaimer to be idle and its queue empty (``busy``) before a
@@ -208,7 +210,7 @@ class PsnPool(wiring.Component):
         qpn = Mux(idle, Mux(take_release, queued.qpn, ctl.qpn), w_qpn)
         m.d.comb += [
             releases.r_en.eq(take_release),
-            self.busy.eq(~idle | releases.r_rdy),
+            self.busy.eq(~idle | releases.r_rdy | lo_write.en),
             # While idle and no release is taken, the QP of the command the control holds: in
             # a QP_WRITE's cycle `next_psn` shows the QP's entry before it.
             reads.next_psn.addr.eq(qpn), reads.pool_lo.addr.eq(qpn),
@@ -241,13 +243,18 @@ class PsnPool(wiring.Component):
             map_read.req.eq(walking & read_left),
             map_read.addr.eq(Cat(w_rd[:slot_bits], w_qpn)),
             free_push.eq(walking & w_pend), free_chunk.eq(map_read.data),
-            lo_write.addr.eq(w_qpn), lo_write.data.eq(w_new_lo),
-            lo_write.en.eq(((w_state == W_LOAD) & ~load_walk) | walk_done),
-            # The segmenter sends nothing of a QP whose last chunk is being returned: whether
-            # its next PSN needs a chunk depends on it.
-            alloc.hold.eq(((w_state == W_LOAD) & (w_reset | load_tail)) | (walking & w_tail)),
+            # The segmenter sends nothing of a QP whose last chunk may be being returned,
+            # until the new pool_lo is written: whether its next PSN needs a chunk depends
+            # on it. LOAD holds the QP whatever it decides, so the hold comes from
+            # registers, not from the table read's compares.
+            alloc.hold.eq((w_state == W_LOAD) | ((walking | lo_write.en) & w_tail)),
             alloc.hold_qpn.eq(w_qpn),
         ]
+        # pool_lo is written the cycle after the decision (or the walk's last return), from
+        # registers, so the tables' readers that track the write (the intake, the hand-off
+        # register, the segmenter) start from flip-flops, not from this job's compares.
+        m.d.sync += [lo_write.addr.eq(w_qpn), lo_write.data.eq(w_new_lo),
+                     lo_write.en.eq(((w_state == W_LOAD) & ~load_walk) | walk_done)]
         m.d.sync += w_pend.eq(granted)
         with m.If(granted):
             m.d.sync += w_rd.eq(w_rd + 1)
