@@ -13,7 +13,7 @@ from .req_defs import ACKREQ_EVERY_BITS, INFER_K_BITS, REO_WND_BITS
 
 __all__ = [
     "PSN", "WIMM_BITS", "log2", "psn_sub", "psn_ge", "psn_gt", "clamp", "at_or_above",
-    "ones", "circular_span", "circular_ones", "rotate_left",
+    "ones", "circular_span", "rotate_left",
     "popcount", "kth_highest", "data_opcode", "ControlSignature", "events_layout",
     "check_config", "check_depth", "check_observe",
 ]
@@ -90,14 +90,6 @@ def circular_span(start, end, width):
     from_end = at_or_above(end, width)
     wraps = end[:bits] <= start[:bits]
     return Mux(wraps, from_start | ~from_end, from_start & ~from_end)
-
-
-def circular_ones(start, count, width):
-    """``count`` bits set from bit ``start`` up, wrapping at ``width`` (a power of two);
-    ``count`` from 0 to ``width``. As ``rotate_left(ones(count, width), start, width)``,
-    from the two ends' decodes (:func:`circular_span`) instead of a shifter."""
-    bits = log2(width)
-    return Mux(count == 0, 0, circular_span(start, (start + count)[:bits], width))
 
 
 def rotate_left(value, amount, width):
