@@ -473,7 +473,8 @@ class Segmenter(wiring.Component):
     chunks would span more than :func:`~.req_defs.chunk_map_slots` chunk numbers from its
     ``pool_lo`` (its chunks below una are not back in the pool yet); the first cycle of
     each such wait counts ``psn_pool_waits``. No packet of a QP goes while the PSN pool
-    returns its last chunk (``alloc.hold``). The chunk goes to the send register with the
+    returns its last chunk (``alloc.hold``), nor the PSN whose chunk a release's decision
+    may return (``alloc.hold_at``). The chunk goes to the send register with the
     packet (``chunk``).
 
     Timing: the checks (:func:`segment_check_layout`) are made a cycle ahead and
@@ -659,7 +660,8 @@ class Segmenter(wiring.Component):
         s2_pool_waited = Signal()       # this packet has counted its wait for a chunk
         s2_need_chunk = check.need_chunk
         s2_chunk_ok = ~s2_need_chunk | (alloc.available & check.span_ok)
-        s2_pool_hold = alloc.hold & (alloc.hold_qpn == s2_qpn)
+        s2_pool_hold = ((alloc.hold_qpn == s2_qpn)
+                        & (alloc.hold | (alloc.hold_at & (alloc.hold_psn == s2_psn))))
         # ACK processing writes the ECN window a cycle after the una of the same ACK: in the
         # cycle the QP's window is written, this cycle's checks paired the new una with the
         # old window, so the packet waits for the checks made with both.

@@ -29,13 +29,18 @@ def release_layout(config):
 def chunk_alloc_signature(config):
     """The segmenter's side of the free list, from the pool's side: ``available`` (a chunk is
     free), ``chunk`` (the one the segmenter gets), ``take`` (the segmenter takes it this
-    cycle), and ``hold``/``hold_qpn`` (the reclaimer is deciding on QP ``hold_qpn``'s chunks
-    or returning its last one: the segmenter sends nothing of that QP this cycle)."""
+    cycle), and the reclaimer's hold on QP ``hold_qpn``: ``hold`` (it is returning the QP's
+    last chunk, or may be: the segmenter sends nothing of that QP this cycle) and
+    ``hold_at`` (it decides on a release whose una is ``hold_psn``: the QP's last chunk
+    goes back if that is the QP's next PSN, so the segmenter does not send that PSN this
+    cycle)."""
     return wiring.Signature({
         "available": Out(1),
         "chunk": Out(psn_chunk_bits(config)),
         "take": In(1),
         "hold": Out(1),
+        "hold_at": Out(1),
+        "hold_psn": Out(PSN),
         "hold_qpn": Out(config.qpn_bits),
     })
 
@@ -97,10 +102,12 @@ class PsnPool(wiring.Component):
     always has room.
 
     Hazards: whether the segmenter's next PSN of a QP needs a chunk depends on the QP's
-    ``pool_lo``: while a job decides (LOAD, whether or not it returns the QP's last chunk)
-    and while it returns the QP's last chunk, up to the cycle ``pool_lo`` is written, the
-    segmenter sends nothing of that QP (``alloc.hold``, from registers); it sees
-    ``pool_lo``'s write a cycle later through its transparent port (and forwards the write into a WR it takes in that cycle). The
+    ``pool_lo``: while a QP_WRITE's job decides (LOAD) and while a job returns the QP's last
+    chunk, up to the cycle ``pool_lo`` is written, the segmenter sends nothing of that QP
+    (``alloc.hold``); while a release's job decides, it does not send the PSN equal to the
+    release's una (``alloc.hold_at``: the last chunk goes back when that PSN is the QP's
+    next); both from registers. It sees ``pool_lo``'s write a cycle later through its
+    transparent port (and forwards the write into a WR it takes in that cycle). The
     segmenter keeps a QP's chunks within :func:`~.req_defs.chunk_map_slots` chunk numbers of
     its ``pool_lo``, so a chunk map entry is never overwritten before its chunk is returned.
     The control waits for the reclaimer to be idle and its queue empty (``busy``) before a
@@ -243,11 +250,16 @@ class PsnPool(wiring.Component):
             map_read.req.eq(walking & read_left),
             map_read.addr.eq(Cat(w_rd[:slot_bits], w_qpn)),
             free_push.eq(walking & w_pend), free_chunk.eq(map_read.data),
-            # The segmenter sends nothing of a QP whose last chunk may be being returned,
-            # until the new pool_lo is written: whether its next PSN needs a chunk depends
-            # on it. LOAD holds the QP whatever it decides, so the hold comes from
-            # registers, not from the table read's compares.
-            alloc.hold.eq((w_state == W_LOAD) | ((walking | lo_write.en) & w_tail)),
+            # The segmenter sends nothing of a QP whose last chunk is being returned, until
+            # the new pool_lo is written: whether its next PSN needs a chunk depends on it.
+            # In LOAD the hold comes from registers, not from the table read's compare: a
+            # QP_WRITE's job holds the QP; a release's holds the PSN equal to its una (the
+            # last chunk goes back when that is the QP's next PSN, the PSN the segmenter
+            # would send).
+            alloc.hold.eq(((w_state == W_LOAD) & w_reset)
+                          | ((walking | lo_write.en) & w_tail)),
+            alloc.hold_at.eq((w_state == W_LOAD) & ~w_reset),
+            alloc.hold_psn.eq(w_una),
             alloc.hold_qpn.eq(w_qpn),
         ]
         # pool_lo is written the cycle after the decision (or the walk's last return), from

@@ -96,6 +96,8 @@ class SegmenterBank(wiring.Component):
                 context.alloc.available.eq(self.alloc.available),
                 context.alloc.chunk.eq(self.alloc.chunk),
                 context.alloc.hold.eq(self.alloc.hold),
+                context.alloc.hold_at.eq(self.alloc.hold_at),
+                context.alloc.hold_psn.eq(self.alloc.hold_psn),
                 context.alloc.hold_qpn.eq(self.alloc.hold_qpn),
                 context.arm.ready.eq(self.arm.ready),
             ]
