@@ -354,7 +354,7 @@ PROOFS = {
     "requester_induct_cover": Proof(_requester_invariants, "cover", "cover", 15, 300, 15, 300),
     # The mutant's failure is found from reset: BMC of the proof's assertions (its base case).
     "requester_induct_mutant": Proof(_requester_invariants, "window_mutant", "bmc", 11, 600,
-                                     10, 600, expected="FAIL"),
+                                     11, 600, expected="FAIL"),
     "counter_prove": Proof(_counter, "good", "prove", 4, 120, 4, 120),
     "counter_mutant": Proof(_counter, "buggy", "bmc", 40, 120, 40, 120, expected="FAIL"),
 }
