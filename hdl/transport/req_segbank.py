@@ -117,9 +117,10 @@ class SegmenterBank(wiring.Component):
         # The older entry (h0) is offered to the contexts; the younger (h1) takes a WR from
         # the intake while h0 waits, so ``i.ready`` is a register (h1 empty) and the
         # contexts' ready chain ends at H.
+        assert HANDOFF_ENTRIES == 2, "H is built with two entries"
         h0_valid, h1_valid = Signal(), Signal()
-        job = Signal(segment_job_layout(cfg))       # h0
-        job1 = Signal(segment_job_layout(cfg))      # h1
+        h0 = Signal(segment_job_layout(cfg))
+        h1 = Signal(segment_job_layout(cfg))
         h_taken = Signal()
 
         def tracked(source, name):
@@ -140,33 +141,31 @@ class SegmenterBank(wiring.Component):
         taken_in = Signal()
         m.d.comb += [self.i.ready.eq(~h1_valid), taken_in.eq(self.i.valid & ~h1_valid)]
         incoming = tracked(self.i.payload, "h_incoming")
-        h0_tracked, h1_tracked = tracked(job, "h0_tracked"), tracked(job1, "h1_tracked")
+        h0_tracked, h1_tracked = tracked(h0, "h0_tracked"), tracked(h1, "h1_tracked")
         with m.If(~h0_valid | h_taken):
             # h0 moves on (or is empty): h1, else the intake's WR, takes its place.
             with m.If(h1_valid):
-                m.d.sync += [job.eq(h1_tracked), h1_valid.eq(0)]
+                m.d.sync += [h0.eq(h1_tracked), h1_valid.eq(0)]
             with m.Else():
-                m.d.sync += [job.eq(incoming), h0_valid.eq(taken_in)]
+                m.d.sync += [h0.eq(incoming), h0_valid.eq(taken_in)]
         with m.Else():
-            m.d.sync += job.eq(h0_tracked)
+            m.d.sync += h0.eq(h0_tracked)
             with m.If(h1_valid):
-                m.d.sync += job1.eq(h1_tracked)
+                m.d.sync += h1.eq(h1_tracked)
             with m.Else():
-                m.d.sync += [job1.eq(incoming), h1_valid.eq(taken_in)]
-        m.d.comb += [self.handoff.busy.eq(h0_valid), self.handoff.qpn.eq(job.qpn),
-                     self.handoff.end.eq(job.end)]
-        h_valid = h0_valid
-        assert HANDOFF_ENTRIES == 2, "H is built with two entries"
+                m.d.sync += [h1.eq(incoming), h1_valid.eq(taken_in)]
+        m.d.comb += [self.handoff.busy.eq(h0_valid), self.handoff.qpn.eq(h0.qpn),
+                     self.handoff.end.eq(h0.end)]
 
         # -- WRs: to the context holding the QP, else the lowest free one -------------------
-        hits = Cat(c.busy & (c.qpn == job.qpn) for c in contexts)
+        hits = Cat(c.busy & (c.qpn == h0.qpn) for c in contexts)
         ready = Cat(c.i.ready for c in contexts)
         target = Signal(range(count))
         m.d.comb += target.eq(Mux(hits.any(), lowest(hits), lowest(ready)))
-        m.d.comb += h_taken.eq(h_valid & ready.bit_select(target, 1))
+        m.d.comb += h_taken.eq(h0_valid & ready.bit_select(target, 1))
         for index, context in enumerate(contexts):
-            m.d.comb += [context.i.payload.eq(job),
-                         context.i.valid.eq(h_valid & (target == index)),
+            m.d.comb += [context.i.payload.eq(h0),
+                         context.i.valid.eq(h0_valid & (target == index)),
                          context.continues.eq(hits[index])]
 
         # -- packets: round robin over the contexts that offer one --------------------------
