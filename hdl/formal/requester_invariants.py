@@ -109,10 +109,11 @@ def _psn_distance(a, b):
 
 
 def _without_ack_forwarding(text):
-    """The RTLIL of the requester with A1's forwarding of the ``ack`` write-back cut: A2's
-    ``ack`` entry is always the table's read, never the write of the ACK ahead."""
-    # The enable in the select of `Mux(wp.en & (wp.addr == a1_qpn), wp.data, port.data)`.
-    line = "    connect \\A \\tables__write__ack__en [0]\n"
+    """The RTLIL of the requester with A1's forwarding of the ACK ahead's ``ack`` decision
+    cut: A2's ``ack`` entry is never the una the ACK ahead decided (only the table's read,
+    or the write of the ACK two ahead)."""
+    # The enable in the select of `Mux(next.en & (next.addr == a1_qpn), next.data, ...)`.
+    line = "    connect \\A \\a2_ack_en [0]\n"
     if text.count(line) != 1:
         raise ValueError("Mutant: the select of A1's ack forwarding is not found once in the "
                          "RTLIL; ACK processing's A1 has changed, update the mutant")
@@ -181,6 +182,13 @@ class RequesterInvariants(Elaboratable):
         seg_limit = Cat(C(0, 7), seg.mpr)
         fwd_mine = intake.fwd_valid & (intake.fwd_qpn == watch_qpn)
         a2_mine = ack.a2_valid & (ack.a2_qpn == watch_qpn)
+        # The QP's ack entry with ACK processing's write of this cycle (A3's register: the
+        # decision of the cycle before).
+        w_mine = ack.w_en & (ack.w_qpn == watch_qpn)
+        una_w = Mux(w_mine, ack.w_una, una)
+        error_w = Mux(w_mine, ack.w_error, error)
+        reset_last = Signal()           # the QP_WRITE's una is written this cycle
+        m.d.sync += reset_last.eq(reset)
 
         # The QP's WR ring (slots from `cq.head` up to `sq.tail`, each naming a WR pool
         # entry) and the completion engine (RING, then CHECK, for the QP).
@@ -256,8 +264,17 @@ class RequesterInvariants(Elaboratable):
                                    "a pool entry is in one place only")
 
         m.d.comb += [
-            # The property.
-            Assert(_psn_distance(next_psn, una) <= window, "outstanding PSNs exceed the window"),
+            # The property (ACK processing writes una from a register the cycle after its
+            # decision; a QP_WRITE writes next_psn in its cycle, una in the next).
+            Assert(_psn_distance(next_psn, una_w) <= window,
+                   "outstanding PSNs exceed the window"),
+            Assert(reset_last | (_psn_distance(next_psn, una) <= window),
+                   "the table's una lies in the window (but as a QP_WRITE's is written)"),
+            Assert(~reset_last | (w_mine & (ack.w_una == next_psn) & ~ack.w_error),
+                   "a QP_WRITE's una is written the cycle after"),
+            Assert(~w_mine | reset_last
+                   | (_psn_distance(ack.w_una, una) <= _psn_distance(next_psn, una)),
+                   "ACK processing's write moves una towards the next PSN"),
             Assert(~(send_new & send.ready) | (ctx.psn == ghost_next),
                    "new PSNs not consecutive"),
             Assert(~(send_new & send.ready) | (_psn_distance(ctx.psn + 1, una) <= window),
@@ -291,7 +308,7 @@ class RequesterInvariants(Elaboratable):
             Assert(~seg_mine | ((seg.check.window_ok == (seg_ahead_psns < seg_limit))
                                 & (seg.check.closes_mpr == (seg_ahead_psns + 1 >= seg_limit))
                                 & (seg.check.at_una == (seg.psn == seg.una))
-                                & (seg.check.error == (seg.fresh & seg.error_seen))),
+                                & (seg.check.error == seg.error_seen)),
                    "the segmenter's checks are this cycle's"),
             Assert(~seg.active | (seg.last == (seg.remaining <= config.mtu)),
                    "the segmenter's last packet flag"),
@@ -318,21 +335,25 @@ class RequesterInvariants(Elaboratable):
             Assert(~fwd_mine | seg_mine | error | (intake.fwd_end == next_psn),
                    "the intake forwards the next PSN"),
             # ACK processing.
-            Assert(~a2_mine | ((ack.a2_una == una) & (ack.a2_error == error)),
+            Assert(~a2_mine | ((ack.a2_una == una_w) & (ack.a2_error == error_w)),
                    "A2 decides on the QP's ack entry"),
-            Assert(~a2_mine | (_psn_distance(ack.a2_next, una)
-                               <= _psn_distance(next_psn, una)),
+            Assert(~a2_mine | (_psn_distance(ack.a2_next, una_w)
+                               <= _psn_distance(next_psn, una_w)),
                    "A2's next PSN lies between una and the next PSN"),
             Assert(~control.write | (~ack.a1_valid & ~ack.a2_valid),
                    "a QP reset with A1 and A2 idle"),
         ]
 
         if self.check == "cover":
-            # una moved by ACK processing (not by the QP_WRITE, which sets it).
+            # una moved by ACK processing (not by the QP_WRITE, which sets it: its una is
+            # written the cycle after, and seen in the table the cycle after that).
             una_before = Signal(P.PSN_BITS)
             reset_before = Signal()
-            m.d.sync += [una_before.eq(una), reset_before.eq(reset)]
+            m.d.sync += [una_before.eq(una), reset_before.eq(reset_last)]
             una_moves = written & ~reset_before & (una != una_before)
+            # ACK processing's write of this cycle moves una (the ACK right behind the one
+            # that decided it is in A2 now).
+            write_moves = written & w_mine & ~reset_last & (ack.w_una != una)
             moved = Signal()
             with m.If(una_moves):
                 m.d.sync += moved.eq(1)
@@ -343,8 +364,8 @@ class RequesterInvariants(Elaboratable):
                 Cover(send_new & send.ready),
                 Cover(una_moves),
                 Cover(moved & send_new & send.ready),
-                # The ACK right behind one that moved una decides on its write-back.
-                Cover(una_moves & a2_mine & ~ack.a2_exceed),
+                # The ACK right behind one that moved una decides on its decision.
+                Cover(write_moves & a2_mine & ~ack.a2_exceed),
                 # A QP_WRITE resets the QP again; a new packet from its new PSN.
                 Cover(reset & written),
                 Cover(rewritten & send_new & send.ready),

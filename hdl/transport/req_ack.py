@@ -52,11 +52,13 @@ __all__ = ["ack_observation_layout", "AckProcessor"]
 
 def ack_observation_layout(config):
     """What ``AckProcessor(observe=True)`` shows on ``obs``: the items in A1 and A2 (QP,
-    retries exhausted rather than a packet) and the entries A2 decides on: the ``ack`` entry
-    (forwarded) and the next PSN read in A0."""
+    retries exhausted rather than a packet), the entries A2 decides on (the ``ack`` entry,
+    forwarded, and the next PSN read in A0) and the ``ack`` write of this cycle (A3's
+    register: ``w_en``, its QP, una and error flag)."""
     qb = config.qpn_bits
     return data.StructLayout({"a1_valid": 1, "a1_qpn": qb, "a2_valid": 1, "a2_exceed": 1,
-                              "a2_qpn": qb, "a2_una": PSN, "a2_error": 1, "a2_next": PSN})
+                              "a2_qpn": qb, "a2_una": PSN, "a2_error": 1, "a2_next": PSN,
+                              "w_en": 1, "w_qpn": qb, "w_una": PSN, "w_error": 1})
 
 
 class AckProcessor(wiring.Component):
@@ -64,22 +66,23 @@ class AckProcessor(wiring.Component):
     A2 apply, A3 outputs).
 
     A0 addresses the tables; in A1 their data lands in registers, beside the decoded packet
-    and its SACK bitmap rotated to the window positions; A2 decides and writes the QP's
-    tables two cycles after A0 took the packet: cumulative
+    and its SACK bitmap rotated to the window positions; A2 decides two cycles after A0
+    took the packet: cumulative
     advance (only a SACK moves una), the SACK bitmap merged into the ``acked`` bitmap (any
     ``sack_psn_offset``; bits outside ``[una, next_psn)`` are ignored), the ECN window
-    (``cc``, written from a register a cycle later, in A3), the time una last advanced
-    (``progress``); a fatal NAK for an outstanding PSN
+    (``cc``), the time una last advanced (``progress``, written in A2); the ``ack``,
+    ``acked`` and ``cc`` entries are written from registers a cycle later, in A3, so the
+    engines that track the ``ack`` write port see a register; a fatal NAK for an outstanding PSN
     fails the QP. A QP whose retries are exhausted (``exceed``, from the timer scanner)
     takes an rx beat's place and fails the QP with RETRY_EXC_ERR if it is still live. A
     packet for an unknown QP, a QP not live, of an unknown kind, acknowledging beyond
     ``next_psn``, a fatal NAK for a PSN not outstanding, or a malformed SACK is dropped and
     counted (``bad_acks``). One packet per cycle, back to back on one QP: A0's read sees
-    every write up to its own cycle (the ports are transparent); the write of the packet
-    ahead, in A2 while this one is in A1, is forwarded from the write port into A1's
-    registers (``ack``, ``cc``, ``trig_set``; for ``cc`` also the A3 write of the packet two
-    ahead; for ``acked`` the select and the written
-    bitmap are registered and A2 picks: this engine is their only writer). A2's compares
+    every write up to its own cycle (the ports are transparent); the decision of the packet
+    ahead, in A2 while this one is in A1, and the A3 write of the packet two ahead are
+    forwarded into A1's registers (``ack``, ``cc``; ``trig_set``, written in A2, from its
+    write port; for ``acked`` the selects and both written bitmaps are registered and A2
+    picks: this engine is their only writer). A2's compares
     against una take registers directly, side by side, against both candidates for the new
     una (the stored one and the SACK's cumulative PSN + 1), and are picked after.
     ``trig_seen`` is read in A1, so an ACK that finds a trigger queued writes no later than
@@ -290,36 +293,53 @@ class AckProcessor(wiring.Component):
                                        a1_base[:wb], window)),
         ]
         writes = self.tables.write
-        # The ECN window A2 decides is written from a register in A3, so only A2's own
-        # forwarding waits on its arithmetic (the tables' other readers, which track the
-        # write port, see a registered write). A1 forwards A2's decision (the item ahead)
-        # and A3's write (the item two ahead: the read addressed in A0 could not see it).
-        cc_next = SimpleNamespace(addr=Signal(qb, name="a2_cc_addr"),
-                                  en=Signal(name="a2_cc_en"),
-                                  data=Signal.like(reads.cc.data, name="a2_cc_data"))
-        m.d.sync += [writes.cc.addr.eq(cc_next.addr), writes.cc.en.eq(cc_next.en),
-                     writes.cc.data.eq(cc_next.data)]
+        # The ``ack`` entry, the ``acked`` bitmap and the ECN window A2 decides are written
+        # from registers in A3, so only A2's own forwarding waits on its arithmetic: the
+        # tables' other readers, which track the ``ack`` write port (the segmenter's
+        # contexts, the hand-off register, the intake), see a registered write. A1 forwards
+        # A2's decision (the item ahead) and A3's write (the item two ahead: the read
+        # addressed in A0 could not see it).
+        nexts = {}
+        for name in ("ack", "acked", "cc"):
+            nexts[name] = SimpleNamespace(addr=Signal(qb, name=f"a2_{name}_addr"),
+                                          en=Signal(name=f"a2_{name}_en"),
+                                          data=Signal.like(getattr(reads, name).data,
+                                                           name=f"a2_{name}_data"))
+            wp = getattr(writes, name)
+            m.d.sync += [wp.addr.eq(nexts[name].addr), wp.en.eq(nexts[name].en),
+                         wp.data.eq(nexts[name].data)]
+
+        def hits(port):
+            """``port`` writes the QP in A1."""
+            return port.en & (port.addr == a1_qpn)
+
         stored = {}
-        forwards = {}                   # the item ahead writes the entry A1 read
+        forwards = {}                   # the item ahead (A2) / two ahead (A3) writes A1's QP
         for name in ("ack", "cc", "trig_set"):
             port, wp = getattr(reads, name), getattr(writes, name)
             stored[name] = Signal.like(port.data, name=f"a2_{name}")
             forward = Signal(name=f"a1_{name}_forward")
-            m.d.comb += forward.eq(wp.en & (wp.addr == a1_qpn))
+            m.d.comb += forward.eq(hits(wp))
             forwards[name] = forward
             entry = Mux(forward, wp.data, port.data)
-            if name == "cc":
-                entry = Mux(cc_next.en & (cc_next.addr == a1_qpn), cc_next.data, entry)
+            if name in nexts:
+                ahead = Signal(name=f"a1_{name}_forward_a2")
+                m.d.comb += ahead.eq(hits(nexts[name]))
+                forwards[name + "_a2"] = ahead
+                entry = Mux(ahead, nexts[name].data, entry)
             m.d.sync += stored[name].eq(entry)
-        # The acked bitmap's forwarding is a registered select and the written bitmap beside
+        # The acked bitmap's forwarding is registered selects and the written bitmaps beside
         # the table's read: A2 picks, so the wide write data of the ACK ahead ends in a
         # register instead of running on through a multiplexer.
         acked_read = Signal.like(reads.acked.data, name="a2_acked_read")
-        acked_prev = Signal.like(reads.acked.data, name="a2_acked_prev")
-        acked_from_prev = Signal(name="a2_acked_from_prev")
-        m.d.sync += [acked_read.eq(reads.acked.data), acked_prev.eq(writes.acked.data),
-                     acked_from_prev.eq(writes.acked.en & (writes.acked.addr == a1_qpn))]
-        stored["acked"] = Mux(acked_from_prev, acked_prev, acked_read)
+        acked_a2 = Signal.like(reads.acked.data, name="a2_acked_prev")
+        acked_a3 = Signal.like(reads.acked.data, name="a2_acked_prev2")
+        from_a2 = Signal(name="a2_acked_from_prev")
+        from_a3 = Signal(name="a2_acked_from_prev2")
+        m.d.sync += [acked_read.eq(reads.acked.data), acked_a2.eq(nexts["acked"].data),
+                     acked_a3.eq(writes.acked.data),
+                     from_a2.eq(hits(nexts["acked"])), from_a3.eq(hits(writes.acked))]
+        stored["acked"] = Mux(from_a2, acked_a2, Mux(from_a3, acked_a3, acked_read))
         for name in ("cfg", "next_psn"):
             stored[name] = Signal.like(getattr(reads, name).data, name=f"a2_{name}")
             m.d.sync += stored[name].eq(getattr(reads, name).data)
@@ -376,11 +396,12 @@ class AckProcessor(wiring.Component):
         # [una, next_psn) span at most the window, so a kept bit never shares a position
         # with a cleared one.
         #
-        # A1's una is the table's, or the una A2 writes this cycle (the item ahead's, the
-        # only path from A2's decision back into A2): the SACK's cumulative PSN + 1 when it
-        # advances, else the una it read. Its distance from the base is made for each source
-        # side by side, and picked. (A control write or flush never meets an item in A1:
-        # the control decides with ACK processing idle.)
+        # A1's una is the table's, the una A3 writes this cycle (the item two ahead's), or
+        # the una A2 decides this cycle (the item ahead's, the only path from A2's decision
+        # back into A2): the SACK's cumulative PSN + 1 when it advances, else the una it
+        # read. Its distance from the base is made for A2's two candidates and the stored
+        # una side by side, and picked. (A control write or flush never meets an item in
+        # A1: the control decides with ACK processing idle.)
         def from_base(psn):
             """``psn``'s bit position in A1's SACK bitmap, clamped to ``[0, bitmap_bits]``."""
             return clamp(psn_sub(psn, a1_base), bitmap_bits)
@@ -388,10 +409,11 @@ class AckProcessor(wiring.Component):
         a1_hi = Signal(range(bitmap_bits + 1), name="a1_hi")
         m.d.comb += a1_hi.eq(from_base(reads.next_psn.data))
         a1_lo_una = Signal(range(bitmap_bits + 1), name="a1_lo_una")
+        a1_stored_una = Mux(forwards["ack"], writes.ack.data.una, reads.ack.data.una)
         m.d.comb += a1_lo_una.eq(Mux(
-            forwards["ack"],
+            forwards["ack_a2"],
             Mux(advance & ~x_apply, from_base(a2_cum1), from_base(a_una)),
-            from_base(reads.ack.data.una)))
+            from_base(a1_stored_una)))
         a1_lo_cum = Signal.like(a1_hi, name="a1_lo_cum")
         m.d.comb += a1_lo_cum.eq(from_base(a1_cum + 1))
         a2_hi = Signal.like(a1_hi, name="a2_hi")
@@ -436,7 +458,10 @@ class AckProcessor(wiring.Component):
             m.d.comb += [obs.a1_valid.eq(a1_valid), obs.a1_qpn.eq(a1_qpn),
                          obs.a2_valid.eq(a2_valid), obs.a2_exceed.eq(a2_exceed),
                          obs.a2_qpn.eq(a2_qpn), obs.a2_una.eq(a_una),
-                         obs.a2_error.eq(a_ack.error), obs.a2_next.eq(a_next)]
+                         obs.a2_error.eq(a_ack.error), obs.a2_next.eq(a_next),
+                         obs.w_en.eq(writes.ack.en), obs.w_qpn.eq(writes.ack.addr),
+                         obs.w_una.eq(writes.ack.data.una),
+                         obs.w_error.eq(writes.ack.data.error)]
         self._nscc_event(m, v)
         return m
 
@@ -474,9 +499,10 @@ class AckProcessor(wiring.Component):
         ]
 
     def _write_tables(self, m, v):
-        """A2's writes of the QP's ``ack``, ``acked`` and ``cc`` entries."""
+        """A2's decisions on the QP's ``ack``, ``acked`` and ``cc`` entries (each written
+        from a register in A3), and the control's writes of them."""
         ctl = self.control
-        wps = {name: getattr(self.tables.write, name) for name in ("ack", "acked")}
+        wps = {name: v.nexts[name] for name in ("ack", "acked")}
         with m.If(ctl.write):
             m.d.comb += [
                 wps["ack"].addr.eq(ctl.qpn), wps["ack"].en.eq(1),
@@ -548,7 +574,7 @@ class AckProcessor(wiring.Component):
             cc_grown = a_cc.cwnd + cc_steps
             m.d.comb += [cc_write.cwnd.eq(Mux(cc_grown < cc_max, cc_grown, cc_max)),
                          cc_write.acc.eq(Mux(cc_left < cc_thr, cc_left, cc_thr - 1))]
-        cc_wp = v.cc_next               # written from a register in A3
+        cc_wp = v.nexts["cc"]
         with m.If(ctl.write):
             m.d.comb += [cc_wp.addr.eq(ctl.qpn), cc_wp.en.eq(1),
                          cc_wp.data.cwnd.eq(Cat(C(0, 7), ctl.mpr)),

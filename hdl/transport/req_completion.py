@@ -2,6 +2,7 @@
 
 from amaranth import *
 from amaranth.lib import data, stream, wiring
+from amaranth.lib.memory import WritePort
 from amaranth.lib.wiring import In, Out
 
 from .. import protocol as P
@@ -20,7 +21,7 @@ from .req_common import (
 )
 from .req_defs import pool_index_bits, slot_depth
 from .req_psnpool import release_layout
-from .req_tables import table_access_signature
+from .req_tables import requester_tables, table_access_signature, with_write
 
 __all__ = ["ack_trigger_layout", "completion_observation_layout", "CompletionEngine"]
 
@@ -62,15 +63,20 @@ class CompletionEngine(wiring.Component):
     holding the error PSN, RETRY_EXC_ERR for all after exhausted retries, WR_FLUSH_ERR for
     the others.
 
-    Hazards: the engine reads the QP's state once per visit (LOAD); an ACK applied later
-    queues another trigger (ACK processing queues at most one per QP: ``trig_set`` differs
-    from ``trig_seen`` while one waits). No trigger is taken while the control holds.
+    Hazards: the engine reads the QP's state once per visit (LOAD), its ``ack`` entry with
+    the write of LOAD's own cycle (``ack_write``, the table's write port: ACK processing
+    writes it from a register a cycle after deciding, so an ACK decided as the engine took
+    the QP's trigger, which queued none, is seen); an ACK applied later queues another
+    trigger (ACK processing queues at most one per QP: ``trig_set`` differs from
+    ``trig_seen`` while one waits). No trigger is taken while the control holds.
     A QP_WRITE resets ``cq`` (``control.write``; the control waits for IDLE first).
 
     Members
     -------
     tables : ``In(table_access_signature(config, "completion"))``
     control : ``In(ControlSignature(config))``
+    ack_write : ``In(WritePort.Signature(...))``
+        The ``ack`` table's write port (ACK processing's), tracked in LOAD.
     ack_trigger : ``In(stream.Signature(ack_trigger_layout(config)))``
     wr_trigger : ``In(stream.Signature(config.qpn_bits))``
     completion : ``Out(stream.Signature(completion_layout(config)))``
@@ -98,6 +104,8 @@ class CompletionEngine(wiring.Component):
         super().__init__({
             "tables": In(table_access_signature(config, "completion")),
             "control": In(ControlSignature(config)),
+            "ack_write": In(WritePort.Signature(addr_width=config.qpn_bits,
+                                                shape=requester_tables(config)["ack"][0])),
             "ack_trigger": In(stream.Signature(ack_trigger_layout(config))),
             "wr_trigger": In(stream.Signature(config.qpn_bits)),
             "completion": Out(stream.Signature(completion_layout(config))),
@@ -145,7 +153,12 @@ class CompletionEngine(wiring.Component):
         reads = self.tables.read
         for port in (reads.cq, reads.ack, reads.sq):
             m.d.comb += port.addr.eq(Mux(e_pick, e_pick_qpn, e_qpn))
-        e_cq, e_ack, e_sq = reads.cq.data, reads.ack.data, reads.sq.data
+        # LOAD takes the ``ack`` entry with the write of its own cycle (ACK processing writes
+        # it a cycle after deciding, and queues no trigger while one waits: the ACK whose
+        # write lands in the cycle after the engine took the trigger is seen here).
+        e_cq, e_sq = reads.cq.data, reads.sq.data
+        e_ack = Signal.like(reads.ack.data, name="e_ack")
+        m.d.comb += e_ack.eq(with_write(self.ack_write, e_qpn, reads.ack.data))
         wr_done_port, ring_port = reads.wr_done, reads.wr_ring
         done = wr_done_port.data
         e_transfer = self.completion.valid & self.completion.ready

@@ -486,18 +486,18 @@ class Segmenter(wiring.Component):
     ``cc_write``, ``nscc_write``, ``pool_lo_write``): the tracked entries are what a
     transparent read of the last cycle would give.
 
-    Hazards: una comes with the WR for the first cycle, as the intake read it (the tracked
-    una, with the write of the cycle the WR is taken, from the second); the ECN and NSCC
-    windows count from the second cycle (with CONFIG ``cc`` the first cycle sends nothing).
-    ACK processing writes a QP's ECN window a cycle after its una: with the ECN window on,
-    no packet of the QP goes in the cycle its window is written.
+    Hazards: una and the error flag come with the WR, with the write of the cycle the WR is
+    taken; the ECN and NSCC windows count from the second cycle (with CONFIG ``cc`` the
+    first cycle sends nothing). ACK processing writes a QP's una and ECN window in the same
+    cycle, from registers (its A3), so each cycle's checks pair entries of one time.
     ``pool_lo`` comes with the WR, with the PSN pool's write of the cycle the WR is taken;
     a later write in that first cycle only moves it towards una (the PSN pool holds the QP
     while a write changes whether it holds any chunk), so the span check errs on the side of
     waiting. The QP's ``tail_chunk`` comes with the WR too, but a WR of the QP the segmenter
     last worked on takes the chunk from the segmenter's own register (its last write may not
-    be in yet; a QP_WRITE of that QP clears it). A QP that fails (``ack.error``) stops the WR
-    from its second cycle, the cycle after the failure is written. Nothing is offered while
+    be in yet; a QP_WRITE of that QP clears it). A QP that fails (``ack.error``) sends
+    nothing from the cycle its failure is written (that cycle by a compare with the write
+    port's registers, then by the checks) and stops the WR the cycle after. Nothing is offered while
     the control holds; a QP_WRITE resets ``next_psn`` (``control.write``).
 
     Members
@@ -597,10 +597,13 @@ class Segmenter(wiring.Component):
         # The intake hands over no WR of a QP in ERROR (a register between may have seen it
         # fail, ``job.error``); else only this cycle's write can fail it.
         job_lo = with_write(lo_w, job.qpn, job.lo)
+        # ACK processing writes the ack entry from a register: the WR's una and error flag
+        # with this cycle's write are at hand for the first cycle's checks.
+        job_una = with_write(ack_w, job.qpn, job.una, "una")
+        job_error = with_write(ack_w, job.qpn, job.error, "error")
         m.d.sync += [
-            una_seen.eq(Mux(take, with_write(ack_w, job.qpn, job.una, "una"), una_next)),
-            error_seen.eq(Mux(take, with_write(ack_w, job.qpn, job.error, "error"),
-                              error_next)),
+            una_seen.eq(Mux(take, job_una, una_next)),
+            error_seen.eq(Mux(take, job_error, error_next)),
             ecn_seen.eq(Mux(take, with_write(cc_w, job.qpn, job.cwnd, "cwnd"), ecn_next)),
             nscc_seen.eq(Mux(take, with_write(nscc_w, job.qpn, job.nscc_window), nscc_next)),
             lo_seen.eq(Mux(take, job_lo, lo_next)),
@@ -636,8 +639,8 @@ class Segmenter(wiring.Component):
                       windows=1, error=error_next)
         step = checks((s2_psn + 1)[:PSN], una_next, s2_mpr, ecn_next, nscc_next, lo_next,
                       windows=1, error=error_next)
-        start = checks(job.psn, job.una, job.mpr, job.cwnd, job.nscc_window, job_lo,
-                       windows=0, error=job.error)
+        start = checks(job.psn, job_una, job.mpr, job.cwnd, job.nscc_window, job_lo,
+                       windows=0, error=job_error)
         m.d.sync += s2_check.eq(Mux(take, start, Mux(emit, step, stay)))
 
         # -- this cycle's packet ----------------------------------------------------------
@@ -662,13 +665,12 @@ class Segmenter(wiring.Component):
         s2_chunk_ok = ~s2_need_chunk | (alloc.available & check.span_ok)
         s2_pool_hold = ((alloc.hold_qpn == s2_qpn)
                         & (alloc.hold | (alloc.hold_at & (alloc.hold_psn == s2_psn))))
-        # ACK processing writes the ECN window a cycle after the una of the same ACK: in the
-        # cycle the QP's window is written, this cycle's checks paired the new una with the
-        # old window, so the packet waits for the checks made with both.
-        s2_cc_hold = (cc_on & ~ctl.cc_nscc & self.cc_write.en
-                      & (self.cc_write.addr == s2_qpn))
+        # The cycle a failure of the QP is written (a register in ACK processing, the cycle
+        # after its decision), this cycle's checks could not see it: the packet waits.
+        s2_ack_hold = (self.ack_write.en & (self.ack_write.addr == s2_qpn)
+                       & self.ack_write.data.error)
         s2_go = (s2_active & ~s2_abort & check.window_ok & s2_cc_ok & ~ctl.hold
-                 & ~s2_pool_hold & ~s2_cc_hold)
+                 & ~s2_pool_hold & ~s2_ack_hold)
         m.d.comb += [
             self.o.valid.eq(s2_go & s2_chunk_ok),
             emit.eq(self.o.valid & self.o.ready),
@@ -716,7 +718,7 @@ class Segmenter(wiring.Component):
                 s2_va.eq(job.va), s2_local.eq(job.local), s2_rkey.eq(job.rkey),
                 s2_imm.eq(job.imm), s2_is_imm.eq(job.is_imm), s2_first.eq(1),
                 s2_msn.eq(job.msn), s2_rqmsn.eq(job.rqmsn),
-                s2_mpr.eq(job.mpr), s2_una.eq(job.una), s2_fresh.eq(0),
+                s2_mpr.eq(job.mpr), s2_una.eq(job_una), s2_fresh.eq(0),
                 s2_ackcnt.eq(0),
                 s2_seen.eq(1), s2_pool_waited.eq(0),
             ]

@@ -23,7 +23,7 @@ of its own, with its latency, throughput and hazards in its docstring:
   PSN's packet from its metadata and WR slot;
 * **send register** (:class:`~.req_send.SendRegister`) registers ``send``, resends first,
   and writes each PSN's metadata;
-* **ACK processing** (:class:`~.req_ack.AckProcessor`, A0-A2) applies one MRC 1.0 SACK, NACK
+* **ACK processing** (:class:`~.req_ack.AckProcessor`, A0-A3) applies one MRC 1.0 SACK, NACK
   or AETH NAK per cycle: cumulative advance, SACK bitmap merge (any ``sack_psn_offset``)
   into the acked bitmap, feedback for the EV the named PSN went out on, NACK TRIMMED ->
   trim queue, fatal NAK -> QP ERROR;
@@ -45,12 +45,14 @@ of its own, with its latency, throughput and hazards in its docstring:
 
 Every read port is transparent for its table's write port, so a read sees every write of the
 same cycle and earlier. Three engines forward what a read cannot see yet: ACK processing,
-which decides an ACK a cycle after its tables' data is registered, takes the write-back of
-the ACK ahead from its write ports; the intake keeps the next PSN of the QP the segmenter
+which decides an ACK a cycle after its tables' data is registered and writes ``ack``,
+``acked`` and ``cc`` from registers a cycle after that, takes the decision of the ACK ahead
+and the write of the one two ahead; the intake keeps the next PSN of the QP the segmenter
 works on (a register: the WR being segmented has not written it yet); the segmenter keeps the
 PSN pool chunk of the QP it last worked on, and tracks its QP's ``ack``, ``cc``,
 ``nscc_window`` and ``pool_lo`` entries from the intake's reads and the tables' write ports,
-so it checks each packet a cycle ahead, from registers.
+so it checks each packet a cycle ahead, from registers; the completion engine takes a QP's
+``ack`` entry with the write of the cycle it loads it.
 """
 
 
@@ -400,15 +402,17 @@ class Requester(wiring.Component):
         fifo_in(arm_fifo, segmenter.arm)
         wiring.connect(m, segmenter.o, sender.new)
         wiring.connect(m, psnpool.alloc, segmenter.alloc)
-        # The intake (for a WR that waits) and the segmenter (for its WR's QP) track table
-        # entries from their owners' write ports.
+        # The intake (for a WR that waits), the segmenter (for its WR's QP) and the
+        # completion engine (LOAD's ack entry) track table entries from their owners' write
+        # ports.
         def table_write(name):
             owner = next(engine for engine, (_, writes) in TABLE_ACCESS.items()
                          if name in writes)
             return getattr(getattr(tables, owner).write, name)
 
         tracked = [(getattr(intake.writes, name), name) for name in INTAKE_READS]
-        tracked += [(segmenter.ack_write, "ack"), (segmenter.cc_write, "cc"),
+        tracked += [(segmenter.ack_write, "ack"), (completion.ack_write, "ack"),
+                    (segmenter.cc_write, "cc"),
                     (segmenter.nscc_write, "nscc_window"), (segmenter.pool_lo_write, "pool_lo")]
         for port, name in tracked:
             owner = table_write(name)
