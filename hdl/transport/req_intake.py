@@ -479,8 +479,9 @@ class Segmenter(wiring.Component):
 
     Timing: the checks (:func:`segment_check_layout`) are made a cycle ahead and
     registered, for both PSNs the next cycle may offer (this one again, or the next after
-    it is taken) and for a WR taken this cycle, so the packet's ``valid`` starts at
-    registers and no table's data runs into it. The segmenter reads no table: the QP's
+    it is taken) and for a WR taken this cycle, and picked by registered selects, so the
+    packet's ``valid`` starts at registers, no table's data runs into it and the packet
+    taken ends at flip-flops. The segmenter reads no table: the QP's
     ``ack`` (una, error), ``cc`` (ECN window), ``nscc_window`` and ``pool_lo`` entries come
     with the WR and are kept up to date from their owners' write ports (``ack_write``,
     ``cc_write``, ``nscc_write``, ``pool_lo_write``): the tracked entries are what a
@@ -641,7 +642,15 @@ class Segmenter(wiring.Component):
                       windows=1, error=error_next)
         start = checks(job.psn, job_una, job.mpr, job.cwnd, job.nscc_window, job_lo,
                        windows=0, error=job_error)
-        m.d.sync += s2_check.eq(Mux(take, start, Mux(emit, step, stay)))
+        # All three are registered; the choice among them is registered too, so this cycle's
+        # packet taken (late in the cycle) ends at a flip-flop, not at the checks' registers.
+        checks_made = {name: Signal(segment_check_layout(), name=f"s2_check_{name}")
+                       for name in ("start", "step", "stay")}
+        s2_took, s2_emitted = Signal(), Signal()
+        m.d.sync += [checks_made["start"].eq(start), checks_made["step"].eq(step),
+                     checks_made["stay"].eq(stay), s2_took.eq(take), s2_emitted.eq(emit)]
+        m.d.comb += s2_check.eq(Mux(s2_took, checks_made["start"],
+                                    Mux(s2_emitted, checks_made["step"], checks_made["stay"])))
 
         # -- this cycle's packet ----------------------------------------------------------
         check = s2_check

@@ -84,6 +84,8 @@ class PsnPool(wiring.Component):
     first, in index order (a counter, so a reset needs no table initialised), then a FIFO as
     deep as the pool (one block RAM, its registered read addressed a cycle ahead and
     transparent for the write, so the oldest chunk is ready whenever the FIFO is not empty).
+    ``alloc.available`` and whether the counter's chunks are used up are registers, made a
+    cycle ahead from the cycle's take and return.
 
     The reclaimer returns chunks, one job at a time, reading the QP's chunk map through ACK
     processing's read port (``map_read``), lent in the cycles ACK processing takes no
@@ -174,12 +176,20 @@ class PsnPool(wiring.Component):
         def free_next(position):
             return Mux(position == chunks - 1, 0, position + 1)
 
-        has_fresh = fresh != chunks
+        # Whether a chunk was never handed out, and whether one is available at all, are
+        # registers (the segmenter's packet valid starts at them): each is made for the next
+        # cycle from this cycle's take and return, the compares made from the registers.
+        has_fresh = Signal(init=1)      # fresh != chunks
+        available = Signal(init=1)
+        has_fresh_next = Mux(alloc.take & has_fresh, fresh != chunks - 1, has_fresh)
+        queued_next = Mux(free_push == free_pop, free_count != 0,
+                          Mux(free_push, 1, free_count != 1))
+        m.d.sync += [has_fresh.eq(has_fresh_next), available.eq(has_fresh_next | queued_next)]
         m.d.comb += [
             free_write.addr.eq(free_wr), free_write.data.eq(free_chunk),
             free_write.en.eq(free_push),
             free_read.addr.eq(Mux(free_pop, free_next(free_rd), free_rd)),
-            alloc.available.eq(has_fresh | (free_count != 0)),
+            alloc.available.eq(available),
             alloc.chunk.eq(Mux(has_fresh, fresh, free_read.data)[:bits]),
             free_pop.eq(alloc.take & ~has_fresh),
             self.free_chunks.eq(chunks - fresh + free_count),

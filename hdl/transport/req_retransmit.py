@@ -107,20 +107,21 @@ class Retransmitter(wiring.Component):
     """Resend single PSNs: a trimmed PSN first, then the walker's, then ``retx`` requests.
 
     R0 takes a PSN and reads the QP's chunk map entry for it; RM reads the QP's state and the
-    PSN's metadata (in the PSN pool chunk the map names); R1 checks that the PSN is
-    still outstanding (QP live, ``una <= psn < next_psn``, not SACKed) and, for a walk, worth
-    resending (a TIMEOUT walk skips PSNs after its first sent less than the base timeout ago;
-    an INFER or REORDER walk skips PSNs already resent), gives LOST feedback where due, and
-    reads the PSN's WR pool entry (``wr_send``, the entry its metadata names); R2 rebuilds
-    the packet (offset, length, opcode from the entry and the PSN's index in the WR) into R3,
-    the output register, which offers it to the send register (no logic between the entry's
-    block RAM and ``o``). One PSN per cycle; 5 cycles
+    PSN's metadata (in the PSN pool chunk the map names); R1 checks, from the tables' data,
+    that the PSN is still outstanding (QP live, ``una <= psn < next_psn``, not SACKed) and
+    how long ago it was sent, and registers the results; RC decides whether a walk's PSN is
+    worth resending (a TIMEOUT walk skips PSNs after its first sent less than the base
+    timeout ago; an INFER or REORDER walk skips PSNs already resent), gives LOST feedback
+    where due, and reads the PSN's WR pool entry (``wr_send``, the entry its metadata
+    names); R2 rebuilds the packet (offset, length, opcode from the entry and the PSN's
+    index in the WR) into R3, the output register, which offers it to the send register (no
+    logic between the entry's block RAM and ``o``). One PSN per cycle; 6 cycles
     from R0 to ``o``. A PSN that fails the check is dropped (``retx_ignored`` for a request,
     ``walk_skipped`` for a walk).
 
     Hazards: reads other engines' tables through transparent ports in RM; a write in R1's
-    cycle (an ACK that acknowledges the PSN) is not seen, so a PSN acknowledged in that
-    cycle may still be resent (harmless: a duplicate). ``retx`` waits while the control
+    or RC's cycle (an ACK that acknowledges the PSN) is not seen, so a PSN acknowledged in
+    those cycles may still be resent (harmless: a duplicate). ``retx`` waits while the control
     holds; the trim queue and walks are drained (the control waits for them).
 
     Members
@@ -192,6 +193,7 @@ class Retransmitter(wiring.Component):
         r1_first = Signal()
         r1_chunk = Signal(psn_chunk_bits(cfg))
         r2_chunk = Signal(psn_chunk_bits(cfg))
+        rc_valid = Signal()
         r2_valid = Signal()
         r2_qpn = Signal(qb)
         r2_psn = Signal(PSN)
@@ -209,7 +211,7 @@ class Retransmitter(wiring.Component):
         rm_advance = Signal()
         m.d.comb += [rm_advance.eq(rm_valid & (~r1_valid | r1_advance)),
                      r0_take.eq(~rm_valid | rm_advance),
-                     self.busy.eq(rm_valid | r1_valid | r2_valid | r3_valid)]
+                     self.busy.eq(rm_valid | r1_valid | rc_valid | r2_valid | r3_valid)]
 
         # R0: take a PSN, read the QP's chunk map entry for it.
         from_trim = trim.valid
@@ -249,7 +251,8 @@ class Retransmitter(wiring.Component):
         with m.Elif(r1_advance):
             m.d.sync += r1_valid.eq(0)
 
-        # R1: check, LOST feedback, read the WR pool entry.
+        # R1: the tables' data lands; the checks are made from it and registered (RC), so no
+        # block RAM's data runs into the decision and the stages behind it.
         r1_ack = reads.ack.data
         r1_meta = reads.meta.data
         r1_ok = ((reads.cfg.data.state == P.QpState.RTS) & ~r1_ack.error
@@ -261,13 +264,36 @@ class Retransmitter(wiring.Component):
         r1_timeout = reads.cfg.data.timeout
         r1_age = (time_now - r1_meta.time)[:TIME_BITS]
         r1_young = (r1_age >> Mux(r1_timeout > YOUNG_CAP_LOG2, YOUNG_CAP_LOG2, r1_timeout)) == 0
-        r1_walk_ok = (r1_ok & ~((r1_kind == WalkKind.TIMEOUT) & ~r1_first & r1_young)
-                      & ~((r1_kind != WalkKind.TIMEOUT) & r1_meta.retx))
-        r1_go = Mux(r1_walk, r1_walk_ok, r1_ok)
+        rc_qpn = Signal(qb)
+        rc_psn = Signal(PSN)
+        rc_walk = Signal()
+        rc_kind = Signal(WalkKind)
+        rc_first = Signal()
+        rc_chunk = Signal(psn_chunk_bits(cfg))
+        rc_ok = Signal()                # outstanding: QP live, una <= psn < next_psn, not SACKed
+        rc_young = Signal()
+        rc_retx = Signal()              # the PSN was resent before
+        rc_slot = Signal(pb)
+        rc_ev = Signal(cfg.ev_index_bits)
+        rc_advance = Signal()
+        m.d.comb += r1_advance.eq(r1_valid & (~rc_valid | rc_advance))
+        with m.If(r1_advance):
+            m.d.sync += [rc_valid.eq(1), rc_qpn.eq(r1_qpn), rc_psn.eq(r1_psn),
+                         rc_walk.eq(r1_walk), rc_kind.eq(r1_kind), rc_first.eq(r1_first),
+                         rc_chunk.eq(r1_chunk), rc_ok.eq(r1_ok), rc_young.eq(r1_young),
+                         rc_retx.eq(r1_meta.retx), rc_slot.eq(r1_meta.slot),
+                         rc_ev.eq(reads.ev.data)]
+        with m.Elif(rc_advance):
+            m.d.sync += rc_valid.eq(0)
+
+        # RC: decide, LOST feedback, read the WR pool entry.
+        rc_walk_ok = (rc_ok & ~((rc_kind == WalkKind.TIMEOUT) & ~rc_first & rc_young)
+                      & ~((rc_kind != WalkKind.TIMEOUT) & rc_retx))
+        rc_go = Mux(rc_walk, rc_walk_ok, rc_ok)
         r2_can_load = ~r2_valid | r2_emit
         m.d.comb += [
-            r1_advance.eq(r1_valid & (~r1_go | r2_can_load)),
-            r2_load.eq(r1_valid & r1_go & r2_can_load),
+            rc_advance.eq(rc_valid & (~rc_go | r2_can_load)),
+            r2_load.eq(rc_valid & rc_go & r2_can_load),
         ]
         # LOST feedback for the EV a PSN last went out on: every PSN an INFER walk resends, and
         # the oldest PSN of a TIMEOUT walk (the one the timer is about) unless it was resent
@@ -278,31 +304,31 @@ class Retransmitter(wiring.Component):
         # late, not lost, and a LOST per hole would strike every plane at once. Nor do the
         # holes of a REORDER walk (the time rule alone): late by the reorder window is weaker
         # evidence than K later PSNs, and a false LOST costs a path (with fate sharing, a port).
-        lost_push = r2_load & r1_walk & ((r1_kind == WalkKind.INFER)
-                                         | ((r1_kind == WalkKind.TIMEOUT) & r1_first
-                                            & ~r1_young))
+        lost_push = r2_load & rc_walk & ((rc_kind == WalkKind.INFER)
+                                         | ((rc_kind == WalkKind.TIMEOUT) & rc_first
+                                            & ~rc_young))
         m.d.comb += [
-            self.lost.payload.qpn.eq(r1_qpn), self.lost.payload.ev.eq(reads.ev.data),
+            self.lost.payload.qpn.eq(rc_qpn), self.lost.payload.ev.eq(rc_ev),
             self.lost.payload.kind.eq(P.FeedbackKind.LOST),
             self.lost.valid.eq(lost_push),
         ]
-        walk_resend = r2_load & r1_walk
+        walk_resend = r2_load & rc_walk
         m.d.comb += [
-            events.retx_ignored.eq(r1_valid & ~r1_walk & ~r1_ok),
-            events.walk_skipped.eq(r1_valid & r1_walk & ~r1_walk_ok),
+            events.retx_ignored.eq(rc_valid & ~rc_walk & ~rc_ok),
+            events.walk_skipped.eq(rc_valid & rc_walk & ~rc_walk_ok),
             events.lost_feedback.eq(lost_push & self.lost.ready),
             events.lost_dropped.eq(lost_push & ~self.lost.ready),
-            events.timeout_retransmissions.eq(walk_resend & (r1_kind == WalkKind.TIMEOUT)),
-            events.inferred_losses.eq(walk_resend & (r1_kind != WalkKind.TIMEOUT)),
+            events.timeout_retransmissions.eq(walk_resend & (rc_kind == WalkKind.TIMEOUT)),
+            events.inferred_losses.eq(walk_resend & (rc_kind != WalkKind.TIMEOUT)),
         ]
         wr_send_port = reads.wr_send
         m.d.comb += [
-            wr_send_port.addr.eq(r1_meta.slot),
+            wr_send_port.addr.eq(rc_slot),
             wr_send_port.en.eq(r2_load),
         ]
         with m.If(r2_load):
-            m.d.sync += [r2_valid.eq(1), r2_qpn.eq(r1_qpn), r2_psn.eq(r1_psn), r2_walk.eq(r1_walk),
-                         r2_slot.eq(r1_meta.slot), r2_ev.eq(reads.ev.data), r2_chunk.eq(r1_chunk)]
+            m.d.sync += [r2_valid.eq(1), r2_qpn.eq(rc_qpn), r2_psn.eq(rc_psn), r2_walk.eq(rc_walk),
+                         r2_slot.eq(rc_slot), r2_ev.eq(rc_ev), r2_chunk.eq(rc_chunk)]
         with m.Elif(r2_emit):
             m.d.sync += r2_valid.eq(0)
 

@@ -19,7 +19,7 @@ of its own, with its latency, throughput and hazards in its docstring:
   cut WRs of different QPs side by side and take turns on the output;
 * **walker** (:class:`~.req_retransmit.Walker`) turns PSN ranges (timeout and inferred
   losses) into single PSNs for the retransmitter;
-* **retransmitter** (:class:`~.req_retransmit.Retransmitter`, R0, RM, R1-R3) rebuilds a
+* **retransmitter** (:class:`~.req_retransmit.Retransmitter`, R0, RM, R1, RC, R2, R3) rebuilds a
   PSN's packet from its metadata and WR slot;
 * **send register** (:class:`~.req_send.SendRegister`) registers ``send``, resends first,
   and writes each PSN's metadata;
@@ -146,8 +146,8 @@ class Requester(wiring.Component):
 
     Latencies: a WR's first send request leaves 3 cycles after the WR is taken (intake, then
     the segmenter, then the output register; 4 with several segmenter contexts, whose
-    hand-off register is a cycle more); an ACK updates the QP 2 cycles after it is
-    taken; a retransmit request leaves 5 cycles after it is taken; a completion leaves a few
+    hand-off register is a cycle more); an ACK updates the QP 3 cycles after it is
+    taken; a retransmit request leaves 6 cycles after it is taken; a completion leaves a few
     cycles after the ACK that allows it (4 cycles per QP the completion engine visits), then
     one per cycle for the same QP.
 
@@ -216,6 +216,8 @@ class Requester(wiring.Component):
         The time in 1.024 us units (:attr:`Timebase.units <hdl.timebase.Timebase.units>`):
         the retransmit timers and the per-PSN send time.
     counters : ``Out(data.StructLayout({name: 32 for name in REQUESTER_COUNTERS}))``
+        Each counts its engines' events two cycles after they happen (the events are
+        registered first, so no engine's decision runs into a counter's carry chain).
     wr_pool_free : ``Out(range(pool_entries(config) + 1))``
         Free entries of the shared WR pool (:func:`~.req_defs.pool_entries`): a status for
         tests and debugging.
@@ -465,8 +467,9 @@ class Requester(wiring.Component):
         events["feedback_dropped"].append(retransmitter.events.lost_dropped)
         for name in REQUESTER_COUNTERS:
             counter = Signal(32, name=f"count_{name}")
+            step = Signal(range(len(events[name]) + 1), name=f"count_{name}_step")
             m.d.comb += self.counters[name].eq(counter)
-            m.d.sync += counter.eq(counter + sum(events[name]))
+            m.d.sync += [step.eq(sum(events[name])), counter.eq(counter + step)]
 
         if observe:
             obs, ctl = self.obs, control.control

@@ -114,7 +114,7 @@ class TimedBench(Bench):
         await ctx.tick().repeat(50)
         self.check_completions()
         self.check_feedback(ctx)
-        self.check_counters(ctx)
+        await self.check_counters(ctx)
 
 
 def qp_write(bench, ctx, qpn, *, psn=0, timeout=4, linear=0, exp=0, mpr=1):

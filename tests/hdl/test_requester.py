@@ -188,7 +188,9 @@ class Bench:
         want = iter(self.model.feedback)
         assert all(any(f == w for w in want) for f in got), "feedback out of order"
 
-    def check_counters(self, ctx):
+    async def check_counters(self, ctx):
+        # The counters count their events a few cycles after them (registered).
+        await ctx.tick().repeat(4)
         # Timing-dependent, not modelled: feedback dropped at a full output, WRs that found
         # the WR pool empty (the gateware frees an entry a few cycles after its completion),
         # packets that waited for a PSN pool chunk (returned a few cycles after una passes).
@@ -330,7 +332,7 @@ def test_random_traffic_matches_model(seed, bubbles, backpressure, feedback_back
             await bench.control(ctx, RequesterCommand.QP_READ, qpn=qpn, page=1)
         bench.check_completions()
         bench.check_feedback(ctx)
-        bench.check_counters(ctx)
+        await bench.check_counters(ctx)
         for name in ("retransmissions", "retx_ignored", "duplicate_acks", "bad_acks",
                      "nak_trimmed", "nak_psn_out_of_window", "wr_refused"):
             assert bench.model.counters[name] > 0, name
@@ -390,7 +392,7 @@ def test_fatal_nak_errors_qp_with_in_order_flush():
             await bench.control(ctx, RequesterCommand.QP_WRITE, **fields)
         bench.check_completions()
         bench.check_feedback(ctx)
-        bench.check_counters(ctx)
+        await bench.check_counters(ctx)
 
     bench.run(testbench)
 
@@ -426,7 +428,7 @@ def test_trimmed_nack_resends_only_unacknowledged_psns():
         await bench.receive(ctx, [ack_header(4, 1)])
         bench.check_completions()
         bench.check_feedback(ctx)
-        bench.check_counters(ctx)
+        await bench.check_counters(ctx)
 
     bench.run(testbench)
 
@@ -455,7 +457,7 @@ def test_window_and_slot_limits_match_model():
         await bench.receive(ctx, [ack_header(0, P.psn_add(0xFFFFC0, 141))])
         await bench.settle_sends(ctx)
         bench.check_completions()
-        bench.check_counters(ctx)
+        await bench.check_counters(ctx)
         assert [c["wr_id"] for c in bench.model.completions] == [1, 2, 3]
 
     bench.run(testbench)
@@ -485,7 +487,7 @@ def test_a_qp_with_a_full_window_holds_other_qps_back_only_with_one_segmenter(se
         await bench.report_evs(ctx)
         await bench.receive(ctx, [ack_header(0, 139), ack_header(2, 205)])
         bench.check_completions()
-        bench.check_counters(ctx)
+        await bench.check_counters(ctx)
         assert sorted(c["wr_id"] for c in bench.model.completions) == [1, 2]
 
     bench.run(testbench)
@@ -576,7 +578,7 @@ def test_ecn_window_matches_model():
         # A mark on an ACK that leaves nothing in flight: still the floor.
         sent = len(bench.send.items)
         assert (await step(ctx, sent - 1, psn=sent - 1, ce=True)) & 0xFFF == CC_MIN_WINDOW
-        bench.check_counters(ctx)
+        await bench.check_counters(ctx)
 
     bench.run(testbench)
 
@@ -611,7 +613,7 @@ def test_ecn_window_cuts_the_window_a_bursty_qp_used():
         assert await step(ctx, 29, psn=29) == 22 | 3 << 12 | P.psn_add(psn0, 24) << 32
         # ... then the mark, 2 in flight: the 8 sent since the decrease -> 8 - 1 = 7.
         assert await step(ctx, 30, psn=31, ce=True) == 7 | P.psn_add(psn0, 32) << 32
-        bench.check_counters(ctx)
+        await bench.check_counters(ctx)
 
     bench.run(testbench)
 
@@ -652,7 +654,7 @@ def test_full_throughput_one_packet_and_one_ack_per_cycle():
         assert acks.cycles == list(range(acks.cycles[0], acks.cycles[0] + n + 3))
         bench.check_completions()
         bench.check_feedback(ctx)
-        bench.check_counters(ctx)
+        await bench.check_counters(ctx)
         assert int(ctx.get(bench.dut.counters.feedback_dropped)) == 0
 
     bench.run(testbench)
@@ -676,7 +678,7 @@ def test_one_ack_per_cycle_alternating_qps():
         await bench.receive(ctx, [ack_header(q, i) for i in range(12) for q in qpns])
         assert acks.cycles == list(range(acks.cycles[0], acks.cycles[0] + 48))
         bench.check_completions()
-        bench.check_counters(ctx)
+        await bench.check_counters(ctx)
 
     bench.run(testbench)
 
@@ -746,7 +748,7 @@ def test_qp_write_waits_until_no_packet_of_the_qp_is_left_in_the_send_register()
             P.CompletionStatus.REM_ACCESS_ERR, P.CompletionStatus.SUCCESS]
         bench.check_completions()
         bench.check_feedback(ctx)
-        bench.check_counters(ctx)
+        await bench.check_counters(ctx)
 
     bench.run(testbench)
 
@@ -782,12 +784,12 @@ def test_back_to_back_acks_of_one_qp_see_each_others_writes():
         assert acks.cycles[:3] == list(range(acks.cycles[0], acks.cycles[0] + 3))
         assert acks.cycles[3:] == list(range(acks.cycles[3], acks.cycles[3] + 2))
         assert bench.model.counters["duplicate_acks"] == 1
-        bench.check_counters(ctx)
+        await bench.check_counters(ctx)
         await bench.control(ctx, RequesterCommand.QP_READ, qpn=3, page=3)
         await bench.receive(ctx, [ack_header(3, 17)])
         bench.check_completions()
         bench.check_feedback(ctx)
-        bench.check_counters(ctx)
+        await bench.check_counters(ctx)
 
     bench.run(testbench)
 
@@ -830,7 +832,7 @@ def test_an_empty_wr_pool_holds_the_wr_back_until_a_completion_frees_an_entry(se
         await bench.receive(ctx, [ack_header(0, 7), ack_header(1, 12), ack_header(2, 20)])
         bench.check_completions()
         assert len(bench.model.completions) == 8
-        bench.check_counters(ctx)
+        await bench.check_counters(ctx)
         await ctx.tick().repeat(10)
         assert ctx.get(bench.dut.wr_pool_free) == 6
 
@@ -890,7 +892,7 @@ def test_wr_pool_entries_come_back_after_a_flush_and_a_reset_and_are_reused_inta
         await bench.receive(ctx, [ack_header(1, 105), ack_header(2, 102)])
         bench.check_completions()
         bench.check_feedback(ctx)
-        bench.check_counters(ctx)
+        await bench.check_counters(ctx)
         await ctx.tick().repeat(10)
         assert ctx.get(bench.dut.wr_pool_free) == 6
 
@@ -985,6 +987,6 @@ def test_psn_pool_chunks_come_back_after_a_fatal_nak_a_flush_and_a_reset(seed):
         await free(ctx, 4)
         bench.check_completions()
         bench.check_feedback(ctx)
-        bench.check_counters(ctx)
+        await bench.check_counters(ctx)
 
     bench.run(testbench)
