@@ -541,39 +541,74 @@ class AckProcessor(wiring.Component):
         # PSNs in flight before it and the PSNs sent since the last decrease, at most cwnd; an
         # unmarked ACK counts the PSNs it acknowledges cumulatively (at least one), every
         # cwnd/4 counted add one PSN (byte counting, at most CC_MAX_STEPS per ACK), up to MPR.
+        # Every candidate is made side by side from A2's registers and picked after, so the
+        # chain from the entry A1 forwarded back to A1 is compares and multiplexers, not
+        # subtractions, compares and sums in series: the decrease's base is one of the PSNs
+        # in flight, the PSNs sent since the last decrease, or cwnd (a cut made for each);
+        # the increase's byte count is made for both una candidates (the SACK's cumulative
+        # PSN + 1, or una) and each step count's window and remainder are made for each.
         a_cc = v.stored["cc"]
         cc_max = Cat(C(0, 7), v.stored["cfg"].mpr)
-        cc_flight = psn_sub(v.a_next, v.a_una)        # in flight when the marked ACK left
+        cc_flight = psn_sub(v.a_next, v.a_una)      # in flight when the marked ACK left
         cc_sent = psn_sub(v.a_next, a_cc.recover)   # sent since the last decrease
-        cc_window = Mux(cc_sent > cc_flight, cc_sent, cc_flight)
-        cc_base = Mux(cc_window < a_cc.cwnd, cc_window[:CWND_BITS], a_cc.cwnd)
-        cc_step = cc_base >> CC_DECREASE_SHIFT
-        cc_cut = (cc_base - Mux(cc_step == 0, 1, cc_step))[:CWND_BITS]
+
+        def cc_cut(base):
+            """The decreased window for this base (1/8 off, at least one; the floor)."""
+            step = base >> CC_DECREASE_SHIFT
+            cut = (base - Mux(step == 0, 1, step))[:CWND_BITS]
+            return Mux(base <= CC_MIN_WINDOW, CC_MIN_WINDOW, cut)
+
+        # base = min(max(sent, flight), cwnd): picked by compares made beside the cuts.
+        cc_cuts = {name: Signal(CWND_BITS, name=f"a_cc_cut_{name}")
+                   for name in ("flight", "sent", "cwnd")}
+        m.d.comb += [cc_cuts["flight"].eq(cc_cut(cc_flight[:CWND_BITS])),
+                     cc_cuts["sent"].eq(cc_cut(cc_sent[:CWND_BITS])),
+                     cc_cuts["cwnd"].eq(cc_cut(a_cc.cwnd))]
+        cc_decreased = Mux(cc_sent > cc_flight,
+                           Mux(cc_sent < a_cc.cwnd, cc_cuts["sent"], cc_cuts["cwnd"]),
+                           Mux(cc_flight < a_cc.cwnd, cc_cuts["flight"], cc_cuts["cwnd"]))
         # SETH m = SKIP_ONCE: the trigger arrived with CE (a probe answer carries no mark).
         cc_marked = (v.a2_mark == P.SackMark.SKIP_ONCE) & ~v.a2_pr
         cc_decrease = cc_marked & psn_ge(v.a2_psn, a_cc.recover)
+        # The increase: the PSNs acknowledged cumulatively (at least one) added to acc; every
+        # thr = cwnd/4 counted add one PSN, at most CC_MAX_STEPS, up to MPR x 128.
+        cc_thr = Signal(CWND_BITS, name="a_cc_thr")
+        m.d.comb += cc_thr.eq(Mux((a_cc.cwnd >> CC_INCREASE_SHIFT) == 0, 1,
+                                  a_cc.cwnd >> CC_INCREASE_SHIFT))
+        grown = []                      # cwnd after k steps, capped
+        for k in range(CC_MAX_STEPS + 1):
+            value = Signal(CWND_BITS, name=f"a_cc_grown_{k}")
+            m.d.comb += value.eq(Mux(a_cc.cwnd + k < cc_max, a_cc.cwnd + k, cc_max))
+            grown.append(value)
+        wb1 = len(v.clear_len)
+        cleared = psn_sub(v.a2_cum1, v.a_una)[:wb1]     # the clear length if una advances
+
+        def cc_increase(count, name):
+            """(cwnd, acc) after ``count`` more PSNs counted (any number of steps made side
+            by side, the last threshold reached picked)."""
+            total = Signal(CWND_BITS + 1, name=f"a_cc_sum_{name}")
+            m.d.comb += total.eq(a_cc.acc + count)
+            cwnd, acc = grown[0], Signal(CWND_BITS, name=f"a_cc_acc_{name}")
+            left0 = total[:CWND_BITS + 1]
+            m.d.comb += acc.eq(Mux(left0 < cc_thr, left0, cc_thr - 1))
+            for k in range(1, CC_MAX_STEPS + 1):
+                left = (total - cc_thr * k)[:CWND_BITS + 1]
+                acc_k = Mux(left < cc_thr, left, cc_thr - 1)
+                reached = total >= cc_thr * k
+                cwnd = Mux(reached, grown[k], cwnd)
+                acc = Mux(reached, acc_k, acc)
+            return cwnd, acc
+
+        up_adv = cc_increase(Mux(cleared == 0, 1, cleared), "advance")
+        up_stay = cc_increase(C(1, 1), "stay")
         cc_write = Signal.like(a_cc)
         m.d.comb += cc_write.eq(a_cc)
         with m.If(cc_decrease):
-            # (base - max(base/8, 1) >= CC_MIN_WINDOW for every base above the floor; a mark
-            # with nothing in flight, base 0, gives the floor, not a wrapped cut)
-            m.d.comb += [cc_write.cwnd.eq(Mux(cc_base <= CC_MIN_WINDOW, CC_MIN_WINDOW, cc_cut)),
-                         cc_write.acc.eq(0), cc_write.recover.eq(v.a_next)]
+            m.d.comb += [cc_write.cwnd.eq(cc_decreased), cc_write.acc.eq(0),
+                         cc_write.recover.eq(v.a_next)]
         with m.Elif(~cc_marked):
-            cc_thr = Signal(CWND_BITS)
-            cc_sum = Signal(CWND_BITS + 1)
-            m.d.comb += [cc_thr.eq(Mux((a_cc.cwnd >> CC_INCREASE_SHIFT) == 0, 1,
-                                       a_cc.cwnd >> CC_INCREASE_SHIFT)),
-                         cc_sum.eq(a_cc.acc + Mux(v.clear_len == 0, 1, v.clear_len))]
-            cc_steps = Signal(range(CC_MAX_STEPS + 1))
-            cc_used = Signal(CWND_BITS + 3)
-            for k in range(1, CC_MAX_STEPS + 1):    # the last true condition wins
-                with m.If(cc_sum >= cc_thr * k):
-                    m.d.comb += [cc_steps.eq(k), cc_used.eq(cc_thr * k)]
-            cc_left = (cc_sum - cc_used)[:CWND_BITS + 1]
-            cc_grown = a_cc.cwnd + cc_steps
-            m.d.comb += [cc_write.cwnd.eq(Mux(cc_grown < cc_max, cc_grown, cc_max)),
-                         cc_write.acc.eq(Mux(cc_left < cc_thr, cc_left, cc_thr - 1))]
+            m.d.comb += [cc_write.cwnd.eq(Mux(v.advance, up_adv[0], up_stay[0])),
+                         cc_write.acc.eq(Mux(v.advance, up_adv[1], up_stay[1]))]
         cc_wp = v.nexts["cc"]
         with m.If(ctl.write):
             m.d.comb += [cc_wp.addr.eq(ctl.qpn), cc_wp.en.eq(1),
