@@ -124,10 +124,24 @@ class InferenceUnit(wiring.Component):
         i1_sack = Signal(bitmap_bits)
         i1_above = [Signal(5, name=f"i1_above{g}") for g in range(groups + 1)]
         suffix = [Signal(5, name=f"i0_above{g}") for g in range(groups + 1)]
-        for g in reversed(range(groups)):
-            # A signal per step: an expression would double at each of the `groups` steps.
-            total = popcount(i0_sack[8 * g:8 * g + 8]) + suffix[g + 1]
-            m.d.comb += suffix[g].eq(Mux(total >= count_cap, count_cap, total))
+        # The saturating suffix sums as a parallel prefix (log2(groups) levels, each a
+        # saturating add of two partial sums; a sum that saturates stays saturated, so the
+        # order of the adds does not matter), not one add per group in series.
+        def saturate(total):
+            return Mux(total >= count_cap, count_cap, total)
+
+        level = [popcount(i0_sack[8 * g:8 * g + 8]) for g in range(groups)]
+        span = 1
+        while span < groups:
+            sums = []
+            for g in range(groups):
+                # A signal per step: an expression would grow at each level.
+                value = Signal(5, name=f"i0_suffix{span}_{g}")
+                m.d.comb += value.eq(saturate(level[g] + level[g + span])
+                                     if g + span < groups else level[g])
+                sums.append(value)
+            level, span = sums, span * 2
+        m.d.comb += [suffix[g].eq(saturate(level[g])) for g in range(groups)]
         m.d.sync += [i1_valid.eq(i0_valid), i1_sack.eq(i0_sack)]
         m.d.sync += [i1_above[g].eq(suffix[g]) for g in range(groups + 1)]
         m.d.sync += [i1[k].eq(i0[k]) for k in i0]
